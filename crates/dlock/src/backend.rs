@@ -1,0 +1,281 @@
+//! The backend SPI: what a lock service must provide, and nothing more.
+//!
+//! A backend offers one non-blocking attempt ([`Backend::try_acquire`]), a way to wait
+//! for a change ([`Backend::subscribe`] → [`Waiter`]), queue removal for fair mode, and
+//! [`Backend::inspect`]. An acquired lock is a [`HeldLock`] with renew and release.
+//! Waiting loops, timeouts, cancel safety, renewal, local loss deadlines and cleanup on
+//! drop live once in the core ([`crate::Locker`], [`crate::LockGuard`]), not here.
+//!
+//! The trait is object safe: a [`crate::Locker`] holds an `Arc<dyn Backend>` chosen
+//! from a URL at run time.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Result;
+use crate::name::LockName;
+use crate::options::{Metadata, Owner};
+
+/// How far a backend's fencing tokens can be trusted.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fencing {
+    /// Strictly increasing per lock across every grant, surviving server restarts and
+    /// crashes of any client.
+    Durable,
+    /// Strictly increasing while the server keeps its data; a restart without
+    /// persistence or a failover may repeat or lower tokens.
+    BestEffort,
+    /// No tokens (always 0).
+    None,
+}
+
+impl fmt::Display for Fencing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fencing::Durable => "durable",
+            Fencing::BestEffort => "best-effort",
+            Fencing::None => "none",
+        })
+    }
+}
+
+/// What a backend guarantees; tests and users can ask before relying on a property.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    /// Quality of fencing tokens.
+    pub fencing: Fencing,
+    /// Waiters are granted in arrival order when `fair` is asked for.
+    pub fifo: bool,
+    /// Waiters are woken by a notification from the server (not only by polling).
+    pub native_wait: bool,
+    /// The lock is tied to a session/connection and ends with it (not only a lease).
+    pub session_bound: bool,
+    /// The same owner may acquire again while holding.
+    pub reentrant: bool,
+    /// Separate processes (and machines, for networked backends) exclude each other.
+    pub cross_process: bool,
+    /// Longest lease the backend accepts, if it is shorter than dlock's own limit.
+    pub max_ttl: Option<Duration>,
+}
+
+impl Capabilities {
+    /// Capabilities with the given fencing quality and every flag off.
+    #[must_use]
+    pub fn new(fencing: Fencing) -> Self {
+        Capabilities {
+            fencing,
+            fifo: false,
+            native_wait: false,
+            session_bound: false,
+            reentrant: false,
+            cross_process: false,
+            max_ttl: None,
+        }
+    }
+}
+
+/// What `inspect` knows about a lock.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LockInfo {
+    /// The lock name.
+    pub name: String,
+    /// The holder's owner token.
+    pub owner: String,
+    /// How many holds the owner has (reentrancy).
+    pub holds: u32,
+    /// The fencing token of the current grant.
+    pub fencing_token: u64,
+    /// Time left on the lease, when the backend knows it.
+    #[serde(serialize_with = "ser_opt_ms", rename = "remaining_ms")]
+    pub remaining: Option<Duration>,
+    /// What the holder said about itself.
+    pub metadata: Metadata,
+    /// Number of queued waiters, when the backend keeps a queue.
+    pub waiters: Option<usize>,
+}
+
+impl LockInfo {
+    /// Build a `LockInfo` (for backends outside this crate).
+    #[must_use]
+    pub fn new(name: &LockName, owner: String, holds: u32, fencing_token: u64) -> Self {
+        LockInfo {
+            name: name.as_str().to_owned(),
+            owner,
+            holds,
+            fencing_token,
+            remaining: None,
+            metadata: Metadata::default(),
+            waiters: None,
+        }
+    }
+}
+
+fn ser_opt_ms<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&(d.as_millis() as u64)),
+        None => s.serialize_none(),
+    }
+}
+
+/// One acquisition attempt, as the core hands it to a backend.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct AcquireRequest {
+    /// Lock name.
+    pub name: LockName,
+    /// Who acquires.
+    pub owner: Owner,
+    /// Lease length.
+    pub ttl: Duration,
+    /// Fair (FIFO) mode.
+    pub fair: bool,
+    /// In fair mode: take (or refresh) a place in the queue when busy, valid for this long.
+    /// `None`: do not queue (a `try_lock`).
+    pub enqueue: Option<Duration>,
+    /// Shown by inspect.
+    pub metadata: Metadata,
+}
+
+/// The outcome of one attempt.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Attempt {
+    /// The lock is now held.
+    Acquired(Box<dyn HeldLock>),
+    /// Someone else holds it (or, in fair mode, is ahead in the queue).
+    Busy {
+        /// When it is worth trying again at the latest (e.g. the holder's remaining lease).
+        retry_after: Option<Duration>,
+    },
+}
+
+/// Something that resolves when a lock may have changed hands.
+#[async_trait]
+pub trait Waiter: Send + fmt::Debug {
+    /// Return when the lock may have been released, or after `max` at the latest.
+    /// Spurious returns are fine: the core simply tries again.
+    ///
+    /// # Errors
+    /// A backend error that makes waiting pointless (the core gives up).
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: the core may drop this future at any await point.
+    async fn changed(&mut self, max: Duration) -> Result<()>;
+}
+
+/// A waiter that sleeps a jittered interval: for backends without notifications.
+#[derive(Debug)]
+pub struct PollingWaiter {
+    /// Upper bound of one sleep.
+    pub interval: Duration,
+}
+
+#[async_trait]
+impl Waiter for PollingWaiter {
+    async fn changed(&mut self, max: Duration) -> Result<()> {
+        let cap = self.interval.min(max);
+        // Jitter between 50 % and 100 % of the interval, so pollers spread out.
+        let nanos = cap.as_nanos() as u64;
+        let sleep = Duration::from_nanos(nanos / 2 + fastrand::u64(0..=nanos / 2));
+        tokio::time::sleep(sleep).await;
+        Ok(())
+    }
+}
+
+/// A lock service.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// URL scheme, e.g. `sqlite`.
+    fn scheme(&self) -> &'static str;
+
+    /// What this backend guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt: acquire `req.name` for `req.owner` if free (or already held by the
+    /// same owner, when reentrant), else report busy.
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe: the core runs it to completion in a task of its own
+    /// and releases the result if the caller has gone.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt>;
+
+    /// Arm a waiter for `name` *before* the next attempt, so no release between the
+    /// attempt and the wait is missed. The default polls every 20 ms (jittered).
+    ///
+    /// # Errors
+    /// Connection errors while subscribing.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe.
+    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Waiter>> {
+        let _ = name;
+        Ok(Box::new(PollingWaiter {
+            interval: Duration::from_millis(20),
+        }))
+    }
+
+    /// Remove `owner`'s queue entry for `name` (fair mode), if any. Idempotent.
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe (the core runs it in a task of its own).
+    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
+        let _ = (name, owner);
+        Ok(())
+    }
+
+    /// Who holds `name`, if anyone.
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe (read only).
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
+}
+
+/// One granted hold of a lock.
+#[async_trait]
+pub trait HeldLock: Send + Sync + fmt::Debug {
+    /// The fencing token of this grant (same for every reentrant hold).
+    fn fencing_token(&self) -> u64;
+
+    /// Extend the lease to `ttl` from now, if this owner still holds the lock.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotOwner`] when the server no longer lists this owner (the lock
+    /// is lost); connection errors (the core retries until its local deadline).
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe.
+    async fn renew(&self, ttl: Duration) -> Result<()>;
+
+    /// Give up this hold (owner-checked on the server). Idempotent: a second call, or a
+    /// call after the lease expired, succeeds without touching anyone else's lock.
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Need not be cancel safe.
+    async fn release(&self) -> Result<()>;
+
+    /// A token the backend cancels when it learns, unprompted, that the lock is gone
+    /// (session expired, connection died). `None` when it only learns on renewal.
+    fn loss_signal(&self) -> Option<CancellationToken> {
+        None
+    }
+}

@@ -1,0 +1,176 @@
+//! The behaviour suite every backend must pass.
+//!
+//! Each `pub async fn` here checks one behaviour against a [`Harness`] (a URL plus
+//! whatever keeps its server alive). [`conformance_suite!`](crate::conformance_suite)
+//! turns the whole list into one `#[tokio::test]` per behaviour for a backend:
+//!
+//! ```text
+//! async fn harness() -> Option<dlock::conformance::Harness> {
+//!     Some(dlock::conformance::Harness::new("memory://"))
+//! }
+//! dlock::conformance_suite!(harness());
+//! ```
+//!
+//! Behaviours that depend on a capability (reentrancy, FIFO) check
+//! [`crate::Locker::capabilities`] and assert the opposite claim where it makes sense,
+//! so a backend cannot pass by claiming nothing.
+//!
+//! Time bounds are generous (a lease plus half a second or more): they catch a lock
+//! that is never freed, not a slow machine.
+
+use std::any::Any;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{LockOptions, Locker, Owner, Renewal};
+
+mod behaviours;
+pub use behaviours::*;
+
+/// Where the backend under test lives, and what keeps it alive.
+pub struct Harness {
+    url: String,
+    keep: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness")
+            .field("url", &crate::redact_secrets(&self.url))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Harness {
+    /// A harness for `url`.
+    #[must_use]
+    pub fn new(url: impl Into<String>) -> Self {
+        Harness {
+            url: url.into(),
+            keep: Vec::new(),
+        }
+    }
+
+    /// Keep `thing` (a server process, a temp dir) alive as long as the harness.
+    #[must_use]
+    pub fn keep(mut self, thing: impl Any + Send + Sync) -> Self {
+        self.keep.push(Box::new(thing));
+        self
+    }
+
+    /// The URL under test.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A new, independent client of the backend (its own connections).
+    ///
+    /// # Panics
+    /// When the backend cannot be reached: the test fails.
+    pub async fn locker(&self) -> Locker {
+        match Locker::connect(&self.url).await {
+            Ok(l) => l,
+            Err(e) => panic!(
+                "cannot connect to {}: {e}",
+                crate::redact_secrets(&self.url)
+            ),
+        }
+    }
+}
+
+/// For a test whose server is missing: `None` (the test prints "skipped: …" and returns)
+/// unless `DLOCK_REQUIRE_SERVERS=1`, in which case the test fails.
+///
+/// # Panics
+/// When `DLOCK_REQUIRE_SERVERS=1`.
+#[must_use]
+pub fn skip(reason: &str) -> Option<Harness> {
+    if std::env::var("DLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1") {
+        panic!("DLOCK_REQUIRE_SERVERS=1 but {reason}");
+    }
+    eprintln!("skipped: {reason}");
+    None
+}
+
+/// Make one `#[tokio::test]` per conformance behaviour; `$harness` is an expression of
+/// type `impl Future<Output = Option<Harness>>`, evaluated once per test.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($harness:expr) => {
+        $crate::conformance_suite!(@each $harness;
+            mutual_exclusion,
+            try_lock_busy_is_none,
+            timeout_bounds,
+            release_then_reacquire,
+            drop_releases_promptly,
+            stale_owner_cannot_release_or_extend,
+            forged_owners_never_succeed,
+            ttl_expiry_frees,
+            renewal_outlives_ttl,
+            fencing_strictly_increases,
+            cancel_while_waiting_leaves_nothing,
+            cancel_mid_acquire_leaves_nothing,
+            loss_signal_fires,
+            with_lock_cancels_on_loss,
+            reentrancy,
+            fifo_order,
+            waiter_wakes_promptly,
+            independent_names,
+            inspect_shows_holder,
+            bad_input_errors,
+            distinct_names_never_collide,
+            max_hold_stops_renewal,
+        );
+    };
+    (@each $harness:expr; $($behaviour:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $behaviour() {
+                if let Some(harness) = $harness.await {
+                    $crate::conformance::$behaviour(&harness).await;
+                }
+            }
+        )*
+    };
+}
+
+/// A lock name unique to one test run, so behaviours never see each other's locks.
+fn unique(label: &str) -> String {
+    format!("conf:{label}:{}", Owner::random())
+}
+
+fn opts() -> LockOptions {
+    LockOptions::new()
+}
+
+fn short_lease(ms: u64) -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_millis(ms))
+        .renewal(Renewal::Off)
+}
+
+/// Poll `cond` every 10 ms until it holds or `within` passes; returns whether it held.
+async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + within;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The guard must be movable into spawned tasks.
+const _: fn() = || {
+    fn is_send_static<T: Send + 'static>() {}
+    is_send_static::<crate::LockGuard>();
+};

@@ -1,0 +1,404 @@
+//! [`LockGuard`], the held lock handed to users, and the keeper task behind it.
+//!
+//! Every guard has one keeper task that owns the backend's [`HeldLock`]. The keeper
+//! renews the lease, watches a local monotonic deadline (`sent_at + ttl − drift`, where
+//! `sent_at` is taken *before* the acquire request left), fires the loss token when that
+//! deadline passes without a successful renewal or when the backend reports the lock
+//! gone, and performs release. Because release goes through the same task, no renewal
+//! can run after it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::HeldLock;
+use crate::error::{Error, LossReason, Result};
+use crate::name::LockName;
+use crate::options::{MIN_TTL, Owner};
+
+/// Safety margin subtracted from a lease before the holder trusts it: 1 % of the TTL
+/// plus 2 ms (the Redlock drift rule).
+#[must_use]
+pub fn drift_margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// How long the keeper waits for a best-effort release after a loss.
+const LOST_RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+enum Command {
+    Extend(Duration, oneshot::Sender<Result<()>>),
+    Release(Option<oneshot::Sender<Result<()>>>),
+}
+
+#[derive(Debug)]
+struct Shared {
+    name: LockName,
+    owner: Owner,
+    token: u64,
+    lost: CancellationToken,
+    reason: Mutex<Option<LossReason>>,
+}
+
+impl Shared {
+    fn lost_error(&self) -> Error {
+        Error::LockLost {
+            name: self.name.as_str().to_owned(),
+            reason: self.reason().unwrap_or(LossReason::LeaseExpired),
+        }
+    }
+
+    fn reason(&self) -> Option<LossReason> {
+        self.reason.lock().map(|r| r.clone()).unwrap_or(None)
+    }
+
+    fn mark_lost(&self, reason: LossReason) {
+        if let Ok(mut r) = self.reason.lock() {
+            if r.is_none() {
+                tracing::warn!(lock = %self.name, %reason, "lock lost");
+                *r = Some(reason);
+            }
+        }
+        self.lost.cancel();
+    }
+}
+
+/// Context handed to the closure of [`crate::Locker::with_lock`].
+#[derive(Debug, Clone)]
+pub struct LockContext {
+    /// The fencing token of this grant: pass it to the protected resource.
+    pub fencing_token: u64,
+    /// The holder's owner token.
+    pub owner: Owner,
+    /// Cancelled when the lock is lost.
+    pub lost: CancellationToken,
+}
+
+/// A held lock. Release it with [`LockGuard::release`] to see errors; dropping it
+/// releases in the background without blocking.
+///
+/// The guard is owned and `Send + 'static`: move it into tasks freely. If the tokio
+/// runtime is gone when it drops, the lease frees the lock when it runs out.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct LockGuard {
+    shared: Arc<Shared>,
+    commands: mpsc::UnboundedSender<Command>,
+    released: bool,
+}
+
+/// How the keeper renews.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeeperPlan {
+    pub ttl: Duration,
+    pub renew_every: Option<Duration>,
+    pub max_hold: Option<Duration>,
+    /// When the acquire request was sent (before the server could start the lease).
+    pub sent_at: Instant,
+}
+
+impl LockGuard {
+    pub(crate) fn start(
+        held: Box<dyn HeldLock>,
+        name: LockName,
+        owner: Owner,
+        plan: KeeperPlan,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            name,
+            owner,
+            token: held.fencing_token(),
+            lost: CancellationToken::new(),
+            reason: Mutex::new(None),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let keeper = Keeper::new(held, Arc::clone(&shared), plan);
+        tokio::spawn(keeper.run(rx));
+        LockGuard {
+            shared,
+            commands: tx,
+            released: false,
+        }
+    }
+
+    /// The lock's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.shared.name.as_str()
+    }
+
+    /// The fencing token of this grant. Pass it with every operation on the protected
+    /// resource, and have the resource reject tokens lower than the highest it has seen.
+    #[must_use]
+    pub fn fencing_token(&self) -> u64 {
+        self.shared.token
+    }
+
+    /// Who holds the lock.
+    #[must_use]
+    pub fn owner(&self) -> &Owner {
+        &self.shared.owner
+    }
+
+    /// Whether the lock is still believed held (not lost, not released).
+    #[must_use]
+    pub fn is_held(&self) -> bool {
+        !self.released && !self.shared.lost.is_cancelled()
+    }
+
+    /// Why the lock was lost, if it was.
+    #[must_use]
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        if self.shared.lost.is_cancelled() {
+            self.shared.reason()
+        } else {
+            None
+        }
+    }
+
+    /// Resolves with [`Error::LockLost`] when the lock is lost; pending forever otherwise.
+    ///
+    /// It fires before the lease can have run out on the server, when a renewal fails
+    /// definitively, or when the backend reports its session gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future changes nothing.
+    pub fn lost(&self) -> impl Future<Output = Error> + Send + 'static {
+        let shared = Arc::clone(&self.shared);
+        async move {
+            shared.lost.cancelled().await;
+            shared.lost_error()
+        }
+    }
+
+    /// A token cancelled when the lock is lost (a child token: cancelling it yourself
+    /// does not affect the guard).
+    #[must_use]
+    pub fn lost_token(&self) -> CancellationToken {
+        self.shared.lost.child_token()
+    }
+
+    /// The context handed to `with_lock` closures.
+    #[must_use]
+    pub fn context(&self) -> LockContext {
+        LockContext {
+            fencing_token: self.fencing_token(),
+            owner: self.owner().clone(),
+            lost: self.lost_token(),
+        }
+    }
+
+    /// Set the lease to `ttl` from now; later automatic renewals use `ttl` too.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when the lock is gone; [`Error::InvalidOption`] for a TTL
+    /// out of range; connection errors (the lock may still be held).
+    ///
+    /// # Cancel safety
+    /// Cancel safe in that dropping the future leaves the guard usable; the extension
+    /// may or may not have happened.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        crate::options::validate_ttl(ttl)?;
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Extend(ttl, tx))
+            .map_err(|_| self.shared.lost_error())?;
+        rx.await.map_err(|_| self.shared.lost_error())?
+    }
+
+    /// Release the lock and report how that went.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when the lock had already been lost (nothing to release);
+    /// connection errors (the lease then frees the lock when it runs out).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the release is carried out by the keeper task even if this future
+    /// is dropped.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Release(Some(tx))).is_err() {
+            return Err(self.shared.lost_error());
+        }
+        rx.await.map_err(|_| self.shared.lost_error())?
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            // Never blocks; if the keeper is gone (runtime shut down) the lease frees it.
+            let _ = self.commands.send(Command::Release(None));
+        }
+    }
+}
+
+struct Keeper {
+    held: Box<dyn HeldLock>,
+    shared: Arc<Shared>,
+    ttl: Duration,
+    renew_every: Option<Duration>,
+    hold_until: Option<Instant>,
+    deadline: Instant,
+    next_renew: Option<Instant>,
+    /// The current lease was shortened (or renewal stopped) by the max hold time.
+    capped_by_hold: bool,
+}
+
+impl Keeper {
+    fn new(held: Box<dyn HeldLock>, shared: Arc<Shared>, plan: KeeperPlan) -> Self {
+        Keeper {
+            held,
+            shared,
+            ttl: plan.ttl,
+            renew_every: plan.renew_every,
+            hold_until: plan.max_hold.map(|m| plan.sent_at + m),
+            deadline: plan.sent_at + plan.ttl.saturating_sub(drift_margin(plan.ttl)),
+            next_renew: plan.renew_every.map(|every| plan.sent_at + every),
+            capped_by_hold: false,
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        self.shared.lost.is_cancelled()
+    }
+
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        let backend_loss = self.held.loss_signal();
+        let backend_loss_fut = async {
+            match &backend_loss {
+                Some(t) => t.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(backend_loss_fut);
+        loop {
+            let lost = self.is_lost();
+            let renew_at = self.next_renew.filter(|_| !lost);
+            tokio::select! {
+                biased;
+                cmd = commands.recv() => match cmd {
+                    None => {
+                        // Guard gone without a release command: release anyway.
+                        let _ = self.release_now().await;
+                        return;
+                    }
+                    Some(Command::Release(reply)) => {
+                        let result = self.release_now().await;
+                        if let Some(reply) = reply {
+                            let _ = reply.send(result);
+                        } else if let Err(e) = result {
+                            if !matches!(e, Error::LockLost { .. }) {
+                                tracing::warn!(lock = %self.shared.name, error = %e, "background release failed; the lease will free the lock");
+                            }
+                        }
+                        return;
+                    }
+                    Some(Command::Extend(ttl, reply)) => {
+                        let result = if lost {
+                            Err(self.shared.lost_error())
+                        } else {
+                            self.ttl = ttl;
+                            self.renew_every = self.renew_every.map(|_| ttl / 3);
+                            self.renew_once().await
+                        };
+                        let _ = reply.send(result);
+                    }
+                },
+                () = &mut backend_loss_fut, if !lost => {
+                    self.shared.mark_lost(LossReason::SessionLost("the backend reported the session gone".into()));
+                    self.release_after_loss().await;
+                }
+                () = tokio::time::sleep_until(self.deadline), if !lost => {
+                    let reason = if self.capped_by_hold {
+                        LossReason::MaxHoldTime
+                    } else {
+                        LossReason::LeaseExpired
+                    };
+                    self.shared.mark_lost(reason);
+                    self.release_after_loss().await;
+                }
+                () = sleep_until_opt(renew_at), if renew_at.is_some() => {
+                    let _ = self.renew_once().await;
+                }
+            }
+        }
+    }
+
+    /// One renewal. Updates the deadline on success, marks the lock lost when the server
+    /// disowns it, and schedules a quicker retry on a transient error.
+    async fn renew_once(&mut self) -> Result<()> {
+        let now = Instant::now();
+        let mut ttl = self.ttl;
+        if let Some(h) = self.hold_until {
+            let left = h.saturating_duration_since(now);
+            if left < MIN_TTL {
+                // Max hold reached: stop renewing; the deadline fires MaxHoldTime.
+                self.next_renew = None;
+                self.capped_by_hold = true;
+                return Ok(());
+            }
+            if left < ttl {
+                ttl = left;
+                self.capped_by_hold = true;
+            }
+        }
+        let budget = self.deadline.saturating_duration_since(now);
+        let outcome = if budget.is_zero() {
+            Err(Error::connection("core", "no time left to renew"))
+        } else {
+            match tokio::time::timeout(budget, self.held.renew(ttl)).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::connection("core", "renewal timed out")),
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                self.deadline = now + ttl.saturating_sub(drift_margin(ttl));
+                self.next_renew = self.renew_every.map(|every| now + every.min(ttl / 3));
+                Ok(())
+            }
+            Err(Error::NotOwner { .. } | Error::LockLost { .. }) => {
+                self.shared.mark_lost(LossReason::NotOwner);
+                self.next_renew = None;
+                Err(self.shared.lost_error())
+            }
+            Err(e) => {
+                tracing::debug!(lock = %self.shared.name, error = %e, "renewal failed; retrying");
+                let retry = (self.ttl / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                self.next_renew = Some(Instant::now() + retry);
+                Err(e)
+            }
+        }
+    }
+
+    async fn release_now(&mut self) -> Result<()> {
+        if self.is_lost() {
+            return Err(self.shared.lost_error());
+        }
+        self.next_renew = None;
+        self.held.release().await
+    }
+
+    /// After a loss the lease may still be ours on the server (e.g. renewals could not
+    /// get through); an owner-checked release frees it for others sooner and cannot
+    /// harm a new holder.
+    async fn release_after_loss(&mut self) {
+        self.next_renew = None;
+        let _ = tokio::time::timeout(LOST_RELEASE_TIMEOUT, self.held.release()).await;
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

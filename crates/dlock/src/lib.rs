@@ -1,0 +1,66 @@
+//! # dlock — distributed locks over the servers you already run
+//!
+//! One async API (tokio) over several lock services, chosen by URL at run time. Every
+//! grant carries a **fencing token** that strictly increases per lock; every holder is
+//! **told when it loses** the lock ([`LockGuard::lost`]); waiting is by notification
+//! where the backend can notify.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock::Result<()> {
+//! let locker = dlock::Locker::connect("sqlite:///tmp/locks.db").await?;
+//! let guard = locker.lock("orders:42").await?;
+//! let token = guard.fencing_token(); // hand it to the protected resource
+//! tokio::select! {
+//!     _ = async { /* the critical section, using `token` */ } => {}
+//!     err = guard.lost() => return Err(err), // renewal failed / lease gone
+//! }
+//! guard.release().await?; // or drop it: released in the background
+//! # Ok(()) }
+//! ```
+//!
+//! ## Backends
+//!
+//! | URL | backend | feature |
+//! |---|---|---|
+//! | `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:` | embedded SQLite (default) | `sqlite` |
+//! | `memory://`, `memory://STORE` | in-process | always |
+//!
+//! Query parameters carry options (`?ttl=30s`); an unknown parameter is an error.
+//! Redis, Redlock, etcd, ZooKeeper, PostgreSQL and MySQL are designed but not in this
+//! version; their URLs give [`Error::Unsupported`].
+//!
+//! ## What is guaranteed
+//!
+//! A lease lock alone cannot guarantee mutual exclusion: a holder paused past its lease
+//! keeps running while the next holder starts. dlock fires [`LockGuard::lost`] before
+//! the lease can run out on the server (its local deadline is `send time + TTL − 1 % −
+//! 2 ms`, on the monotonic clock), and a resource that rejects fencing tokens lower than
+//! the highest it has seen never accepts a stale operation, on every backend whose
+//! [`Capabilities::fencing`] is [`Fencing::Durable`].
+
+#![warn(missing_docs)]
+
+pub mod backend;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod error;
+mod guard;
+mod locker;
+pub mod memory;
+pub mod name;
+mod notify;
+mod options;
+mod schemes;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+pub mod url;
+
+pub use backend::{Capabilities, Fencing, LockInfo};
+pub use error::{Error, LossReason, Result, redact_secrets};
+pub use guard::{LockContext, LockGuard, drift_margin};
+pub use locker::Locker;
+pub use options::{
+    DEFAULT_TTL, LockOptions, MAX_TTL, MIN_TTL, Metadata, Owner, Renewal, Wait, parse_duration,
+    validate_ttl,
+};
+pub use schemes::{SchemeInfo, schemes};

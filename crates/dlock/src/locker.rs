@@ -1,0 +1,433 @@
+//! [`Locker`]: the handle users hold, and the one acquisition loop every backend shares.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, LockInfo, Waiter};
+use crate::error::{Error, Result};
+use crate::guard::{KeeperPlan, LockGuard, drift_margin};
+use crate::name::LockName;
+use crate::options::{LockOptions, Metadata, Owner, Wait};
+
+/// How long a fair-mode queue entry lives without being refreshed by its waiter.
+const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(5);
+/// Longest single wait between attempts when the backend gives no hint.
+const MAX_WAIT_STEP: Duration = Duration::from_secs(1);
+
+/// A handle to one lock service. Cheap to clone; clones share connections.
+///
+/// ```no_run
+/// # async fn demo() -> dlock::Result<()> {
+/// let locker = dlock::Locker::connect("sqlite:///tmp/locks.db").await?;
+/// let guard = locker.lock("orders:42").await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Locker {
+    backend: Arc<dyn Backend>,
+    defaults: LockOptions,
+    url: String,
+}
+
+impl Locker {
+    /// Connect to the lock service named by `url` (see the crate docs for the grammar).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a malformed URL or unknown query parameter,
+    /// [`Error::BackendNotEnabled`] when the backend was not compiled in, connection
+    /// errors when the service cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is held until the future completes.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let mut parsed = crate::url::ConnectUrl::parse(url)?;
+        let mut defaults = LockOptions::default();
+        if let Some(ttl) = parsed.take_param("ttl") {
+            defaults.ttl = crate::options::parse_duration("ttl", &ttl)?;
+            crate::options::validate_ttl(defaults.ttl)?;
+        }
+        let shown = parsed.to_string();
+        let backend = crate::schemes::open(parsed).await?;
+        Ok(Locker {
+            backend,
+            defaults,
+            url: shown,
+        })
+    }
+
+    /// Wrap a backend (e.g. one implemented outside this crate).
+    #[must_use]
+    pub fn from_backend(backend: Arc<dyn Backend>) -> Self {
+        Locker {
+            url: format!("{}://", backend.scheme()),
+            backend,
+            defaults: LockOptions::default(),
+        }
+    }
+
+    /// The URL this locker was opened with, password redacted.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// What the backend guarantees.
+    #[must_use]
+    pub fn capabilities(&self) -> Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// The options `lock` uses (TTL from the URL's `ttl=` parameter, if given).
+    #[must_use]
+    pub fn default_options(&self) -> LockOptions {
+        self.defaults.clone()
+    }
+
+    /// A fresh random owner, for reentrant use: pass it in [`LockOptions::owner`], clone
+    /// it into other tasks, or hand its string to another process.
+    #[must_use]
+    pub fn owner(&self) -> Owner {
+        Owner::random()
+    }
+
+    /// Acquire `name`, waiting as long as it takes, with the default options.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`], backend errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing held and no queue entry behind.
+    pub async fn lock(&self, name: &str) -> Result<LockGuard> {
+        let opts = LockOptions {
+            wait: Wait::Forever,
+            ..self.defaults.clone()
+        };
+        self.lock_with(name, &opts).await
+    }
+
+    /// Acquire `name`, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when the lock stayed busy, [`Error::InvalidName`], backend errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing held and no queue entry behind.
+    pub async fn lock_timeout(&self, name: &str, timeout: Duration) -> Result<LockGuard> {
+        let opts = LockOptions {
+            wait: Wait::Timeout(timeout),
+            ..self.defaults.clone()
+        };
+        self.lock_with(name, &opts).await
+    }
+
+    /// One attempt: `Ok(None)` when the lock is busy (busy is not an error).
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`], backend errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing held.
+    pub async fn try_lock(&self, name: &str) -> Result<Option<LockGuard>> {
+        self.try_lock_with(name, &self.defaults).await
+    }
+
+    /// One attempt with explicit options (`opts.wait` is ignored).
+    ///
+    /// # Errors
+    /// As [`Locker::try_lock`], plus [`Error::InvalidOption`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing held.
+    pub async fn try_lock_with(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let (name, req) = self.prepare(name, opts)?;
+        let sent_at = Instant::now();
+        match self.attempt(req.clone(), None).await {
+            Ok(held) => Ok(Some(self.finish(held, name, req.owner, opts, sent_at))),
+            Err(AttemptError::Busy(_)) => Ok(None),
+            Err(AttemptError::Failed(e)) => Err(e),
+        }
+    }
+
+    /// Acquire `name` with explicit options.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when `opts.wait` runs out (immediately for [`Wait::NoWait`]),
+    /// [`Error::InvalidName`], [`Error::InvalidOption`], [`Error::Unsupported`] for
+    /// `fair` on a backend without FIFO order, backend errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing held and no queue entry behind.
+    pub async fn lock_with(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
+        let (name, mut req) = self.prepare(name, opts)?;
+        let started = Instant::now();
+        let deadline = match opts.wait {
+            Wait::Forever => None,
+            Wait::Timeout(d) => Some(started + d),
+            Wait::NoWait => Some(started),
+        };
+        if opts.fair {
+            req.enqueue = Some(QUEUE_ENTRY_TTL);
+        }
+        // Whatever happens from here on, a queue entry must not outlive this call.
+        let mut queue_guard = QueueGuard {
+            backend: Arc::clone(&self.backend),
+            name: name.clone(),
+            owner: req.owner.clone(),
+            armed: opts.fair,
+        };
+        let mut waiter: Option<Box<dyn Waiter>> = None;
+        loop {
+            let sent_at = Instant::now();
+            let retry_after = match self.attempt(req.clone(), deadline).await {
+                Ok(held) => {
+                    queue_guard.armed = false;
+                    return Ok(self.finish(held, name, req.owner, opts, sent_at));
+                }
+                Err(AttemptError::Busy(hint)) => hint,
+                Err(AttemptError::Failed(e)) => return Err(e),
+            };
+            let now = Instant::now();
+            let remaining = match deadline {
+                Some(d) if now >= d => {
+                    queue_guard.leave().await;
+                    return Err(Error::Timeout {
+                        name: name.as_str().to_owned(),
+                        waited: now - started,
+                    });
+                }
+                Some(d) => d - now,
+                None => Duration::MAX,
+            };
+            match waiter.as_mut() {
+                None => {
+                    // Subscribe, then try again at once: a release that happened between
+                    // the attempt and the subscription is seen by that attempt.
+                    waiter = Some(self.backend.subscribe(&name).await?);
+                }
+                Some(w) => {
+                    let mut step = retry_after.unwrap_or(MAX_WAIT_STEP).min(remaining);
+                    if opts.fair {
+                        step = step.min(QUEUE_ENTRY_TTL / 3);
+                    }
+                    w.changed(step.max(Duration::from_micros(100))).await?;
+                }
+            }
+        }
+    }
+
+    /// Run `f` while holding `name` (default options). `f`'s future is dropped —
+    /// cancelled — if the lock is lost, and the result is then [`Error::LockLost`].
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: dlock::Locker) -> dlock::Result<()> {
+    /// let sold = locker
+    ///     .with_lock("stock:42", |ctx| async move {
+    ///         // pass ctx.fencing_token to the store
+    ///         ctx.fencing_token
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Acquisition errors, [`Error::LockLost`], release errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops `f`'s future and releases the lock.
+    pub async fn with_lock<F, Fut, T>(&self, name: &str, f: F) -> Result<T>
+    where
+        F: FnOnce(crate::guard::LockContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let opts = LockOptions {
+            wait: Wait::Forever,
+            ..self.defaults.clone()
+        };
+        self.with_lock_opts(name, &opts, f).await
+    }
+
+    /// [`Locker::with_lock`] with explicit options.
+    ///
+    /// # Errors
+    /// As [`Locker::with_lock`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future drops `f`'s future and releases the lock.
+    pub async fn with_lock_opts<F, Fut, T>(&self, name: &str, opts: &LockOptions, f: F) -> Result<T>
+    where
+        F: FnOnce(crate::guard::LockContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lock_with(name, opts).await?;
+        let work = f(guard.context());
+        let lost = guard.lost();
+        tokio::select! {
+            biased;
+            err = lost => Err(err),
+            value = work => {
+                guard.release().await?;
+                Ok(value)
+            }
+        }
+    }
+
+    /// Who holds `name`, if anyone.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`], backend errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        let name = LockName::new(name)?;
+        self.backend.inspect(&name).await
+    }
+
+    fn prepare(&self, name: &str, opts: &LockOptions) -> Result<(LockName, AcquireRequest)> {
+        let name = LockName::new(name)?;
+        opts.validate()?;
+        let caps = self.backend.capabilities();
+        if opts.fair && !caps.fifo {
+            return Err(Error::Unsupported(format!(
+                "fair (FIFO) locking is not available on {}://",
+                self.backend.scheme()
+            )));
+        }
+        if let Some(max) = caps.max_ttl {
+            if opts.ttl > max {
+                return Err(Error::option(
+                    "ttl",
+                    format!("{:?} exceeds this backend's maximum of {max:?}", opts.ttl),
+                ));
+            }
+        }
+        let req = AcquireRequest {
+            name: name.clone(),
+            owner: opts.owner.clone().unwrap_or_else(Owner::random),
+            ttl: opts.ttl,
+            fair: opts.fair,
+            enqueue: None,
+            metadata: opts.metadata.clone().unwrap_or_else(Metadata::this_process),
+        };
+        Ok((name, req))
+    }
+
+    /// One attempt, run to completion in its own task so that a caller who goes away
+    /// mid-attempt cannot leave a grant behind: the task releases it instead.
+    async fn attempt(
+        &self,
+        req: AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Box<dyn crate::backend::HeldLock>, AttemptError> {
+        let backend = Arc::clone(&self.backend);
+        let ttl = req.ttl;
+        let (tx, rx) = oneshot::channel();
+        let sent_at = Instant::now();
+        tokio::spawn(async move {
+            let result = backend.try_acquire(&req).await;
+            let result = match result {
+                // An acquisition slower than the lease is worthless: someone else may
+                // already be entitled to the lock. Never report it as a success.
+                Ok(Attempt::Acquired(held))
+                    if sent_at.elapsed() >= ttl.saturating_sub(drift_margin(ttl)) =>
+                {
+                    tracing::warn!(lock = %req.name, "acquisition took longer than the TTL; giving it back");
+                    let _ = held.release().await;
+                    Ok(Attempt::Busy { retry_after: None })
+                }
+                other => other,
+            };
+            if let Err(Ok(Attempt::Acquired(held))) = tx.send(result) {
+                // The caller is gone (cancelled or timed out): give the lock back.
+                let _ = held.release().await;
+            }
+        });
+        let received = match deadline {
+            None => rx.await,
+            Some(d) => {
+                // Let an attempt that started before the deadline finish a little past it.
+                let limit = d.max(Instant::now()) + Duration::from_millis(250);
+                match tokio::time::timeout_at(limit, rx).await {
+                    Ok(r) => r,
+                    Err(_) => return Err(AttemptError::Busy(None)),
+                }
+            }
+        };
+        match received {
+            Ok(Ok(Attempt::Acquired(held))) => Ok(held),
+            Ok(Ok(Attempt::Busy { retry_after })) => Err(AttemptError::Busy(retry_after)),
+            Ok(Err(e)) => Err(AttemptError::Failed(e)),
+            Err(_) => Err(AttemptError::Failed(Error::backend(
+                "core",
+                "the acquire task ended without an answer",
+            ))),
+        }
+    }
+
+    fn finish(
+        &self,
+        held: Box<dyn crate::backend::HeldLock>,
+        name: LockName,
+        owner: Owner,
+        opts: &LockOptions,
+        sent_at: Instant,
+    ) -> LockGuard {
+        LockGuard::start(
+            held,
+            name,
+            owner,
+            KeeperPlan {
+                ttl: opts.ttl,
+                renew_every: opts.renew_interval(),
+                max_hold: opts.max_hold,
+                sent_at,
+            },
+        )
+    }
+}
+
+enum AttemptError {
+    Busy(Option<Duration>),
+    Failed(Error),
+}
+
+/// Removes a fair-mode queue entry when the acquisition ends without the lock: at
+/// once on timeout, in a background task when the future is dropped.
+struct QueueGuard {
+    backend: Arc<dyn Backend>,
+    name: LockName,
+    owner: Owner,
+    armed: bool,
+}
+
+impl QueueGuard {
+    async fn leave(&mut self) {
+        if self.armed {
+            self.armed = false;
+            if let Err(e) = self.backend.leave_queue(&self.name, &self.owner).await {
+                tracing::debug!(lock = %self.name, error = %e, "could not leave the queue; the entry will expire");
+            }
+        }
+    }
+}
+
+impl Drop for QueueGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let backend = Arc::clone(&self.backend);
+            let name = self.name.clone();
+            let owner = self.owner.clone();
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = backend.leave_queue(&name, &owner).await;
+                });
+            }
+        }
+    }
+}

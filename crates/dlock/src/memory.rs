@@ -1,0 +1,310 @@
+//! `memory://[store]`: an in-process backend, always compiled.
+//!
+//! Useful in tests and for locking between tasks of one process. `memory://` opens a
+//! fresh private store; `memory://NAME` joins the process-wide store called `NAME`, so two
+//! lockers opened with the same URL exclude each other. Leases run on the monotonic
+//! clock; waiters are woken by notification; fair mode keeps a FIFO queue.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, Waiter,
+};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::notify::{ChangeHub, wait_change};
+use crate::options::{Metadata, Owner};
+use crate::url::ConnectUrl;
+
+#[derive(Debug)]
+struct Entry {
+    owner: Owner,
+    holds: u32,
+    fence: u64,
+    expires: Instant,
+    metadata: Metadata,
+}
+
+#[derive(Debug)]
+struct QueueEntry {
+    owner: Owner,
+    expires: Instant,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    locks: HashMap<LockName, Entry>,
+    /// Last fencing token per name; kept after release so tokens never repeat.
+    fences: HashMap<LockName, u64>,
+    queues: HashMap<LockName, Vec<QueueEntry>>,
+}
+
+impl State {
+    fn live_queue(&mut self, name: &LockName, now: Instant) -> Option<&mut Vec<QueueEntry>> {
+        let queue = self.queues.get_mut(name)?;
+        queue.retain(|q| q.expires > now);
+        if queue.is_empty() {
+            self.queues.remove(name);
+            return None;
+        }
+        self.queues.get_mut(name)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Store {
+    state: Mutex<State>,
+    changes: ChangeHub,
+}
+
+impl Store {
+    fn state(&self) -> Result<MutexGuard<'_, State>> {
+        self.state
+            .lock()
+            .map_err(|_| Error::backend("memory", "state poisoned"))
+    }
+}
+
+/// The in-process lock backend.
+#[derive(Debug, Default)]
+pub struct MemoryBackend {
+    store: Arc<Store>,
+}
+
+fn named_stores() -> &'static Mutex<HashMap<String, Weak<Store>>> {
+    static STORES: OnceLock<Mutex<HashMap<String, Weak<Store>>>> = OnceLock::new();
+    STORES.get_or_init(Default::default)
+}
+
+impl MemoryBackend {
+    /// A backend over a fresh, private store.
+    #[must_use]
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub(crate) fn open(url: ConnectUrl) -> Result<Arc<Self>> {
+        url.finish(&[])?;
+        let name = match (url.hosts(), url.path()) {
+            ([], "" | "/") => return Ok(Self::new()),
+            ([h], "" | "/") if h.port.is_none() => h.host.clone(),
+            _ => return Err(url.invalid("expected memory:// or memory://STORE_NAME")),
+        };
+        let mut stores = named_stores()
+            .lock()
+            .map_err(|_| Error::backend("memory", "store registry poisoned"))?;
+        stores.retain(|_, w| w.strong_count() > 0);
+        if let Some(store) = stores.get(&name).and_then(Weak::upgrade) {
+            return Ok(Arc::new(MemoryBackend { store }));
+        }
+        let store = Arc::new(Store::default());
+        stores.insert(name, Arc::downgrade(&store));
+        Ok(Arc::new(MemoryBackend { store }))
+    }
+
+    fn state(&self) -> Result<MutexGuard<'_, State>> {
+        self.store.state()
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn scheme(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: Fencing::Durable,
+            fifo: true,
+            native_wait: true,
+            session_bound: false,
+            reentrant: true,
+            cross_process: false,
+            max_ttl: None,
+        }
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let this = Arc::clone(&self.store);
+        let now = Instant::now();
+        let mut st = self.state()?;
+        let busy_until = match st.locks.get_mut(&req.name) {
+            Some(e) if e.expires > now && e.owner == req.owner => {
+                e.holds += 1;
+                e.expires = e.expires.max(now + req.ttl);
+                let held = MemoryHeld::new(this, req, e.fence);
+                return Ok(Attempt::Acquired(Box::new(held)));
+            }
+            Some(e) if e.expires > now => Some(e.expires),
+            _ => None,
+        };
+        let ahead = if req.fair {
+            st.live_queue(&req.name, now)
+                .and_then(|q| q.first())
+                .is_some_and(|head| head.owner != req.owner)
+        } else {
+            false
+        };
+        if busy_until.is_some() || ahead {
+            if let Some(entry_ttl) = req.enqueue {
+                let queue = st.queues.entry(req.name.clone()).or_default();
+                match queue.iter_mut().find(|q| q.owner == req.owner) {
+                    Some(q) => q.expires = now + entry_ttl,
+                    None => queue.push(QueueEntry {
+                        owner: req.owner.clone(),
+                        expires: now + entry_ttl,
+                    }),
+                }
+            }
+            return Ok(Attempt::Busy {
+                retry_after: busy_until.map(|t| t - now),
+            });
+        }
+        if let Some(queue) = st.queues.get_mut(&req.name) {
+            queue.retain(|q| q.owner != req.owner);
+            if queue.is_empty() {
+                st.queues.remove(&req.name);
+            }
+        }
+        let fence = st.fences.entry(req.name.clone()).or_insert(0);
+        *fence += 1;
+        let fence = *fence;
+        st.locks.insert(
+            req.name.clone(),
+            Entry {
+                owner: req.owner.clone(),
+                holds: 1,
+                fence,
+                expires: now + req.ttl,
+                metadata: req.metadata.clone(),
+            },
+        );
+        Ok(Attempt::Acquired(Box::new(MemoryHeld::new(
+            this, req, fence,
+        ))))
+    }
+
+    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Waiter>> {
+        Ok(Box::new(MemoryWaiter {
+            rx: self.store.changes.subscribe(name),
+        }))
+    }
+
+    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
+        let mut st = self.state()?;
+        if let Some(queue) = st.queues.get_mut(name) {
+            queue.retain(|q| &q.owner != owner);
+            if queue.is_empty() {
+                st.queues.remove(name);
+            }
+        }
+        drop(st);
+        // The next waiter may now be at the head.
+        self.store.changes.notify(name);
+        Ok(())
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let now = Instant::now();
+        let mut st = self.state()?;
+        let waiters = st.live_queue(name, now).map_or(0, |q| q.len());
+        Ok(st
+            .locks
+            .get(name)
+            .filter(|e| e.expires > now)
+            .map(|e| LockInfo {
+                name: name.as_str().to_owned(),
+                owner: e.owner.as_str().to_owned(),
+                holds: e.holds,
+                fencing_token: e.fence,
+                remaining: Some(e.expires - now),
+                metadata: e.metadata.clone(),
+                waiters: Some(waiters),
+            }))
+    }
+}
+
+#[derive(Debug)]
+struct MemoryWaiter {
+    rx: watch::Receiver<u64>,
+}
+
+#[async_trait]
+impl Waiter for MemoryWaiter {
+    async fn changed(&mut self, max: Duration) -> Result<()> {
+        wait_change(&mut self.rx, max).await;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct MemoryHeld {
+    store: Arc<Store>,
+    name: LockName,
+    owner: Owner,
+    fence: u64,
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl MemoryHeld {
+    fn new(store: Arc<Store>, req: &AcquireRequest, fence: u64) -> Self {
+        MemoryHeld {
+            store,
+            name: req.name.clone(),
+            owner: req.owner.clone(),
+            fence,
+            released: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+#[async_trait]
+impl HeldLock for MemoryHeld {
+    fn fencing_token(&self) -> u64 {
+        self.fence
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let now = Instant::now();
+        let mut st = self.store.state()?;
+        match st.locks.get_mut(&self.name) {
+            Some(e) if e.owner == self.owner && e.fence == self.fence && e.expires > now => {
+                e.expires = e.expires.max(now + ttl);
+                Ok(())
+            }
+            _ => Err(Error::NotOwner {
+                name: self.name.as_str().to_owned(),
+            }),
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        if self
+            .released
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        let mut st = self.store.state()?;
+        let remove = match st.locks.get_mut(&self.name) {
+            Some(e) if e.owner == self.owner && e.fence == self.fence => {
+                e.holds = e.holds.saturating_sub(1);
+                e.holds == 0
+            }
+            _ => false,
+        };
+        if remove {
+            st.locks.remove(&self.name);
+            drop(st);
+            self.store.changes.notify(&self.name);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,389 @@
+//! What a caller can ask for when acquiring: [`LockOptions`], [`Wait`], [`Renewal`],
+//! [`Owner`] and [`Metadata`], and the duration syntax (`500ms`, `30s`, `2m`).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Shortest lease dlock accepts.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+/// Longest lease dlock accepts.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Lease used when none is given (as Redisson's watchdog default).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// Who holds a lock: an opaque token, random by default.
+///
+/// Two acquisitions with the same owner are the same holder (reentrancy). Pass an owner
+/// to another task or process as a string ([`Owner::as_str`] / [`str::parse`]).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Owner(String);
+
+impl Owner {
+    /// A fresh owner: 128 bits from the operating system's RNG, as 32 hex digits.
+    ///
+    /// # Panics
+    /// If the operating system has no usable random source (never on supported systems).
+    #[must_use]
+    pub fn random() -> Self {
+        let mut bytes = [0u8; 16];
+        #[allow(clippy::expect_used)]
+        getrandom::fill(&mut bytes).expect("the OS random number generator failed");
+        let mut s = String::with_capacity(32);
+        for b in bytes {
+            s.push_str(&format!("{b:02x}"));
+        }
+        Owner(s)
+    }
+
+    /// The token text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Owner({})", self.0)
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for Owner {
+    type Err = Error;
+
+    /// Accepts 1–128 characters from `[A-Za-z0-9._:-]`.
+    fn from_str(s: &str) -> Result<Self> {
+        if s.is_empty() || s.len() > 128 {
+            return Err(Error::option(
+                "owner",
+                "an owner token has 1 to 128 characters",
+            ));
+        }
+        if !s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        {
+            return Err(Error::option(
+                "owner",
+                "an owner token may only contain letters, digits and . _ : -",
+            ));
+        }
+        Ok(Owner(s.to_owned()))
+    }
+}
+
+/// Who is holding, shown by [`crate::Locker::inspect`] and `dlock status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Metadata {
+    /// Host name of the holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Process id of the holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Metadata {
+    /// Host name and process id of this process, no note.
+    #[must_use]
+    pub fn this_process() -> Self {
+        Metadata {
+            host: host_name(),
+            pid: Some(std::process::id()),
+            note: None,
+        }
+    }
+
+    /// The same with a note.
+    #[must_use]
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+}
+
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+}
+
+/// How long an acquisition waits for a busy lock.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Wait until the lock is acquired (or the future is dropped).
+    Forever,
+    /// Wait at most this long, then fail with [`Error::Timeout`].
+    Timeout(Duration),
+    /// One attempt only; busy is [`Error::Timeout`] with a zero wait in `lock_with`,
+    /// `Ok(None)` in `try_lock`.
+    NoWait,
+}
+
+/// Whether and how the lease is renewed while the guard lives.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Renew every `ttl / 3` (Redisson's watchdog rhythm).
+    Auto,
+    /// Renew at this interval (must be shorter than the TTL).
+    Every(Duration),
+    /// Never renew: the lease ends `ttl` after acquisition unless `extend` is called.
+    Off,
+}
+
+/// Options for one acquisition. `LockOptions::default()` is a 30 s lease renewed
+/// every 10 s, waiting forever, unfair, with a fresh random owner.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LockOptions {
+    /// Lease length.
+    pub ttl: Duration,
+    /// Renewal policy.
+    pub renewal: Renewal,
+    /// Stop renewing after the lock has been held this long (the lease then runs out
+    /// and `lost()` fires). `None`: renew while the guard lives.
+    pub max_hold: Option<Duration>,
+    /// How long to wait for a busy lock.
+    pub wait: Wait,
+    /// First come, first served among waiters (only where the backend supports it).
+    pub fair: bool,
+    /// Holder identity; the same owner re-entering gets the lock at once. `None`: a
+    /// fresh random owner for this acquisition.
+    pub owner: Option<Owner>,
+    /// Shown by `inspect`; `None`: this process's host and pid.
+    pub metadata: Option<Metadata>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: DEFAULT_TTL,
+            renewal: Renewal::Auto,
+            max_hold: None,
+            wait: Wait::Forever,
+            fair: false,
+            owner: None,
+            metadata: None,
+        }
+    }
+}
+
+impl LockOptions {
+    /// Default options.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Set the lease length.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Set the renewal policy.
+    #[must_use]
+    pub fn renewal(mut self, renewal: Renewal) -> Self {
+        self.renewal = renewal;
+        self
+    }
+
+    /// Stop renewing after `max` of holding.
+    #[must_use]
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.max_hold = Some(max);
+        self
+    }
+
+    /// Set the waiting policy.
+    #[must_use]
+    pub fn wait(mut self, wait: Wait) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Ask for first-come-first-served order.
+    #[must_use]
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Acquire as `owner` (reentrant with other holds of the same owner).
+    #[must_use]
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Set the metadata shown by `inspect`.
+    #[must_use]
+    pub fn metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// Check ranges: TTL within [`MIN_TTL`]..=[`MAX_TTL`], renewal interval below the TTL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the offending option.
+    pub fn validate(&self) -> Result<()> {
+        validate_ttl(self.ttl)?;
+        if let Renewal::Every(every) = self.renewal {
+            if every.is_zero() || every >= self.ttl {
+                return Err(Error::option(
+                    "renewal",
+                    format!(
+                        "the renewal interval {every:?} must be above zero and below the TTL {:?}",
+                        self.ttl
+                    ),
+                ));
+            }
+        }
+        if let Some(max) = self.max_hold {
+            if max.is_zero() {
+                return Err(Error::option("max_hold", "must be above zero"));
+            }
+        }
+        if let Some(Metadata {
+            note: Some(note), ..
+        }) = &self.metadata
+        {
+            if note.len() > 1024 {
+                return Err(Error::option("metadata", "the note is at most 1024 bytes"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The interval at which the lease is renewed, if it is.
+    #[must_use]
+    pub fn renew_interval(&self) -> Option<Duration> {
+        match self.renewal {
+            Renewal::Auto => Some(self.ttl / 3),
+            Renewal::Every(d) => Some(d),
+            Renewal::Off => None,
+        }
+    }
+}
+
+/// Check that `ttl` is within [`MIN_TTL`]..=[`MAX_TTL`].
+///
+/// # Errors
+/// [`Error::InvalidOption`] otherwise.
+pub fn validate_ttl(ttl: Duration) -> Result<()> {
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return Err(Error::option(
+            "ttl",
+            format!("{ttl:?} is outside the accepted range {MIN_TTL:?} to {MAX_TTL:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parse a duration written as a number and a unit: `250ms`, `30s`, `1.5s`, `2m`, `1h`.
+///
+/// A bare number is rejected (is `30` seconds or milliseconds?).
+///
+/// # Errors
+/// [`Error::InvalidOption`] naming `what` for anything else.
+pub fn parse_duration(what: &str, text: &str) -> Result<Duration> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let bad = |why: &str| Error::option(what, format!("{text:?}: {why}"));
+    if num.is_empty() {
+        return Err(bad(
+            "expected a number followed by ms, s, m or h (e.g. 30s)",
+        ));
+    }
+    let value: f64 = num.parse().map_err(|_| bad("not a number"))?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "s" | "sec" | "secs" => 1.0,
+        "m" | "min" | "mins" => 60.0,
+        "h" => 3600.0,
+        "" => return Err(bad("missing unit: write e.g. 30s or 500ms")),
+        _ => return Err(bad("unknown unit (use ms, s, m or h)")),
+    };
+    let secs = value * scale;
+    if !secs.is_finite() || secs > 1e9 {
+        return Err(bad("too large"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(
+            parse_duration("t", "500ms").ok(),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_duration("t", "30s").ok(),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            parse_duration("t", "2m").ok(),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            parse_duration("t", "1.5s").ok(),
+            Some(Duration::from_millis(1500))
+        );
+        for bad in ["", "30", "s", "-1s", "1x", "1e400s", "1..2s", "ms"] {
+            assert!(parse_duration("t", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn owners() {
+        let a = Owner::random();
+        let b = Owner::random();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 32);
+        assert_eq!(a.as_str().parse::<Owner>().ok(), Some(a));
+        assert!("".parse::<Owner>().is_err());
+        assert!("has space".parse::<Owner>().is_err());
+        assert!("x".repeat(129).parse::<Owner>().is_err());
+    }
+
+    #[test]
+    fn option_validation() {
+        assert!(LockOptions::new().validate().is_ok());
+        assert!(LockOptions::new().ttl(Duration::ZERO).validate().is_err());
+        assert!(
+            LockOptions::new()
+                .ttl(Duration::from_secs(1))
+                .renewal(Renewal::Every(Duration::from_secs(2)))
+                .validate()
+                .is_err()
+        );
+        assert!(LockOptions::new().ttl(MAX_TTL * 2).validate().is_err());
+    }
+}

@@ -1,0 +1,126 @@
+//! The URL scheme table: which backends exist, which cargo feature provides each, and
+//! opening one from a parsed URL.
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, Capabilities};
+use crate::error::{Error, Result};
+use crate::url::ConnectUrl;
+
+/// One URL scheme dlock knows.
+#[non_exhaustive]
+#[derive(Debug, Clone)]
+pub struct SchemeInfo {
+    /// The scheme, e.g. `sqlite`.
+    pub scheme: &'static str,
+    /// Cargo feature that provides it (`None`: always compiled).
+    pub feature: Option<&'static str>,
+    /// Whether this build can open it.
+    pub available: bool,
+    /// One line about it.
+    pub description: &'static str,
+    /// Capabilities with default options, when available.
+    pub capabilities: Option<Capabilities>,
+}
+
+/// Every scheme dlock knows, available or not.
+#[must_use]
+pub fn schemes() -> Vec<SchemeInfo> {
+    let mut out = vec![SchemeInfo {
+        scheme: "memory",
+        feature: None,
+        available: true,
+        description: "in-process store (tests, tasks of one process)",
+        capabilities: Some(crate::memory::MemoryBackend::default().capabilities()),
+    }];
+    out.push(SchemeInfo {
+        scheme: "sqlite",
+        feature: Some("sqlite"),
+        available: cfg!(feature = "sqlite"),
+        description: "embedded SQLite file: processes on one machine, no server (the default)",
+        capabilities: sqlite_caps(),
+    });
+    for (scheme, feature, description) in PLANNED {
+        out.push(SchemeInfo {
+            scheme,
+            feature: Some(feature),
+            available: false,
+            description,
+            capabilities: None,
+        });
+    }
+    out
+}
+
+/// Schemes whose backends are designed but not implemented in this version.
+const PLANNED: [(&str, &str, &str); 12] = [
+    ("redis", "redis", "single Redis (not implemented yet)"),
+    (
+        "rediss",
+        "redis",
+        "single Redis over TLS (not implemented yet)",
+    ),
+    (
+        "redis+sentinel",
+        "redis",
+        "Redis behind Sentinel (not implemented yet)",
+    ),
+    (
+        "redis+cluster",
+        "redis",
+        "Redis Cluster (not implemented yet)",
+    ),
+    (
+        "redlock",
+        "redis",
+        "Redlock over N independent Redis nodes (not implemented yet)",
+    ),
+    ("etcd", "etcd", "etcd (not implemented yet)"),
+    ("etcds", "etcd", "etcd over TLS (not implemented yet)"),
+    ("zk", "zookeeper", "ZooKeeper (not implemented yet)"),
+    ("postgres", "postgres", "PostgreSQL (not implemented yet)"),
+    ("postgresql", "postgres", "PostgreSQL (not implemented yet)"),
+    ("mysql", "mysql", "MySQL (not implemented yet)"),
+    ("mariadb", "mysql", "MariaDB (not implemented yet)"),
+];
+
+#[cfg(feature = "sqlite")]
+fn sqlite_caps() -> Option<Capabilities> {
+    let mut caps = Capabilities::new(crate::backend::Fencing::Durable);
+    caps.fifo = true;
+    caps.reentrant = true;
+    caps.cross_process = true;
+    Some(caps)
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn sqlite_caps() -> Option<Capabilities> {
+    None
+}
+
+/// Open the backend named by `url`.
+pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
+    match url.scheme() {
+        "memory" => Ok(crate::memory::MemoryBackend::open(url)?),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(crate::sqlite::SqliteBackend::open(url).await?),
+        #[cfg(not(feature = "sqlite"))]
+        "sqlite" => Err(Error::BackendNotEnabled {
+            scheme: "sqlite".into(),
+            feature: "sqlite".into(),
+        }),
+        other => match PLANNED.iter().find(|(s, _, _)| *s == other) {
+            Some((scheme, _, _)) => Err(Error::Unsupported(format!(
+                "the {scheme}:// backend is not implemented in this version of dlock"
+            ))),
+            None => Err(url.invalid(&format!(
+                "unknown scheme {other:?} (known: {})",
+                schemes()
+                    .iter()
+                    .map(|s| s.scheme)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        },
+    }
+}
