@@ -1,1 +1,15 @@
-//! testkit
+//! Test support for dlock: real lock servers started from PATH on free 127.0.0.1 ports
+//! in temp dirs (killed on Drop), and a loopback TCP proxy that injects faults.
+//!
+//! A test whose server binary is missing prints `skipped: … not found` and returns,
+//! unless `DLOCK_REQUIRE_SERVERS=1`, in which case it fails: CI never passes by skipping.
+//! No test here touches an address outside 127.0.0.0/8.
+
+mod proxy;
+mod server;
+
+pub use proxy::{Fault, FaultProxy};
+pub use server::{
+    RedisOptions, RedisServer, ServerProcess, find_binary, free_port, redis_command, redis_ping,
+    servers_required, skip,
+};

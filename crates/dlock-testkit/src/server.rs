@@ -1,0 +1,303 @@
+//! Real servers from PATH on free loopback ports, in temp dirs, killed on Drop.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// Whether tests must fail instead of skipping when a server binary is missing
+/// (`DLOCK_REQUIRE_SERVERS=1`, as the README's test command and CI set it).
+#[must_use]
+pub fn servers_required() -> bool {
+    std::env::var("DLOCK_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
+}
+
+/// The full path of `binary` if it is on PATH (or an absolute path that exists).
+#[must_use]
+pub fn find_binary(binary: &str) -> Option<PathBuf> {
+    let p = Path::new(binary);
+    if p.is_absolute() {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Report a missing prerequisite: print "skipped: …" and return `None`, or panic when
+/// servers are required.
+///
+/// # Panics
+/// When `DLOCK_REQUIRE_SERVERS=1`.
+#[must_use]
+pub fn skip<T>(reason: &str) -> Option<T> {
+    assert!(!servers_required(), "DLOCK_REQUIRE_SERVERS=1 but {reason}");
+    eprintln!("skipped: {reason}");
+    None
+}
+
+/// A port that was free on 127.0.0.1 a moment ago. Another process may take it before
+/// we use it; starters retry on a fresh port when the server fails to come up.
+///
+/// # Panics
+/// When no loopback port can be bound at all.
+#[must_use]
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// A child server process with its temp dir; SIGKILLed and reaped on Drop.
+#[derive(Debug)]
+pub struct ServerProcess {
+    child: Option<Child>,
+    name: String,
+}
+
+impl ServerProcess {
+    /// Spawn `cmd` with stdout/stderr sent to `log` inside its dir.
+    ///
+    /// # Errors
+    /// When the process cannot be spawned.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> std::io::Result<Self> {
+        let out = std::fs::File::create(log)?;
+        let err = out.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        Ok(ServerProcess {
+            child: Some(cmd.spawn()?),
+            name: name.to_owned(),
+        })
+    }
+
+    /// Process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    fn signal(&self, sig: Signal) {
+        if let Some(c) = &self.child {
+            let pid = i32::try_from(c.id()).unwrap_or(i32::MAX);
+            let _ = kill(Pid::from_raw(pid), sig);
+        }
+    }
+
+    /// SIGSTOP: the server freezes, connections stay open.
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after [`ServerProcess::pause`].
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the process has exited.
+    pub fn has_exited(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => !matches!(c.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
+    /// The server's name (for messages).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // A paused process must be resumed to die promptly on some kernels' views of
+        // accounting; SIGKILL works on stopped processes, but continue anyway.
+        self.resume();
+        self.kill();
+    }
+}
+
+/// Send a Redis inline `PING` to `addr` and wait for `+PONG`.
+///
+/// # Errors
+/// Connection errors, timeouts, or any other answer.
+pub fn redis_ping(addr: SocketAddr, timeout: Duration) -> std::io::Result<()> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.write_all(b"PING\r\n")?;
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf)?;
+    if buf[..n].starts_with(b"+PONG") {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "unexpected answer {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        )))
+    }
+}
+
+/// Send one Redis command (as a RESP array) to `addr` and return the raw reply bytes.
+///
+/// # Errors
+/// Connection errors and timeouts.
+pub fn redis_command(
+    addr: SocketAddr,
+    args: &[&str],
+    timeout: Duration,
+) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut req = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        req.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    s.write_all(&req)?;
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf)?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// Options for [`RedisServer::start_with`].
+#[derive(Debug, Clone, Default)]
+pub struct RedisOptions {
+    /// Append-only file with `appendfsync always` (durable writes).
+    pub persistent: bool,
+}
+
+/// A `redis-server` on a free loopback port.
+#[derive(Debug)]
+pub struct RedisServer {
+    process: ServerProcess,
+    dir: tempfile::TempDir,
+    port: u16,
+    binary: PathBuf,
+    options: RedisOptions,
+}
+
+impl RedisServer {
+    /// Start a throwaway Redis (no persistence), or skip (see [`skip`]).
+    ///
+    /// # Panics
+    /// When redis-server exists but does not come up after three tries.
+    #[must_use]
+    pub fn start() -> Option<Self> {
+        Self::start_with(RedisOptions::default())
+    }
+
+    /// Start Redis with `options`, or skip.
+    ///
+    /// # Panics
+    /// When redis-server exists but does not come up after three tries.
+    #[must_use]
+    pub fn start_with(options: RedisOptions) -> Option<Self> {
+        let Some(binary) = find_binary("redis-server") else {
+            return skip("redis-server not found on PATH (apt-get install redis-server)");
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut last_err = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            match Self::launch(&binary, dir.path(), port, &options) {
+                Ok(process) => {
+                    return Some(RedisServer {
+                        process,
+                        dir,
+                        port,
+                        binary,
+                        options,
+                    });
+                }
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("redis-server did not start: {last_err}");
+    }
+
+    fn launch(
+        binary: &Path,
+        dir: &Path,
+        port: u16,
+        options: &RedisOptions,
+    ) -> Result<ServerProcess, String> {
+        let mut cmd = Command::new(binary);
+        cmd.current_dir(dir)
+            .arg("--port")
+            .arg(port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir);
+        if options.persistent {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        } else {
+            cmd.args(["--appendonly", "no"]);
+        }
+        let log = dir.join(format!("redis-{port}.log"));
+        let mut process =
+            ServerProcess::spawn("redis-server", cmd, &log).map_err(|e| format!("spawn: {e}"))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if redis_ping(addr, Duration::from_millis(500)).is_ok() {
+                return Ok(process);
+            }
+            if process.has_exited() || Instant::now() > deadline {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!("not ready on port {port}; log:\n{log}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `127.0.0.1:port`.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `redis://127.0.0.1:port`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The process (pause, resume, kill).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// SIGKILL the server and start it again on the same port and data dir (with
+    /// persistence the data survives).
+    ///
+    /// # Panics
+    /// When it does not come back.
+    pub fn restart(&mut self) {
+        self.process.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::launch(&self.binary, self.dir.path(), self.port, &self.options) {
+                Ok(p) => {
+                    self.process = p;
+                    return;
+                }
+                Err(e) if Instant::now() > deadline => panic!("redis restart failed: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}

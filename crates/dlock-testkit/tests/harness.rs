@@ -1,0 +1,128 @@
+//! The testkit proves its own pattern: a real redis-server from PATH, reached directly
+//! and through every fault of the proxy, paused, killed and restarted.
+
+use std::time::{Duration, Instant};
+
+use dlock_testkit::{Fault, FaultProxy, RedisOptions, RedisServer, redis_command, redis_ping};
+
+const T: Duration = Duration::from_secs(2);
+
+fn ping(addr: std::net::SocketAddr) -> std::io::Result<()> {
+    redis_ping(addr, T)
+}
+
+#[test]
+fn redis_starts_answers_and_dies_on_drop() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let addr = redis.addr();
+    assert!(addr.ip().is_loopback());
+    ping(addr).expect("PING");
+    drop(redis);
+    assert!(ping(addr).is_err(), "server still answering after Drop");
+}
+
+#[test]
+fn sigstop_freezes_and_sigcont_resumes() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let addr = redis.addr();
+    redis.process().pause();
+    assert!(
+        redis_ping(addr, Duration::from_millis(300)).is_err(),
+        "paused server answered"
+    );
+    redis.process().resume();
+    ping(addr).expect("PING after SIGCONT");
+}
+
+#[test]
+fn restart_keeps_the_port_and_persisted_data() {
+    let Some(mut redis) = RedisServer::start_with(RedisOptions { persistent: true }) else {
+        return;
+    };
+    let addr = redis.addr();
+    let ok = redis_command(addr, &["SET", "k", "kept"], T).expect("SET");
+    assert_eq!(ok, b"+OK\r\n");
+    redis.restart();
+    ping(addr).expect("PING after restart");
+    let got = redis_command(addr, &["GET", "k"], T).expect("GET");
+    assert_eq!(
+        got, b"$4\r\nkept\r\n",
+        "appendfsync always lost an acknowledged write"
+    );
+}
+
+#[tokio::test]
+async fn proxy_faults() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(redis.addr()).await.expect("proxy");
+    let addr = proxy.addr();
+    let run =
+        move |timeout: Duration| tokio::task::spawn_blocking(move || redis_ping(addr, timeout));
+
+    run(T).await.expect("join").expect("PING through the proxy");
+
+    proxy.set(Fault::Delay(Duration::from_millis(150)));
+    let start = Instant::now();
+    run(T).await.expect("join").expect("delayed PING");
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "delay not applied both ways"
+    );
+
+    proxy.set(Fault::Blackhole);
+    assert!(
+        run(Duration::from_millis(300))
+            .await
+            .expect("join")
+            .is_err(),
+        "blackhole answered"
+    );
+
+    proxy.set(Fault::DropReplies);
+    assert!(
+        run(Duration::from_millis(300))
+            .await
+            .expect("join")
+            .is_err(),
+        "reply not dropped"
+    );
+
+    proxy.set(Fault::ResetAfter(3));
+    assert!(run(T).await.expect("join").is_err(), "connection not reset");
+
+    proxy.set(Fault::None);
+    run(T)
+        .await
+        .expect("join")
+        .expect("PING after faults cleared");
+}
+
+#[tokio::test]
+async fn proxy_reset_all_cuts_open_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(redis.addr()).await.expect("proxy");
+    let mut conn = tokio::net::TcpStream::connect(proxy.addr())
+        .await
+        .expect("connect");
+    conn.write_all(b"PING\r\n").await.expect("write");
+    let mut buf = [0u8; 16];
+    let n = conn.read(&mut buf).await.expect("read");
+    assert!(buf[..n].starts_with(b"+PONG"));
+    proxy.reset_all();
+    let r = tokio::time::timeout(T, conn.read(&mut buf))
+        .await
+        .expect("no reaction to reset");
+    assert!(
+        matches!(r, Ok(0) | Err(_)),
+        "connection survived reset_all: {r:?}"
+    );
+}
