@@ -1,1 +1,59 @@
-fn main() {}
+//! `dlock`: run a command under a distributed lock, inspect locks, demo and bench.
+
+mod args;
+mod bench;
+mod demo;
+mod exit;
+mod fleet;
+mod run;
+mod stats;
+mod status;
+
+use clap::Parser;
+
+use crate::args::{Cli, Command, DemoCommand};
+use crate::exit::Failure;
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => exit::usage_error(&e),
+    };
+    init_logging(&cli.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => exit::fail(&Failure::internal(format!("cannot start the runtime: {e}"))),
+    };
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(a) => run::run(a).await,
+            Command::Status(a) => status::status(a).await,
+            Command::Backends(a) => status::backends(&a),
+            Command::Demo(DemoCommand::FlashSale(a)) => demo::flash_sale(a).await,
+            Command::Bench(a) => bench::bench(a).await,
+            Command::DemoWorker(a) => demo::worker(a).await,
+            Command::BenchWorker(a) => bench::worker(a).await,
+        }
+    });
+    // Do not wait for background tasks (a dropped guard's release is best effort and
+    // the lease covers it); every path that matters released explicitly.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    match code {
+        Ok(code) => std::process::exit(code),
+        Err(failure) => exit::fail(&failure),
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

@@ -300,7 +300,8 @@ pub fn validate_ttl(ttl: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Parse a duration written as a number and a unit: `250ms`, `30s`, `1.5s`, `2m`, `1h`.
+/// Parse a duration written as a number and a unit: `500us`, `250ms`, `30s`, `1.5s`,
+/// `2m`, `1h`.
 ///
 /// A bare number is rejected (is `30` seconds or milliseconds?).
 ///
@@ -320,12 +321,13 @@ pub fn parse_duration(what: &str, text: &str) -> Result<Duration> {
     }
     let value: f64 = num.parse().map_err(|_| bad("not a number"))?;
     let scale = match unit.trim() {
+        "us" | "µs" => 0.000_001,
         "ms" => 0.001,
         "s" | "sec" | "secs" => 1.0,
         "m" | "min" | "mins" => 60.0,
         "h" => 3600.0,
         "" => return Err(bad("missing unit: write e.g. 30s or 500ms")),
-        _ => return Err(bad("unknown unit (use ms, s, m or h)")),
+        _ => return Err(bad("unknown unit (use us, ms, s, m or h)")),
     };
     let secs = value * scale;
     if !secs.is_finite() || secs > 1e9 {

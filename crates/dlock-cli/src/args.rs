@@ -1,0 +1,214 @@
+//! Command-line grammar (clap).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Parse a duration flag (`500ms`, `30s`, `2m`).
+fn duration(text: &str) -> Result<Duration, String> {
+    dlock::parse_duration("duration", text).map_err(|e| match e {
+        dlock::Error::InvalidOption { reason, .. } => reason,
+        other => other.to_string(),
+    })
+}
+
+/// Parse a lease flag: a duration within dlock's accepted TTL range.
+fn ttl(text: &str) -> Result<Duration, String> {
+    let d = duration(text)?;
+    dlock::validate_ttl(d).map_err(|e| match e {
+        dlock::Error::InvalidOption { reason, .. } => reason,
+        other => other.to_string(),
+    })?;
+    Ok(d)
+}
+
+/// Distributed locks over the servers you already run.
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Log level for dlock's own diagnostics (error, warn, info, debug, trace).
+    #[arg(long, global = true, default_value = "warn", env = "DLOCK_LOG")]
+    pub log: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding a lock.
+    Run(RunArgs),
+    /// Show who holds locks.
+    Status(StatusArgs),
+    /// List the backends this build knows and what each guarantees.
+    Backends(BackendsArgs),
+    /// Demonstrations of what a lock prevents.
+    #[command(subcommand)]
+    Demo(DemoCommand),
+    /// Measure lock throughput and latency on a backend.
+    Bench(BenchArgs),
+    /// Internal: one worker process of `demo flash-sale`.
+    #[command(hide = true)]
+    DemoWorker(DemoWorkerArgs),
+    /// Internal: one worker process of `bench`.
+    #[command(hide = true)]
+    BenchWorker(BenchWorkerArgs),
+}
+
+/// Where the locks live.
+#[derive(Debug, Args, Clone)]
+pub struct UrlArg {
+    /// Lock service URL [default: $DLOCK_URL, else an SQLite file in the user's state
+    /// directory].
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+}
+
+/// `dlock run`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Exit status: the command's own; 75 if the lock was not acquired in time; \
+                  76 if the lock was lost while the command ran (it got SIGTERM, then SIGKILL \
+                  after --grace); 69 if the lock service could not be reached; 126/127 if the \
+                  command could not be run; 2 for usage errors."
+)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    /// Lease length; renewed every third of it while the command runs.
+    #[arg(long, value_parser = ttl, default_value = "30s", value_name = "DURATION")]
+    pub ttl: Duration,
+    /// Wait at most this long for the lock [default: wait as long as it takes].
+    #[arg(long, value_parser = duration, value_name = "DURATION", conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+    /// Do not wait: exit 75 at once if the lock is busy.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// First come, first served among waiters.
+    #[arg(long)]
+    pub fair: bool,
+    /// Owner token (reentrancy across processes); default: a fresh random one.
+    #[arg(long, value_name = "TOKEN")]
+    pub owner: Option<String>,
+    /// After a lock loss, how long the command gets between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = duration, default_value = "5s", value_name = "DURATION")]
+    pub grace: Duration,
+    /// Free text shown by `dlock status`.
+    #[arg(long, value_name = "TEXT")]
+    pub note: Option<String>,
+    /// The lock's name.
+    pub name: String,
+    /// The command and its arguments (run directly, no shell).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `dlock status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    /// Print JSON (one array) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Lock names.
+    #[arg(required = true)]
+    pub names: Vec<String>,
+}
+
+/// `dlock backends`.
+#[derive(Debug, Args)]
+pub struct BackendsArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dlock demo …`.
+#[derive(Debug, Subcommand)]
+pub enum DemoCommand {
+    /// Worker processes sell from one stock with a racy read-check-write, first
+    /// unprotected, then under dlock: the first oversells, the second sells exactly.
+    FlashSale(FlashSaleArgs),
+}
+
+/// `dlock demo flash-sale`.
+#[derive(Debug, Args)]
+pub struct FlashSaleArgs {
+    /// Lock service URL [default: $DLOCK_URL, else a fresh SQLite file in a temp dir].
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Buyers in all (shared among the workers).
+    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub buyers: u32,
+    /// Items in stock.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub stock: u32,
+    /// Worker processes.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub workers: u32,
+    /// Time a buyer spends between reading the stock and writing it back.
+    #[arg(long, value_parser = duration, default_value = "2ms", value_name = "DURATION")]
+    pub think: Duration,
+}
+
+/// Which protection a demo worker uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Strategy {
+    /// No protection at all.
+    None,
+    /// A dlock lease lock around the read-check-write.
+    Dlock,
+}
+
+/// `dlock demo-worker` (internal).
+#[derive(Debug, Args)]
+pub struct DemoWorkerArgs {
+    #[arg(long)]
+    pub url: String,
+    #[arg(long)]
+    pub inventory: PathBuf,
+    #[arg(long)]
+    pub strategy: Strategy,
+    #[arg(long)]
+    pub buyers: u32,
+    #[arg(long)]
+    pub lock_name: String,
+    #[arg(long, value_parser = duration)]
+    pub think: Duration,
+}
+
+/// `dlock bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Lock service URL [default: $DLOCK_URL, else a fresh SQLite file in a temp dir].
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Uncontended acquire+release cycles (one task, one lock).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub cycles: u32,
+    /// Worker processes for the contended run (0 skips it).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=256))]
+    pub processes: u32,
+    /// Length of the contended run.
+    #[arg(long, value_parser = duration, default_value = "5s", value_name = "DURATION")]
+    pub duration: Duration,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dlock bench-worker` (internal).
+#[derive(Debug, Args)]
+pub struct BenchWorkerArgs {
+    #[arg(long)]
+    pub url: String,
+    #[arg(long)]
+    pub lock_name: String,
+    #[arg(long, value_parser = duration)]
+    pub duration: Duration,
+    #[arg(long)]
+    pub max_cycles: u64,
+}

@@ -1,0 +1,254 @@
+//! `dlock bench`: uncontended cycles against the raw backend floor, and contended
+//! throughput across worker processes.
+//!
+//! The floor is what the same backend does with bare commands in the same run: for
+//! SQLite, two `BEGIN IMMEDIATE` write transactions per cycle (insert a row, delete it)
+//! on the same file with the same durability settings, which is the least any lease
+//! lock on SQLite must do. Other backends report no floor yet.
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use dlock::Locker;
+use serde::Serialize;
+use serde_json::json;
+use sqlx::Connection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use crate::args::{BenchArgs, BenchWorkerArgs};
+use crate::exit::Failure;
+use crate::fleet::{Fleet, emit, numbers};
+use crate::stats::{Latency, jain, micros, show_us};
+
+#[derive(Debug, Serialize)]
+struct Uncontended {
+    cycles: u64,
+    cycles_per_sec: f64,
+    latency: Latency,
+    floor_cycles_per_sec: Option<f64>,
+    floor_latency: Option<Latency>,
+    ratio_to_floor: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Contended {
+    processes: u32,
+    seconds: f64,
+    acquisitions: u64,
+    acquisitions_per_sec: f64,
+    wait: Latency,
+    per_process: Vec<u64>,
+    jain_fairness: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    url: String,
+    uncontended: Uncontended,
+    contended: Option<Contended>,
+}
+
+pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
+    let dir = tempfile::tempdir().map_err(|e| Failure::internal(e.to_string()))?;
+    let url = match args.url.clone().or_else(|| std::env::var("DLOCK_URL").ok()) {
+        Some(u) => u,
+        None => format!("sqlite://{}/bench.db", dir.path().display()),
+    };
+    let locker = Locker::connect(&url).await?;
+    let name = format!("bench:{}", dlock::Owner::random());
+
+    // Warm up connections, then measure.
+    for _ in 0..20 {
+        locker.lock(&name).await?.release().await?;
+    }
+    let mut samples = Vec::with_capacity(args.cycles as usize);
+    let start = Instant::now();
+    for _ in 0..args.cycles {
+        let t = Instant::now();
+        let g = locker.lock(&name).await?;
+        g.release().await?;
+        samples.push(micros(t.elapsed()));
+    }
+    let elapsed = start.elapsed();
+    let cycles_per_sec = f64::from(args.cycles) / elapsed.as_secs_f64();
+    let floor = sqlite_floor(&url, args.cycles).await?;
+    let uncontended = Uncontended {
+        cycles: u64::from(args.cycles),
+        cycles_per_sec,
+        latency: Latency::of(&samples),
+        floor_cycles_per_sec: floor.as_ref().map(|f| f.0),
+        floor_latency: floor.as_ref().map(|f| f.1),
+        ratio_to_floor: floor.as_ref().map(|f| cycles_per_sec / f.0),
+    };
+
+    let contended = if args.processes > 0 {
+        Some(contended(&url, &name, &args).await?)
+    } else {
+        None
+    };
+    let report = Report {
+        url: locker.url().to_owned(),
+        uncontended,
+        contended,
+    };
+    if args.json {
+        let text =
+            serde_json::to_string_pretty(&report).map_err(|e| Failure::internal(e.to_string()))?;
+        println!("{text}");
+    } else {
+        print_report(&report);
+    }
+    Ok(0)
+}
+
+fn print_report(r: &Report) {
+    let u = &r.uncontended;
+    println!("backend: {}", r.url);
+    println!(
+        "uncontended, 1 task: {:.0} cycles/s (acquire+release), p50 {}, p99 {}",
+        u.cycles_per_sec,
+        show_us(u.latency.p50_us),
+        show_us(u.latency.p99_us)
+    );
+    if let (Some(f), Some(fl), Some(ratio)) =
+        (u.floor_cycles_per_sec, u.floor_latency, u.ratio_to_floor)
+    {
+        println!(
+            "  floor (2 bare write transactions per cycle, same file, same run): {f:.0} cycles/s, \
+             p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
+            show_us(fl.p50_us),
+            show_us(fl.p99_us)
+        );
+    }
+    if let Some(c) = &r.contended {
+        println!(
+            "contended, {} processes on one lock for {:.1}s: {} acquisitions, {:.0}/s; wait p50 {}, p99 {}; \
+             fairness (Jain) {:.3}; per process {:?}",
+            c.processes,
+            c.seconds,
+            c.acquisitions,
+            c.acquisitions_per_sec,
+            show_us(c.wait.p50_us),
+            show_us(c.wait.p99_us),
+            c.jain_fairness,
+            c.per_process
+        );
+    }
+}
+
+/// The bare-transaction floor for an SQLite URL (`None` for other backends).
+async fn sqlite_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
+    let Some(path) = url.strip_prefix("sqlite://") else {
+        return Ok(None);
+    };
+    if path.starts_with(':') || path.contains('?') {
+        return Ok(None);
+    }
+    let db = |e: sqlx::Error| Failure::internal(format!("floor: {e}"));
+    let opts = SqliteConnectOptions::from_str("sqlite://floor")
+        .map_err(db)?
+        .filename(path)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts)
+        .await
+        .map_err(db)?;
+    sqlx::query("CREATE TABLE IF NOT EXISTS dlock_bench_floor (name TEXT PRIMARY KEY, v INTEGER) WITHOUT ROWID")
+        .execute(&pool)
+        .await
+        .map_err(db)?;
+    let mut conn = pool.acquire().await.map_err(db)?;
+    let mut samples = Vec::with_capacity(cycles as usize);
+    let start = Instant::now();
+    for i in 0..cycles {
+        let t = Instant::now();
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+        sqlx::query("INSERT INTO dlock_bench_floor (name, v) VALUES ('floor', ?1)")
+            .bind(i64::from(i))
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+        sqlx::query("DELETE FROM dlock_bench_floor WHERE name = 'floor'")
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        samples.push(micros(t.elapsed()));
+    }
+    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
+    Ok(Some((per_sec, Latency::of(&samples))))
+}
+
+async fn contended(url: &str, name: &str, args: &BenchArgs) -> Result<Contended, Failure> {
+    let lists = (0..args.processes)
+        .map(|_| {
+            vec![
+                "bench-worker".to_owned(),
+                "--url".to_owned(),
+                url.to_owned(),
+                "--lock-name".to_owned(),
+                format!("{name}:contended"),
+                "--duration".to_owned(),
+                format!("{}ms", args.duration.as_millis()),
+                "--max-cycles".to_owned(),
+                "1000000".to_owned(),
+            ]
+        })
+        .collect();
+    let mut fleet = Fleet::spawn(lists)?;
+    let mut per_process = vec![0u64; args.processes as usize];
+    let mut waits = Vec::new();
+    let mut seconds: f64 = 0.0;
+    while let Some((i, event)) = fleet.next().await {
+        if event["t"].as_str() == Some("done") {
+            per_process[i] = event["cycles"].as_u64().unwrap_or(0);
+            seconds = seconds.max(event["seconds"].as_f64().unwrap_or(0.0));
+            waits.extend(numbers(&event["waits_us"]));
+        }
+    }
+    fleet.wait().await?;
+    let acquisitions: u64 = per_process.iter().sum();
+    Ok(Contended {
+        processes: args.processes,
+        seconds,
+        acquisitions,
+        acquisitions_per_sec: if seconds > 0.0 {
+            acquisitions as f64 / seconds
+        } else {
+            0.0
+        },
+        wait: Latency::of(&waits),
+        jain_fairness: jain(&per_process),
+        per_process,
+    })
+}
+
+/// One contended worker: lock/release as fast as it can until the time or count runs out.
+pub async fn worker(args: BenchWorkerArgs) -> Result<i32, Failure> {
+    let locker = Locker::connect(&args.url).await?;
+    let mut waits = Vec::new();
+    let start = Instant::now();
+    let mut cycles = 0u64;
+    while start.elapsed() < args.duration && cycles < args.max_cycles {
+        let t = Instant::now();
+        let g = locker
+            .lock_timeout(&args.lock_name, Duration::from_secs(30))
+            .await?;
+        if waits.len() < 200_000 {
+            waits.push(micros(t.elapsed()));
+        }
+        g.release().await?;
+        cycles += 1;
+    }
+    emit(&json!({
+        "t": "done",
+        "cycles": cycles,
+        "seconds": start.elapsed().as_secs_f64(),
+        "waits_us": waits,
+    }));
+    Ok(0)
+}

@@ -1,0 +1,114 @@
+//! Exit codes and one-line error reporting.
+
+use dlock::Error;
+
+/// Usage error (bad flag, bad value, bad URL or name).
+pub const USAGE: i32 = 2;
+/// The lock service could not be reached (sysexits EX_UNAVAILABLE).
+pub const UNAVAILABLE: i32 = 69;
+/// Internal error (sysexits EX_SOFTWARE).
+pub const INTERNAL: i32 = 70;
+/// The lock was not acquired in time (sysexits EX_TEMPFAIL).
+pub const NOT_ACQUIRED: i32 = 75;
+/// The lock was lost while the command ran.
+pub const LOCK_LOST: i32 = 76;
+/// The command exists but could not be executed.
+pub const CANNOT_EXECUTE: i32 = 126;
+/// The command was not found.
+pub const NOT_FOUND: i32 = 127;
+
+/// A failure with the exit code it maps to and a one-line message.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: i32,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: i32, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(INTERNAL, message)
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let code = match &e {
+            Error::InvalidUrl { .. }
+            | Error::InvalidName { .. }
+            | Error::InvalidOption { .. }
+            | Error::BackendNotEnabled { .. }
+            | Error::Unsupported(_) => USAGE,
+            Error::Timeout { .. } => NOT_ACQUIRED,
+            Error::LockLost { .. } => LOCK_LOST,
+            Error::Connection { .. } | Error::NoQuorum { .. } => UNAVAILABLE,
+            _ => INTERNAL,
+        };
+        // Error messages are redacted by the library; redact once more for anything
+        // that came from elsewhere.
+        Failure::new(code, dlock::redact_secrets(&e.to_string()))
+    }
+}
+
+/// Print `dlock: <message>` on one line and exit with the failure's code.
+pub fn fail(failure: &Failure) -> ! {
+    let line = failure.message.lines().next().unwrap_or("failed");
+    eprintln!("dlock: {line}");
+    std::process::exit(failure.code)
+}
+
+/// Report a clap error: help and version print as usual; anything else becomes one
+/// line and exit status 2.
+pub fn usage_error(e: &clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { USAGE } else { 0 });
+        }
+        _ => {
+            let rendered = e.render().to_string();
+            let first = rendered
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            eprintln!("dlock: {first} (see dlock --help)");
+            std::process::exit(USAGE)
+        }
+    }
+}
+
+/// The URL to use: the flag, else `$DLOCK_URL`, else an SQLite file in the user's state
+/// directory (created on first use).
+pub fn resolve_url(flag: Option<&str>) -> Result<String, Failure> {
+    if let Some(u) = flag {
+        return Ok(u.to_owned());
+    }
+    if let Ok(u) = std::env::var("DLOCK_URL") {
+        if !u.is_empty() {
+            return Ok(u);
+        }
+    }
+    let base = dirs::state_dir()
+        .or_else(dirs::data_local_dir)
+        .or_else(|| dirs::home_dir().map(|h| h.join(".local/state")))
+        .ok_or_else(|| {
+            Failure::new(
+                USAGE,
+                "no --url, no $DLOCK_URL and no state directory to put the default SQLite file in",
+            )
+        })?;
+    let dir = base.join("dlock");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Failure::new(UNAVAILABLE, format!("cannot create {}: {e}", dir.display())))?;
+    Ok(format!("sqlite://{}", dir.join("locks.db").display()))
+}

@@ -1,0 +1,413 @@
+//! End-to-end tests of the `dlock` binary, several OS processes against one SQLite file.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Self {
+        Env {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}/locks.db", self.dir.path().display())
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(DLOCK);
+        c.env("DLOCK_URL", self.url()).env_remove("DLOCK_LOG");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("run dlock")
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("spawn dlock")
+    }
+
+    /// Wait until `dlock status NAME` reports the lock held.
+    fn wait_held(&self, name: &str) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            let out = self.run(&["status", "--json", name]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+            if v[0]["held"] == serde_json::Value::Bool(true) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{name} never became held");
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            return s;
+        }
+        assert!(
+            Instant::now() < end,
+            "process did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn kill_group(child: &Child, sig: nix::sys::signal::Signal) {
+    let pgid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    let _ = nix::sys::signal::killpg(pgid, sig);
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut s = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
+}
+
+#[test]
+fn run_passes_lock_env_and_exit_status() {
+    let env = Env::new();
+    let out = env.run(&[
+        "run",
+        "job:env",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$DLOCK_NAME|$DLOCK_FENCING_TOKEN|$DLOCK_OWNER\"; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
+    let parts: Vec<&str> = line.trim().split('|').collect();
+    assert_eq!(parts[0], "job:env");
+    assert!(parts[1].parse::<u64>().expect("token") > 0);
+    assert_eq!(parts[2].len(), 32, "owner is 128 random bits in hex");
+    // Released afterwards.
+    let st = env.run(&["status", "job:env"]);
+    assert!(text(&st.stdout).contains("free"), "{}", text(&st.stdout));
+}
+
+#[test]
+fn processes_exclude_each_other_and_tokens_increase() {
+    let env = Env::new();
+    let counter = env.path("counter");
+    let tokens = env.path("tokens");
+    std::fs::write(&counter, "0").expect("write");
+    // A racy read-sleep-write of a file, and the token appended inside the lock.
+    let script = format!(
+        "v=$(cat {c}); sleep 0.02; echo $((v+1)) > {c}; echo $DLOCK_FENCING_TOKEN >> {t}",
+        c = counter.display(),
+        t = tokens.display()
+    );
+    let (procs, rounds) = (6, 4);
+    let children: Vec<Child> = (0..procs)
+        .map(|_| {
+            let loop_script = format!(
+                "for i in $(seq {rounds}); do {DLOCK} run --wait 60s shared -- sh -c '{script}' || exit 1; done"
+            );
+            Command::new("sh")
+                .arg("-c")
+                .arg(&loop_script)
+                .env("DLOCK_URL", env.url())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for mut c in children {
+        let s = wait_timeout(&mut c, Duration::from_secs(120));
+        assert!(s.success());
+    }
+    let total: u32 = std::fs::read_to_string(&counter)
+        .expect("read")
+        .trim()
+        .parse()
+        .expect("number");
+    assert_eq!(
+        total,
+        procs * rounds,
+        "updates were lost: critical sections overlapped"
+    );
+    let seen: Vec<u64> = std::fs::read_to_string(&tokens)
+        .expect("tokens")
+        .lines()
+        .map(|l| l.parse().expect("token"))
+        .collect();
+    assert_eq!(seen.len(), (procs * rounds) as usize);
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing: {seen:?}"
+    );
+}
+
+#[test]
+fn busy_lock_gives_exit_75() {
+    let env = Env::new();
+    let mut holder = env.spawn(&["run", "busy", "--", "sleep", "30"]);
+    env.wait_held("busy");
+    let out = env.run(&["run", "--no-wait", "busy", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr).lines().count(),
+        1,
+        "{}",
+        text(&out.stderr)
+    );
+    let start = Instant::now();
+    let out = env.run(&["run", "--wait", "300ms", "busy", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    kill_group(&holder, nix::sys::signal::Signal::SIGTERM);
+    let _ = wait_timeout(&mut holder, Duration::from_secs(10));
+}
+
+#[test]
+fn lost_lock_terminates_the_command_with_exit_76() {
+    let env = Env::new();
+    let mut run = env.spawn(&[
+        "run",
+        "--ttl",
+        "600ms",
+        "--grace",
+        "300ms",
+        "lost",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; sleep 30",
+    ]);
+    env.wait_held("lost");
+    // Steal the lock behind dlock's back: its next renewal finds another owner.
+    steal(&env.path("locks.db"));
+    let start = Instant::now();
+    let status = wait_timeout(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(76), "{}", stderr_of(&mut run));
+    // Renewal every 200 ms, then SIGTERM (ignored), SIGKILL after the 300 ms grace.
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        start.elapsed()
+    );
+    kill_group(&run, nix::sys::signal::Signal::SIGKILL);
+}
+
+fn steal(db: &Path) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let url = format!("sqlite://{}", db.display());
+        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
+            .await
+            .expect("open");
+        sqlx::query("UPDATE dlock_locks SET owner = 'thief'")
+            .execute(&mut conn)
+            .await
+            .expect("steal");
+    });
+}
+
+#[test]
+fn killed_holder_frees_within_ttl() {
+    let env = Env::new();
+    let mut holder = env.spawn(&["run", "--ttl", "1s", "crash", "--", "sleep", "30"]);
+    env.wait_held("crash");
+    let killed_at = Instant::now();
+    kill_group(&holder, nix::sys::signal::Signal::SIGKILL);
+    let _ = wait_timeout(&mut holder, Duration::from_secs(5));
+    let out = env.run(&["run", "--wait", "10s", "crash", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let took = killed_at.elapsed();
+    // TTL + 0.5 s, plus process start-up of the second dlock.
+    assert!(
+        took < Duration::from_millis(2000),
+        "next holder after {took:?}"
+    );
+}
+
+#[test]
+fn sigterm_is_forwarded_to_the_command() {
+    let env = Env::new();
+    let mut run = env.spawn(&[
+        "run",
+        "fwd",
+        "--",
+        "sh",
+        "-c",
+        "trap 'exit 3' TERM; sleep 30 & wait",
+    ]);
+    env.wait_held("fwd");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("kill");
+    let status = wait_timeout(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(3), "{}", stderr_of(&mut run));
+    kill_group(&run, nix::sys::signal::Signal::SIGKILL);
+    let st = env.run(&["status", "fwd"]);
+    assert!(text(&st.stdout).contains("free"));
+}
+
+#[test]
+fn usage_errors_are_one_line_and_exit_2() {
+    let env = Env::new();
+    for args in [
+        &["run", "name"][..],
+        &["run", "--ttl", "30", "n", "--", "true"],
+        &["run", "--ttl", "0s", "n", "--", "true"],
+        &["run", "--wait", "1x", "n", "--", "true"],
+        &["run", "--wait", "1s", "--no-wait", "n", "--", "true"],
+        &["run", "--url", "bogus://x", "n", "--", "true"],
+        &[
+            "run",
+            "--url",
+            "sqlite:///tmp/x.db?nope=1",
+            "n",
+            "--",
+            "true",
+        ],
+        &["run", "", "--", "true"],
+        &["run", "--owner", "bad owner", "n", "--", "true"],
+        &["status"],
+        &["frobnicate"],
+        &["bench", "--cycles", "0"],
+    ] {
+        let out = env.run(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn missing_command_is_127() {
+    let env = Env::new();
+    let out = env.run(&["run", "n", "--", "/nonexistent/dlock-test-cmd"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+}
+
+#[test]
+fn passwords_never_printed() {
+    let env = Env::new();
+    for url in [
+        "redis://user:s3cretMARKER@127.0.0.1:1",
+        "redis://user:s3cretMARKER@127.0.0.1:99999",
+        "postgres://u:s3cretMARKER@127.0.0.1:1/db?bogus=1",
+    ] {
+        for args in [
+            vec!["status", "--url", url, "n"],
+            vec!["--log", "trace", "run", "--url", url, "n", "--", "true"],
+        ] {
+            let out = env.run(&args);
+            let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+            assert!(!all.contains("s3cretMARKER"), "{args:?}: {all}");
+            assert_ne!(out.status.code(), Some(0));
+        }
+    }
+}
+
+#[test]
+fn status_json_and_backends() {
+    let env = Env::new();
+    let mut holder = env.spawn(&["run", "--note", "nightly", "st", "--", "sleep", "30"]);
+    env.wait_held("st");
+    let out = env.run(&["status", "--json", "st", "other"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v[0]["held"], true);
+    assert_eq!(v[0]["metadata"]["note"], "nightly");
+    assert!(v[0]["fencing_token"].as_u64().expect("token") > 0);
+    assert!(v[0]["remaining_ms"].as_u64().expect("remaining") <= 30_000);
+    assert_eq!(v[1]["held"], false);
+    kill_group(&holder, nix::sys::signal::Signal::SIGTERM);
+    let _ = wait_timeout(&mut holder, Duration::from_secs(10));
+
+    let out = env.run(&["backends", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let sqlite = v
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|b| b["scheme"] == "sqlite")
+        .expect("sqlite listed");
+    assert_eq!(sqlite["available"], true);
+    assert_eq!(sqlite["capabilities"]["fencing"], "durable");
+}
+
+#[test]
+fn flash_sale_demo_sells_exactly_the_stock_under_dlock() {
+    let env = Env::new();
+    let out = env
+        .cmd()
+        .env_remove("DLOCK_URL")
+        .args([
+            "demo",
+            "flash-sale",
+            "--buyers",
+            "160",
+            "--stock",
+            "20",
+            "--workers",
+            "4",
+        ])
+        .output()
+        .expect("demo");
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("dlock "))
+        .expect("dlock row");
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], "20", "{row}");
+    assert_eq!(cols[2], "0", "{row}");
+    assert!(stdout.lines().any(|l| l.starts_with("none ")));
+}
+
+#[test]
+fn bench_reports_figures() {
+    let env = Env::new();
+    let out = env
+        .cmd()
+        .env_remove("DLOCK_URL")
+        .args([
+            "bench",
+            "--cycles",
+            "50",
+            "--processes",
+            "2",
+            "--duration",
+            "500ms",
+            "--json",
+        ])
+        .output()
+        .expect("bench");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["uncontended"]["cycles_per_sec"].as_f64().expect("rate") > 0.0);
+    assert!(v["uncontended"]["ratio_to_floor"].as_f64().expect("ratio") > 0.0);
+    assert!(v["contended"]["acquisitions"].as_u64().expect("count") > 0);
+}
