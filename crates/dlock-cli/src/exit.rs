@@ -93,10 +93,10 @@ pub fn resolve_url(flag: Option<&str>) -> Result<String, Failure> {
     if let Some(u) = flag {
         return Ok(u.to_owned());
     }
-    if let Ok(u) = std::env::var("DLOCK_URL") {
-        if !u.is_empty() {
-            return Ok(u);
-        }
+    if let Ok(u) = std::env::var("DLOCK_URL")
+        && !u.is_empty()
+    {
+        return Ok(u);
     }
     let base = dirs::state_dir()
         .or_else(dirs::data_local_dir)

@@ -40,10 +40,10 @@ impl Fleet {
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                        if tx.send((index, v)).is_err() {
-                            break;
-                        }
+                    if let Ok(v) = serde_json::from_str::<Value>(&line)
+                        && tx.send((index, v)).is_err()
+                    {
+                        break;
                     }
                 }
             });

@@ -59,11 +59,11 @@ impl Shared {
     }
 
     fn mark_lost(&self, reason: LossReason) {
-        if let Ok(mut r) = self.reason.lock() {
-            if r.is_none() {
-                tracing::warn!(lock = %self.name, %reason, "lock lost");
-                *r = Some(reason);
-            }
+        if let Ok(mut r) = self.reason.lock()
+            && r.is_none()
+        {
+            tracing::warn!(lock = %self.name, %reason, "lock lost");
+            *r = Some(reason);
         }
         self.lost.cancel();
     }
@@ -294,11 +294,10 @@ impl Keeper {
                         let result = self.release_now().await;
                         if let Some(reply) = reply {
                             let _ = reply.send(result);
-                        } else if let Err(e) = result {
-                            if !matches!(e, Error::LockLost { .. }) {
+                        } else if let Err(e) = result
+                            && !matches!(e, Error::LockLost { .. }) {
                                 tracing::warn!(lock = %self.shared.name, error = %e, "background release failed; the lease will free the lock");
                             }
-                        }
                         return;
                     }
                     Some(Command::Extend(ttl, reply)) => {

@@ -64,3 +64,8 @@ pub use options::{
     validate_ttl,
 };
 pub use schemes::{SchemeInfo, schemes};
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

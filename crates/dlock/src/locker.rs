@@ -299,13 +299,13 @@ impl Locker {
                 self.backend.scheme()
             )));
         }
-        if let Some(max) = caps.max_ttl {
-            if opts.ttl > max {
-                return Err(Error::option(
-                    "ttl",
-                    format!("{:?} exceeds this backend's maximum of {max:?}", opts.ttl),
-                ));
-            }
+        if let Some(max) = caps.max_ttl
+            && opts.ttl > max
+        {
+            return Err(Error::option(
+                "ttl",
+                format!("{:?} exceeds this backend's maximum of {max:?}", opts.ttl),
+            ));
         }
         let req = AcquireRequest {
             name: name.clone(),

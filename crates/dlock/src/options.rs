@@ -248,29 +248,28 @@ impl LockOptions {
     /// [`Error::InvalidOption`] naming the offending option.
     pub fn validate(&self) -> Result<()> {
         validate_ttl(self.ttl)?;
-        if let Renewal::Every(every) = self.renewal {
-            if every.is_zero() || every >= self.ttl {
-                return Err(Error::option(
-                    "renewal",
-                    format!(
-                        "the renewal interval {every:?} must be above zero and below the TTL {:?}",
-                        self.ttl
-                    ),
-                ));
-            }
+        if let Renewal::Every(every) = self.renewal
+            && (every.is_zero() || every >= self.ttl)
+        {
+            return Err(Error::option(
+                "renewal",
+                format!(
+                    "the renewal interval {every:?} must be above zero and below the TTL {:?}",
+                    self.ttl
+                ),
+            ));
         }
-        if let Some(max) = self.max_hold {
-            if max.is_zero() {
-                return Err(Error::option("max_hold", "must be above zero"));
-            }
+        if let Some(max) = self.max_hold
+            && max.is_zero()
+        {
+            return Err(Error::option("max_hold", "must be above zero"));
         }
         if let Some(Metadata {
             note: Some(note), ..
         }) = &self.metadata
+            && note.len() > 1024
         {
-            if note.len() > 1024 {
-                return Err(Error::option("metadata", "the note is at most 1024 bytes"));
-            }
+            return Err(Error::option("metadata", "the note is at most 1024 bytes"));
         }
         Ok(())
     }

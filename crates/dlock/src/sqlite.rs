@@ -444,11 +444,12 @@ async fn acquire_tx(
     metadata: &str,
 ) -> Result<Outcome, sqlx::Error> {
     let name = req.name.as_str();
-    if let Some(row) = read_lock(conn, name, now).await? {
-        if row.remaining_ms > 0 {
-            if row.owner == req.owner.as_str() {
-                let (eb, ew) = now.ms_after(req.ttl);
-                sqlx::query(
+    if let Some(row) = read_lock(conn, name, now).await?
+        && row.remaining_ms > 0
+    {
+        if row.owner == req.owner.as_str() {
+            let (eb, ew) = now.ms_after(req.ttl);
+            sqlx::query(
                     "UPDATE dlock_locks SET holds = holds + 1, boot_id = ?2, \
                      expires_boot_ms = CASE WHEN boot_id = ?2 THEN MAX(expires_boot_ms, ?3) ELSE ?3 END, \
                      expires_wall_ms = MAX(expires_wall_ms, ?4) WHERE name = ?1",
@@ -459,15 +460,14 @@ async fn acquire_tx(
                 .bind(ew)
                 .execute(&mut *conn)
                 .await?;
-                return Ok(Outcome::Granted(row.fence as u64));
-            }
-            if let Some(entry_ttl) = req.enqueue {
-                enqueue(conn, req, now, entry_ttl).await?;
-            }
-            return Ok(Outcome::Busy(Some(Duration::from_millis(
-                row.remaining_ms as u64,
-            ))));
+            return Ok(Outcome::Granted(row.fence as u64));
         }
+        if let Some(entry_ttl) = req.enqueue {
+            enqueue(conn, req, now, entry_ttl).await?;
+        }
+        return Ok(Outcome::Busy(Some(Duration::from_millis(
+            row.remaining_ms as u64,
+        ))));
     }
     if req.fair {
         sqlx::query(DELETE_EXPIRED_QUEUE)
@@ -556,12 +556,12 @@ impl Backend for SqliteBackend {
             if let Some(row) = read_lock(&mut conn, req.name.as_str(), &now)
                 .await
                 .map_err(|e| db_err(&e))?
+                && row.remaining_ms > 0
+                && row.owner != req.owner.as_str()
             {
-                if row.remaining_ms > 0 && row.owner != req.owner.as_str() {
-                    return Ok(Attempt::Busy {
-                        retry_after: Some(Duration::from_millis(row.remaining_ms as u64)),
-                    });
-                }
+                return Ok(Attempt::Busy {
+                    retry_after: Some(Duration::from_millis(row.remaining_ms as u64)),
+                });
             }
         }
         let metadata = serde_json::to_string(&req.metadata).unwrap_or_else(|_| "{}".into());
