@@ -2,9 +2,10 @@
 //! throughput across worker processes.
 //!
 //! The floor is what the same backend does with bare commands in the same run: for
-//! SQLite, two `BEGIN IMMEDIATE` write transactions per cycle (insert a row, delete it)
-//! on the same file with the same durability settings, which is the least any lease
-//! lock on SQLite must do. Other backends report no floor yet.
+//! SQLite, two autocommitted writes per cycle on the same file with the same durability
+//! settings — insert a lease row (name, 32-character owner, expiry), delete it if the
+//! owner matches — which is the least any lease lock on SQLite must do. Other backends
+//! report no floor yet.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -12,7 +13,6 @@ use std::time::{Duration, Instant};
 use dlock::Locker;
 use serde::Serialize;
 use serde_json::json;
-use sqlx::Connection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::args::{BenchArgs, BenchWorkerArgs};
@@ -114,7 +114,7 @@ fn print_report(r: &Report) {
         (u.floor_cycles_per_sec, u.floor_latency, u.ratio_to_floor)
     {
         println!(
-            "  floor (2 bare write transactions per cycle, same file, same run): {f:.0} cycles/s, \
+            "  floor (bare insert + owner-checked delete, same file, same run): {f:.0} cycles/s, \
              p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
             show_us(fl.p50_us),
             show_us(fl.p99_us)
@@ -155,28 +155,32 @@ async fn sqlite_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, 
         .connect_with(opts)
         .await
         .map_err(db)?;
-    sqlx::query("CREATE TABLE IF NOT EXISTS dlock_bench_floor (name TEXT PRIMARY KEY, v INTEGER) WITHOUT ROWID")
-        .execute(&pool)
-        .await
-        .map_err(db)?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS dlock_bench_floor \
+         (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires INTEGER NOT NULL) WITHOUT ROWID",
+    )
+    .execute(&pool)
+    .await
+    .map_err(db)?;
     let mut conn = pool.acquire().await.map_err(db)?;
+    let owner = dlock::Owner::random();
     let mut samples = Vec::with_capacity(cycles as usize);
     let start = Instant::now();
     for i in 0..cycles {
         let t = Instant::now();
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
-        sqlx::query("INSERT INTO dlock_bench_floor (name, v) VALUES ('floor', ?1)")
-            .bind(i64::from(i))
-            .execute(&mut *tx)
+        sqlx::query(
+            "INSERT INTO dlock_bench_floor (name, owner, expires) VALUES ('floor', ?1, ?2)",
+        )
+        .bind(owner.as_str())
+        .bind(i64::from(i))
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        sqlx::query("DELETE FROM dlock_bench_floor WHERE name = 'floor' AND owner = ?1")
+            .bind(owner.as_str())
+            .execute(&mut *conn)
             .await
             .map_err(db)?;
-        tx.commit().await.map_err(db)?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
-        sqlx::query("DELETE FROM dlock_bench_floor WHERE name = 'floor'")
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-        tx.commit().await.map_err(db)?;
         samples.push(micros(t.elapsed()));
     }
     let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();

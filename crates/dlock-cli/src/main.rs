@@ -20,8 +20,9 @@ fn main() {
         Err(e) => exit::usage_error(&e),
     };
     init_logging(&cli.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: a CLI has little to run in parallel, and every hand-off between
+    // threads costs a wake-up (tens of µs on a VM) on the lock's critical path.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -142,6 +142,9 @@ pub struct AcquireRequest {
     pub enqueue: Option<Duration>,
     /// Shown by inspect.
     pub metadata: Metadata,
+    /// 0 for the first attempt of an acquisition, then 1, 2, … (a backend may skip a
+    /// cheap pre-check on the first attempt, when the lock is most likely free).
+    pub attempt: u32,
 }
 
 /// The outcome of one attempt.

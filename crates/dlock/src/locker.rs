@@ -184,7 +184,9 @@ impl Locker {
         let mut waiter: Option<Box<dyn Waiter>> = None;
         loop {
             let sent_at = Instant::now();
-            let retry_after = match self.attempt(req.clone(), deadline).await {
+            let this_attempt = req.clone();
+            req.attempt = req.attempt.saturating_add(1);
+            let retry_after = match self.attempt(this_attempt, deadline).await {
                 Ok(held) => {
                     queue_guard.armed = false;
                     return Ok(self.finish(held, name, req.owner, opts, sent_at));
@@ -313,6 +315,7 @@ impl Locker {
             ttl: opts.ttl,
             fair: opts.fair,
             enqueue: None,
+            attempt: 0,
             metadata: opts.metadata.clone().unwrap_or_else(Metadata::this_process),
         };
         Ok((name, req))

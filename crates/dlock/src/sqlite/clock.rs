@@ -1,0 +1,90 @@
+//! Time as every process on this machine sees it: `CLOCK_BOOTTIME` plus the boot id,
+//! with the wall clock kept only for rows written under another boot.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The kernel's boot id (`unknown-boot` where the system has none).
+pub(super) fn read_boot_id() -> Arc<str> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-boot".to_owned())
+        .into()
+}
+
+/// A point in time: boot id, milliseconds on `CLOCK_BOOTTIME`, wall-clock milliseconds.
+#[derive(Debug, Clone)]
+pub(super) struct Now {
+    pub boot_id: Arc<str>,
+    pub boot_ms: i64,
+    pub wall_ms: i64,
+}
+
+impl Now {
+    pub fn read(boot_id: &Arc<str>) -> Self {
+        let boot_ms = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+            .map(|ts| ts.tv_sec() * 1000 + ts.tv_nsec() / 1_000_000)
+            .unwrap_or(0);
+        let wall_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        Now {
+            boot_id: Arc::clone(boot_id),
+            boot_ms,
+            wall_ms,
+        }
+    }
+
+    /// Milliseconds left on a lease stored as (boot id, boot expiry, wall expiry); zero
+    /// or less means expired. Same boot: the boot clock decides, so a wall-clock jump
+    /// changes nothing. Another boot: the wall clock is all there is.
+    pub fn remaining_ms(&self, boot_id: &str, expires_boot: i64, expires_wall: i64) -> i64 {
+        if boot_id == &*self.boot_id {
+            expires_boot - self.boot_ms
+        } else {
+            expires_wall - self.wall_ms
+        }
+    }
+
+    /// (boot ms, wall ms) of now + `d`.
+    pub fn after(&self, d: Duration) -> (i64, i64) {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
+        (self.boot_ms + ms, self.wall_ms + ms)
+    }
+
+    /// (boot ms, wall ms) of now − `d`.
+    pub fn before(&self, d: Duration) -> (i64, i64) {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
+        (self.boot_ms - ms, self.wall_ms - ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_boot_ignores_the_wall_clock() {
+        let now = Now {
+            boot_id: "b1".into(),
+            boot_ms: 1000,
+            wall_ms: 5_000_000,
+        };
+        assert_eq!(now.remaining_ms("b1", 1500, 0), 500);
+        assert_eq!(now.remaining_ms("b1", 1500, i64::MAX), 500);
+        // Another boot: judged by the wall clock.
+        assert_eq!(now.remaining_ms("b0", 999_999, 5_000_100), 100);
+        assert!(now.remaining_ms("b0", 999_999, 4_000_000) < 0);
+    }
+
+    #[test]
+    fn boot_clock_is_monotonic_and_boot_id_stable() {
+        let id = read_boot_id();
+        let a = Now::read(&id);
+        std::thread::sleep(Duration::from_millis(5));
+        let b = Now::read(&id);
+        assert!(b.boot_ms >= a.boot_ms + 4);
+        assert_eq!(read_boot_id(), id);
+    }
+}

@@ -1,0 +1,376 @@
+//! Every SQL statement the SQLite backend runs, and the operations built from them.
+//!
+//! A lock row is never deleted on release (its hold count drops to 0), so its `fence`
+//! column keeps counting: the next grant of that name gets `fence + 1`, in the same
+//! single statement that grants it. Rows dead for a day are collected, and their highest
+//! fence is first folded into the `dlock_counters` floor that new rows start above, so
+//! tokens of a name stay strictly increasing across collection too.
+
+use std::time::Duration;
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{Executor, Row};
+
+use super::clock::Now;
+use crate::backend::AcquireRequest;
+
+/// The tables dlock creates (idempotently) in the database file.
+pub const SCHEMA: &str = "\
+CREATE TABLE IF NOT EXISTS dlock_locks (
+    name            TEXT PRIMARY KEY NOT NULL,
+    owner           TEXT NOT NULL,
+    holds           INTEGER NOT NULL,
+    fence           INTEGER NOT NULL,
+    boot_id         TEXT NOT NULL,
+    expires_boot_ms INTEGER NOT NULL,
+    expires_wall_ms INTEGER NOT NULL,
+    metadata        TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dlock_counters (
+    name  TEXT PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT OR IGNORE INTO dlock_counters (name, value) VALUES ('fence', 0);
+CREATE TABLE IF NOT EXISTS dlock_queue (
+    name            TEXT NOT NULL,
+    owner           TEXT NOT NULL,
+    seq             INTEGER NOT NULL,
+    boot_id         TEXT NOT NULL,
+    expires_boot_ms INTEGER NOT NULL,
+    expires_wall_ms INTEGER NOT NULL,
+    PRIMARY KEY (name, owner)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dlock_queue_order ON dlock_queue (name, seq);
+";
+
+/// Rows dead (expired or released) for this long are collected.
+const COLLECT_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// Grant (new grant or reentrant hold) in one statement; returns the fence, or no row
+/// when someone else holds the lock.
+/// Binds: 1 name, 2 owner, 3 boot id, 4 new boot expiry, 5 new wall expiry, 6 metadata,
+/// 7 now (boot ms), 8 now (wall ms).
+const GRANT: &str = "\
+INSERT INTO dlock_locks (name, owner, holds, fence, boot_id, expires_boot_ms, expires_wall_ms, metadata)
+VALUES (?1, ?2, 1, (SELECT value FROM dlock_counters WHERE name = 'fence') + 1, ?3, ?4, ?5, ?6)
+ON CONFLICT (name) DO UPDATE SET
+    holds = CASE WHEN owner = ?2 AND holds > 0 AND ((boot_id = ?3 AND expires_boot_ms > ?7) OR (boot_id <> ?3 AND expires_wall_ms > ?8))
+                 THEN holds + 1 ELSE 1 END,
+    fence = CASE WHEN owner = ?2 AND holds > 0 AND ((boot_id = ?3 AND expires_boot_ms > ?7) OR (boot_id <> ?3 AND expires_wall_ms > ?8))
+                 THEN fence ELSE fence + 1 END,
+    expires_boot_ms = CASE WHEN owner = ?2 AND holds > 0 AND boot_id = ?3 AND expires_boot_ms > ?7
+                 THEN MAX(expires_boot_ms, ?4) ELSE ?4 END,
+    expires_wall_ms = CASE WHEN owner = ?2 AND holds > 0 AND ((boot_id = ?3 AND expires_boot_ms > ?7) OR (boot_id <> ?3 AND expires_wall_ms > ?8))
+                 THEN MAX(expires_wall_ms, ?5) ELSE ?5 END,
+    metadata = CASE WHEN owner = ?2 AND holds > 0 AND ((boot_id = ?3 AND expires_boot_ms > ?7) OR (boot_id <> ?3 AND expires_wall_ms > ?8))
+                 THEN metadata ELSE ?6 END,
+    owner = ?2,
+    boot_id = ?3
+WHERE owner = ?2 OR holds <= 0 OR NOT ((boot_id = ?3 AND expires_boot_ms > ?7) OR (boot_id <> ?3 AND expires_wall_ms > ?8))
+RETURNING fence";
+
+/// Binds: 1 name.
+const READ: &str = "SELECT owner, holds, fence, boot_id, expires_boot_ms, expires_wall_ms, metadata \
+                    FROM dlock_locks WHERE name = ?1";
+
+/// Extend a live hold. Binds: 1 boot id, 2 now boot, 3 now wall, 4 new boot expiry,
+/// 5 new wall expiry, 6 name, 7 owner, 8 fence.
+const RENEW: &str = "\
+UPDATE dlock_locks SET
+    expires_boot_ms = CASE WHEN boot_id = ?1 THEN MAX(expires_boot_ms, ?4) ELSE ?4 END,
+    expires_wall_ms = MAX(expires_wall_ms, ?5),
+    boot_id = ?1
+WHERE name = ?6 AND owner = ?7 AND fence = ?8 AND holds > 0
+  AND ((boot_id = ?1 AND expires_boot_ms > ?2) OR (boot_id <> ?1 AND expires_wall_ms > ?3))";
+
+/// Drop one hold. Binds: 1 name, 2 owner, 3 fence.
+const RELEASE: &str = "UPDATE dlock_locks SET holds = holds - 1 \
+                       WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND holds > 0";
+
+/// Binds: 1 name, 2 owner, 3 boot id, 4 entry boot expiry, 5 entry wall expiry.
+const ENQUEUE: &str = "\
+INSERT INTO dlock_queue (name, owner, seq, boot_id, expires_boot_ms, expires_wall_ms)
+VALUES (?1, ?2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM dlock_queue WHERE name = ?1), ?3, ?4, ?5)
+ON CONFLICT (name, owner) DO UPDATE SET
+    boot_id = excluded.boot_id,
+    expires_boot_ms = excluded.expires_boot_ms,
+    expires_wall_ms = excluded.expires_wall_ms";
+
+/// Binds: 1 boot id, 2 now boot, 3 now wall, 4 name.
+const PRUNE_QUEUE: &str = "DELETE FROM dlock_queue WHERE name = ?4 AND NOT \
+     ((boot_id = ?1 AND expires_boot_ms > ?2) OR (boot_id <> ?1 AND expires_wall_ms > ?3))";
+
+/// Binds: 1 name.
+const QUEUE_HEAD: &str = "SELECT owner FROM dlock_queue WHERE name = ?1 ORDER BY seq LIMIT 1";
+
+/// Binds: 1 name, 2 owner.
+const LEAVE_QUEUE: &str = "DELETE FROM dlock_queue WHERE name = ?1 AND owner = ?2";
+
+/// Binds: 1 boot id, 2 now boot, 3 now wall, 4 name.
+const COUNT_QUEUE: &str = "SELECT COUNT(*) FROM dlock_queue WHERE name = ?4 AND \
+     ((boot_id = ?1 AND expires_boot_ms > ?2) OR (boot_id <> ?1 AND expires_wall_ms > ?3))";
+
+/// Rows whose lease ended before a cut-off. Binds: 1 boot id, 2 cut-off boot, 3 cut-off wall.
+const DEAD: &str =
+    "((boot_id = ?1 AND expires_boot_ms < ?2) OR (boot_id <> ?1 AND expires_wall_ms < ?3))";
+
+/// A lock row as read.
+#[derive(Debug)]
+pub(super) struct LockRow {
+    pub owner: String,
+    pub holds: i64,
+    pub fence: i64,
+    /// Zero or less: free (expired or released).
+    pub remaining_ms: i64,
+    pub metadata: String,
+}
+
+/// What an acquisition attempt found.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    Granted(u64),
+    Busy(Option<Duration>),
+}
+
+pub(super) async fn create_schema(conn: &mut SqliteConnection) -> sqlx::Result<()> {
+    let present: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
+         AND name IN ('dlock_locks', 'dlock_counters', 'dlock_queue')",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if present < 3 {
+        conn.execute(sqlx::raw_sql(SCHEMA)).await?;
+    }
+    Ok(())
+}
+
+/// Collect rows dead for a day, folding their fences into the floor first.
+pub(super) async fn collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<u64> {
+    let (cut_boot, cut_wall) = now.before(COLLECT_AFTER);
+    let fold = format!(
+        "UPDATE dlock_counters SET value = MAX(value, COALESCE((SELECT MAX(fence) FROM dlock_locks WHERE {DEAD}), 0)) \
+         WHERE name = 'fence'"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(fold))
+        .bind(&*now.boot_id)
+        .bind(cut_boot)
+        .bind(cut_wall)
+        .execute(&mut *conn)
+        .await?;
+    let delete = format!("DELETE FROM dlock_locks WHERE {DEAD}");
+    let done = sqlx::query(sqlx::AssertSqlSafe(delete))
+        .bind(&*now.boot_id)
+        .bind(cut_boot)
+        .bind(cut_wall)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Whether any row is due for collection (a read, so opening stays cheap).
+pub(super) async fn anything_to_collect(
+    conn: &mut SqliteConnection,
+    now: &Now,
+) -> sqlx::Result<bool> {
+    let (cut_boot, cut_wall) = now.before(COLLECT_AFTER);
+    let sql = format!("SELECT EXISTS (SELECT 1 FROM dlock_locks WHERE {DEAD})");
+    let found: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(&*now.boot_id)
+        .bind(cut_boot)
+        .bind(cut_wall)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(found)
+}
+
+pub(super) async fn read_lock(
+    conn: &mut SqliteConnection,
+    name: &str,
+    now: &Now,
+) -> sqlx::Result<Option<LockRow>> {
+    let row = sqlx::query(READ)
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(row.map(|r| {
+        let boot_id: String = r.get(3);
+        let holds: i64 = r.get(1);
+        let remaining = now.remaining_ms(&boot_id, r.get(4), r.get(5));
+        LockRow {
+            owner: r.get(0),
+            holds,
+            fence: r.get(2),
+            remaining_ms: if holds > 0 { remaining } else { 0 },
+            metadata: r.get(6),
+        }
+    }))
+}
+
+/// The busy answer for a lock held by someone else.
+fn busy(row: Option<&LockRow>) -> Outcome {
+    Outcome::Busy(
+        row.filter(|r| r.remaining_ms > 0)
+            .map(|r| Duration::from_millis(u64::try_from(r.remaining_ms).unwrap_or(0))),
+    )
+}
+
+async fn grant(
+    conn: &mut SqliteConnection,
+    req: &AcquireRequest,
+    now: &Now,
+    metadata: &str,
+) -> sqlx::Result<Option<u64>> {
+    let (eb, ew) = now.after(req.ttl);
+    let fence: Option<i64> = sqlx::query_scalar(GRANT)
+        .bind(req.name.as_str())
+        .bind(req.owner.as_str())
+        .bind(&*now.boot_id)
+        .bind(eb)
+        .bind(ew)
+        .bind(metadata)
+        .bind(now.boot_ms)
+        .bind(now.wall_ms)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(fence.map(|f| u64::try_from(f).unwrap_or(0)))
+}
+
+/// Unfair acquisition: one autocommitted statement when the lock is free; a read for
+/// the holder's remaining lease when it is not.
+pub(super) async fn acquire(
+    conn: &mut SqliteConnection,
+    req: &AcquireRequest,
+    now: &Now,
+    metadata: &str,
+) -> sqlx::Result<Outcome> {
+    if let Some(fence) = grant(conn, req, now, metadata).await? {
+        return Ok(Outcome::Granted(fence));
+    }
+    let row = read_lock(conn, req.name.as_str(), now).await?;
+    Ok(busy(row.as_ref()))
+}
+
+/// Fair acquisition (inside a `BEGIN IMMEDIATE` transaction): only the queue's head
+/// (or a reentering owner) is granted; a busy waiter takes or refreshes its place.
+pub(super) async fn acquire_fair(
+    conn: &mut SqliteConnection,
+    req: &AcquireRequest,
+    now: &Now,
+    metadata: &str,
+) -> sqlx::Result<Outcome> {
+    let name = req.name.as_str();
+    let row = read_lock(conn, name, now).await?;
+    let held = row.as_ref().is_some_and(|r| r.remaining_ms > 0);
+    let mine = row.as_ref().is_some_and(|r| r.owner == req.owner.as_str());
+    if held && !mine {
+        enqueue(conn, req, now).await?;
+        return Ok(busy(row.as_ref()));
+    }
+    if !held {
+        sqlx::query(PRUNE_QUEUE)
+            .bind(&*now.boot_id)
+            .bind(now.boot_ms)
+            .bind(now.wall_ms)
+            .bind(name)
+            .execute(&mut *conn)
+            .await?;
+        let head: Option<String> = sqlx::query_scalar(QUEUE_HEAD)
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if head.as_deref().is_some_and(|h| h != req.owner.as_str()) {
+            enqueue(conn, req, now).await?;
+            return Ok(Outcome::Busy(None));
+        }
+    }
+    let Some(fence) = grant(conn, req, now, metadata).await? else {
+        return Ok(busy(row.as_ref()));
+    };
+    leave_queue(conn, name, req.owner.as_str()).await?;
+    Ok(Outcome::Granted(fence))
+}
+
+async fn enqueue(conn: &mut SqliteConnection, req: &AcquireRequest, now: &Now) -> sqlx::Result<()> {
+    let Some(entry_ttl) = req.enqueue else {
+        return Ok(());
+    };
+    let (eb, ew) = now.after(entry_ttl);
+    sqlx::query(ENQUEUE)
+        .bind(req.name.as_str())
+        .bind(req.owner.as_str())
+        .bind(&*now.boot_id)
+        .bind(eb)
+        .bind(ew)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn leave_queue(
+    conn: &mut SqliteConnection,
+    name: &str,
+    owner: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(LEAVE_QUEUE)
+        .bind(name)
+        .bind(owner)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn count_queue(
+    conn: &mut SqliteConnection,
+    name: &str,
+    now: &Now,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar(COUNT_QUEUE)
+        .bind(&*now.boot_id)
+        .bind(now.boot_ms)
+        .bind(now.wall_ms)
+        .bind(name)
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// Extend a live hold; `false` when this grant no longer holds the lock.
+pub(super) async fn renew(
+    conn: &mut SqliteConnection,
+    hold: &Hold<'_>,
+    ttl: Duration,
+    now: &Now,
+) -> sqlx::Result<bool> {
+    let (eb, ew) = now.after(ttl);
+    let done = sqlx::query(RENEW)
+        .bind(&*now.boot_id)
+        .bind(now.boot_ms)
+        .bind(now.wall_ms)
+        .bind(eb)
+        .bind(ew)
+        .bind(hold.name)
+        .bind(hold.owner)
+        .bind(hold.fence)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Drop one hold; `true` when this grant still had one.
+pub(super) async fn release(conn: &mut SqliteConnection, hold: &Hold<'_>) -> sqlx::Result<bool> {
+    let done = sqlx::query(RELEASE)
+        .bind(hold.name)
+        .bind(hold.owner)
+        .bind(hold.fence)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// One grant of a lock, as the statements see it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Hold<'a> {
+    pub name: &'a str,
+    pub owner: &'a str,
+    pub fence: i64,
+}
