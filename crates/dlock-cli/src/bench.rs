@@ -50,10 +50,7 @@ struct Report {
 
 pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     let dir = tempfile::tempdir().map_err(|e| Failure::internal(e.to_string()))?;
-    let url = match args.url.clone().or_else(|| std::env::var("DLOCK_URL").ok()) {
-        Some(u) => u,
-        None => format!("sqlite://{}/bench.db", dir.path().display()),
-    };
+    let url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "bench.db");
     let locker = Locker::connect(&url).await?;
     let name = format!("bench:{}", dlock::Owner::random());
 

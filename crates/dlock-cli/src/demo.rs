@@ -57,10 +57,7 @@ struct Outcome {
 
 pub async fn flash_sale(args: FlashSaleArgs) -> Result<i32, Failure> {
     let dir = tempfile::tempdir().map_err(|e| Failure::internal(e.to_string()))?;
-    let lock_url = match args.url.clone().or_else(|| std::env::var("DLOCK_URL").ok()) {
-        Some(u) => u,
-        None => format!("sqlite://{}/locks.db", dir.path().display()),
-    };
+    let lock_url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "locks.db");
     // Fail early, with a clear message, on a bad URL.
     let locker = Locker::connect(&lock_url).await?;
     let inventory_path = dir.path().join("inventory.db");

@@ -112,3 +112,11 @@ pub fn resolve_url(flag: Option<&str>) -> Result<String, Failure> {
         .map_err(|e| Failure::new(UNAVAILABLE, format!("cannot create {}: {e}", dir.display())))?;
     Ok(format!("sqlite://{}", dir.join("locks.db").display()))
 }
+
+/// The URL for a self-contained run (demo, bench): the flag, else `$DLOCK_URL`, else a
+/// fresh SQLite file `file` in `dir` (so the run never touches the user's locks).
+pub fn scratch_url(flag: Option<&str>, dir: &std::path::Path, file: &str) -> String {
+    flag.map(str::to_owned)
+        .or_else(|| std::env::var("DLOCK_URL").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| format!("sqlite://{}", dir.join(file).display()))
+}

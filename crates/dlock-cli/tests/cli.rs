@@ -411,3 +411,19 @@ fn bench_reports_figures() {
     assert!(v["uncontended"]["ratio_to_floor"].as_f64().expect("ratio") > 0.0);
     assert!(v["contended"]["acquisitions"].as_u64().expect("count") > 0);
 }
+
+#[test]
+fn default_url_is_a_file_in_the_state_directory() {
+    let env = Env::new();
+    let home = env.path("home");
+    std::fs::create_dir_all(&home).expect("home");
+    let out = Command::new(DLOCK)
+        .env_remove("DLOCK_URL")
+        .env_remove("XDG_STATE_HOME")
+        .env("HOME", &home)
+        .args(["run", "default", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(home.join(".local/state/dlock/locks.db").is_file());
+}

@@ -504,3 +504,85 @@ impl HeldLock for SqliteHeld {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(name: &str) -> AcquireRequest {
+        AcquireRequest {
+            name: LockName::new(name).expect("name"),
+            owner: Owner::random(),
+            ttl: Duration::from_secs(30),
+            fair: false,
+            enqueue: None,
+            metadata: Metadata::default(),
+            attempt: 0,
+        }
+    }
+
+    async fn grant(b: &SqliteBackend, name: &str) -> Box<dyn HeldLock> {
+        match b.try_acquire(&request(name)).await.expect("acquire") {
+            Attempt::Acquired(h) => h,
+            Attempt::Busy { .. } => panic!("{name} busy"),
+        }
+    }
+
+    /// Collected rows fold their fence into the floor, so a name's tokens keep
+    /// increasing after its row was collected.
+    #[tokio::test]
+    async fn tokens_survive_collection() {
+        let dir = tempfile::tempdir().expect("dir");
+        let url = format!("sqlite://{}/c.db", dir.path().display());
+        let b = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open");
+        let mut last = 0;
+        for _ in 0..3 {
+            let h = grant(&b, "x").await;
+            assert!(h.fencing_token() > last);
+            last = h.fencing_token();
+            h.release().await.expect("release");
+        }
+        // Age the row by two days, then collect.
+        sqlx::query(
+            "UPDATE dlock_locks SET expires_boot_ms = expires_boot_ms - 172800000, \
+             expires_wall_ms = expires_wall_ms - 172800000",
+        )
+        .execute(&b.inner.writer)
+        .await
+        .expect("age");
+        assert!(b.inner.anything_to_collect().await.expect("check"));
+        b.inner.run(Op::Collect).await.expect("collect");
+        let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_locks")
+            .fetch_one(&b.inner.reader)
+            .await
+            .expect("count");
+        assert_eq!(rows, 0, "the dead row was not collected");
+        let h = grant(&b, "x").await;
+        assert!(
+            h.fencing_token() > last,
+            "token {} after {last}",
+            h.fencing_token()
+        );
+        h.release().await.expect("release");
+    }
+
+    #[tokio::test]
+    async fn rejects_bad_urls() {
+        for bad in [
+            "sqlite://",
+            "sqlite:///tmp/x.db?synchronous=sometimes",
+            "sqlite:///tmp/x.db?poll=0ms",
+            "sqlite:///tmp/x.db?pol=5ms",
+        ] {
+            let err = SqliteBackend::open(ConnectUrl::parse(bad).expect("parses"))
+                .await
+                .expect_err(bad);
+            assert!(
+                matches!(err, Error::InvalidUrl { .. } | Error::InvalidOption { .. }),
+                "{bad}: {err}"
+            );
+        }
+    }
+}
