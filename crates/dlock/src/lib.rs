@@ -50,6 +50,8 @@ pub mod memory;
 pub mod name;
 mod notify;
 mod options;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod schemes;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -40,6 +40,19 @@ pub fn schemes() -> Vec<SchemeInfo> {
         description: "embedded SQLite file: processes on one machine, no server (the default)",
         capabilities: sqlite_caps(),
     });
+    for scheme in ["redis", "rediss"] {
+        out.push(SchemeInfo {
+            scheme,
+            feature: Some("redis"),
+            available: cfg!(feature = "redis"),
+            description: if scheme == "redis" {
+                "single Redis; Redisson-compatible layout by default"
+            } else {
+                "single Redis over TLS (not implemented yet)"
+            },
+            capabilities: redis_caps(),
+        });
+    }
     for (scheme, feature, description) in PLANNED {
         out.push(SchemeInfo {
             scheme,
@@ -93,6 +106,22 @@ fn sqlite_caps() -> Option<Capabilities> {
     Some(caps)
 }
 
+/// Redis capabilities with the default layout; fencing is durable only when the server
+/// persists every write (checked at connect time), so the table shows best effort.
+#[cfg(feature = "redis")]
+fn redis_caps() -> Option<Capabilities> {
+    let mut caps = Capabilities::new(crate::backend::Fencing::BestEffort);
+    caps.native_wait = true;
+    caps.reentrant = true;
+    caps.cross_process = true;
+    Some(caps)
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_caps() -> Option<Capabilities> {
+    None
+}
+
 #[cfg(not(feature = "sqlite"))]
 fn sqlite_caps() -> Option<Capabilities> {
     None
@@ -108,6 +137,13 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         "sqlite" => Err(Error::BackendNotEnabled {
             scheme: "sqlite".into(),
             feature: "sqlite".into(),
+        }),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Ok(crate::redis::RedisBackend::open(url).await?),
+        #[cfg(not(feature = "redis"))]
+        "redis" | "rediss" => Err(Error::BackendNotEnabled {
+            scheme: url.scheme().to_owned(),
+            feature: "redis".into(),
         }),
         other => match PLANNED.iter().find(|(s, _, _)| *s == other) {
             Some((scheme, _, _)) => Err(Error::Unsupported(format!(

@@ -1,0 +1,490 @@
+//! `redis://[user:password@]host:port[/db]`: a single Redis server (feature `redis`).
+//!
+//! # How a lock works here
+//! Acquire, renew and release are Lua scripts (EVALSHA, with EVAL on NOSCRIPT), so
+//! every check-and-set is atomic on the server: an uncontended cycle is exactly two
+//! commands. The default layout is Redisson's (see [`Layout`]): a Java service using
+//! Redisson's RLock and a Rust service using dlock exclude each other on the same name.
+//!
+//! # Waiting
+//! A waiter subscribes to the lock's unlock channel before its second attempt, on one
+//! pub/sub connection shared by the whole backend, and wakes on the unlock message —
+//! or at the holder's remaining lease (PTTL) at the latest, so a lost message costs no
+//! more than that. Each message wakes one local waiter, in arrival order, and a fresh
+//! acquisition in this process queues behind local waiters instead of barging.
+//!
+//! # Fencing
+//! Tokens come from an INCR counter beside the lock (`redisson_lock_token:{name}`),
+//! bumped in the acquire script. They are durable only if the server persists every
+//! write before answering (`appendonly yes` + `appendfsync always`); dlock checks with
+//! `CONFIG GET` and reports [`Fencing::BestEffort`] otherwise (also when CONFIG is not
+//! permitted). A restart without persistence, or a failover to a replica that missed the
+//! last INCR, can hand out a token again.
+//!
+//! # Options
+//! `layout=redisson|redis-py|python-redis-lock`, `prefix=TEXT` (prepended to every
+//! lock name), `min_replicas=N` (WAIT for N replicas after each grant, else release and
+//! fail), `wait_timeout=D` (for `min_replicas`, default 1s), `timeout=D` (per command,
+//! default 5s), `poll=D` (waiting on layouts without unlock messages, default 50ms).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
+
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, PollingWaiter,
+    Waiter,
+};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::options::Metadata;
+use crate::url::ConnectUrl;
+
+mod layout;
+mod subscriber;
+
+use layout::Keys;
+pub use layout::Layout;
+use subscriber::{Subscriber, Watch};
+
+const SCHEME: &str = "redis";
+
+pub(crate) fn map_err(e: &redis::RedisError) -> Error {
+    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal() {
+        Error::connection(SCHEME, e)
+    } else {
+        Error::backend(SCHEME, e)
+    }
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    subscriber: Arc<Subscriber>,
+    layout: Layout,
+    prefix: String,
+    fencing: Fencing,
+    min_replicas: Option<(u32, Duration)>,
+    poll: Duration,
+    shown: String,
+}
+
+/// The single-node Redis backend.
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The connection objects carry the password in their Debug output: never show them.
+        f.debug_struct("RedisBackend")
+            .field("url", &self.inner.shown)
+            .field("layout", &self.inner.layout)
+            .field("fencing", &self.inner.fencing)
+            .finish_non_exhaustive()
+    }
+}
+
+fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<Duration> {
+    match url.take_param(key) {
+        None => Ok(default),
+        Some(v) => {
+            let d = crate::options::parse_duration(key, &v)?;
+            if d.is_zero() {
+                return Err(url.invalid(&format!("{key} must be above zero")));
+            }
+            Ok(d)
+        }
+    }
+}
+
+impl RedisBackend {
+    pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
+        if url.scheme() == "rediss" {
+            return Err(Error::Unsupported(
+                "rediss:// (TLS) is not implemented yet in this version of dlock".into(),
+            ));
+        }
+        let layout = match url.take_param("layout") {
+            None => Layout::Redisson,
+            Some(l) => Layout::parse(&l).ok_or_else(|| {
+                url.invalid(&format!(
+                    "layout={l:?}: expected redisson, redis-py or python-redis-lock"
+                ))
+            })?,
+        };
+        let prefix = url.take_param("prefix").unwrap_or_default();
+        let min_replicas = match url.take_param("min_replicas") {
+            None => None,
+            Some(n) => Some(
+                n.parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| url.invalid("min_replicas must be 1 to 64"))?,
+            ),
+        };
+        let wait_timeout = duration_param(&mut url, "wait_timeout", Duration::from_secs(1))?;
+        let timeout = duration_param(&mut url, "timeout", Duration::from_secs(5))?;
+        let poll = duration_param(&mut url, "poll", Duration::from_millis(50))?;
+        url.finish(&[
+            "layout",
+            "prefix",
+            "min_replicas",
+            "wait_timeout",
+            "timeout",
+            "poll",
+        ])?;
+
+        let info = connection_info(&url)?;
+        let client = redis::Client::open(info).map_err(|e| map_err(&e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout))
+            .set_number_of_retries(2);
+        let conn = tokio::time::timeout(
+            timeout,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| Error::connection(SCHEME, format!("connecting to {url} timed out")))?
+        .map_err(|e| map_err(&e))?;
+        let fencing = probe_fencing(&mut conn.clone()).await;
+        Ok(Arc::new(RedisBackend {
+            inner: Arc::new(Inner {
+                conn,
+                subscriber: Subscriber::new(client),
+                layout,
+                prefix,
+                fencing,
+                min_replicas: min_replicas.map(|n| (n, wait_timeout)),
+                poll,
+                shown: url.to_string(),
+            }),
+        }))
+    }
+}
+
+fn connection_info(url: &ConnectUrl) -> Result<redis::ConnectionInfo> {
+    let (host, port) = match url.hosts() {
+        [] => ("127.0.0.1".to_owned(), 6379),
+        [h] => (h.host.clone(), h.port.unwrap_or(6379)),
+        _ => {
+            return Err(url
+                .invalid("redis:// takes one host; use redlock:// for several independent nodes"));
+        }
+    };
+    let db = match url.path().trim_start_matches('/') {
+        "" => 0,
+        d => d
+            .parse::<i64>()
+            .ok()
+            .filter(|d| *d >= 0)
+            .ok_or_else(|| url.invalid("the path must be a database number, e.g. /0"))?,
+    };
+    let mut settings = RedisConnectionInfo::default().set_db(db);
+    if let Some(user) = url.username() {
+        settings = settings.set_username(user);
+    }
+    if let Some(pw) = url.password() {
+        settings = settings.set_password(pw.expose());
+    }
+    Ok(ConnectionAddr::Tcp(host, port)
+        .into_connection_info()
+        .map_err(|e| map_err(&e))?
+        .set_redis_settings(settings))
+}
+
+/// Durable only when every write is fsynced before the reply.
+async fn probe_fencing(conn: &mut ConnectionManager) -> Fencing {
+    let get = |param: &'static str| {
+        let mut c = conn.clone();
+        async move {
+            let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(param)
+                .query_async(&mut c)
+                .await;
+            r.ok().and_then(|v| v.get(1).cloned())
+        }
+    };
+    let aof = get("appendonly").await;
+    let fsync = get("appendfsync").await;
+    match (aof.as_deref(), fsync.as_deref()) {
+        (Some("yes"), Some("always")) => Fencing::Durable,
+        _ => Fencing::BestEffort,
+    }
+}
+
+impl Inner {
+    fn keys(&self, name: &LockName) -> Keys {
+        if self.prefix.is_empty() {
+            self.layout.keys(name.as_str())
+        } else {
+            self.layout
+                .keys(&format!("{}{}", self.prefix, name.as_str()))
+        }
+    }
+
+    fn signal_kind(&self) -> &'static str {
+        if self.layout.publishes() {
+            "publish"
+        } else {
+            "list"
+        }
+    }
+
+    async fn release(&self, keys: &Keys, owner: &str, fence: u64) -> Result<i64> {
+        let mut inv = self.layout.release_script().prepare_invoke();
+        inv.key(&keys.lock).key(&keys.signal).arg(owner);
+        match &keys.meta {
+            None => {
+                inv.arg(fence);
+            }
+            Some(meta) => {
+                inv.key(meta).arg(self.signal_kind());
+            }
+        }
+        inv.invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| map_err(&e))
+    }
+
+    /// After a grant: wait for replicas, or give the grant back and fail.
+    async fn await_replicas(&self, keys: &Keys, owner: &str, fence: u64) -> Result<()> {
+        let Some((needed, timeout)) = self.min_replicas else {
+            return Ok(());
+        };
+        let acked: redis::RedisResult<u32> = redis::cmd("WAIT")
+            .arg(needed)
+            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
+            .query_async(&mut self.conn.clone())
+            .await;
+        let acked = match acked {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = self.release(keys, owner, fence).await;
+                return Err(map_err(&e));
+            }
+        };
+        if acked < needed {
+            let _ = self.release(keys, owner, fence).await;
+            return Err(Error::NoQuorum {
+                granted: usize::try_from(acked).unwrap_or(0),
+                needed: usize::try_from(needed).unwrap_or(0),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn scheme(&self) -> &'static str {
+        SCHEME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: self.inner.fencing,
+            fifo: false,
+            native_wait: self.inner.layout.publishes(),
+            session_bound: false,
+            reentrant: self.inner.layout.reentrant(),
+            cross_process: true,
+            max_ttl: None,
+        }
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let inner = &self.inner;
+        let keys = inner.keys(&req.name);
+        // A fresh acquisition queues behind this process's waiters instead of barging
+        // past the one an unlock message is about to wake.
+        if req.attempt == 0
+            && inner.layout.publishes()
+            && inner.subscriber.watchers(&keys.signal) > 0
+        {
+            return Ok(Attempt::Busy { retry_after: None });
+        }
+        let ttl_ms = u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut inv = inner.layout.acquire_script().prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.counter)
+            .arg(ttl_ms)
+            .arg(req.owner.as_str())
+            .arg(serde_json::to_string(&req.metadata).unwrap_or_else(|_| "{}".into()));
+        if let Some(meta) = &keys.meta {
+            inv.key(meta);
+        }
+        let (granted, value): (i64, i64) = inv
+            .invoke_async(&mut inner.conn.clone())
+            .await
+            .map_err(|e| map_err(&e))?;
+        if granted != 1 {
+            let mut retry_after = u64::try_from(value).ok().map(Duration::from_millis);
+            if !inner.layout.publishes() {
+                retry_after = Some(retry_after.map_or(inner.poll, |d| d.min(inner.poll)));
+            }
+            return Ok(Attempt::Busy { retry_after });
+        }
+        let fence = u64::try_from(value).unwrap_or(0);
+        inner
+            .await_replicas(&keys, req.owner.as_str(), fence)
+            .await?;
+        Ok(Attempt::Acquired(Box::new(RedisHeld {
+            inner: Arc::clone(inner),
+            name: req.name.clone(),
+            keys,
+            owner: req.owner.as_str().to_owned(),
+            fence,
+            released: std::sync::atomic::AtomicBool::new(false),
+        })))
+    }
+
+    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Waiter>> {
+        let inner = &self.inner;
+        if !inner.layout.publishes() {
+            return Ok(Box::new(PollingWaiter {
+                interval: inner.poll,
+            }));
+        }
+        let keys = inner.keys(name);
+        let watch = inner.subscriber.watch(&keys.signal).await?;
+        Ok(Box::new(RedisWaiter { watch }))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let inner = &self.inner;
+        let keys = inner.keys(name);
+        let mut conn = inner.conn.clone();
+        let mut info = if inner.layout == Layout::Redisson {
+            let (fields, pttl, counter): (Vec<(String, String)>, i64, Option<u64>) = redis::pipe()
+                .hgetall(&keys.lock)
+                .pttl(&keys.lock)
+                .get(&keys.counter)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| map_err(&e))?;
+            let Some((owner, holds)) = fields.iter().find(|(k, _)| !k.starts_with("dlock:")) else {
+                return Ok(None);
+            };
+            let field = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone());
+            let fence = field("dlock:fence")
+                .and_then(|f| f.parse().ok())
+                .or(counter)
+                .unwrap_or(0);
+            let mut info = LockInfo::new(name, owner.clone(), holds.parse().unwrap_or(1), fence);
+            info.metadata = field("dlock:meta")
+                .and_then(|m| serde_json::from_str::<Metadata>(&m).ok())
+                .unwrap_or_default();
+            info.remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+            info
+        } else {
+            let meta_key = keys.meta.clone().unwrap_or_default();
+            let (owner, pttl, counter, meta): (Option<String>, i64, Option<u64>, Option<String>) =
+                redis::pipe()
+                    .get(&keys.lock)
+                    .pttl(&keys.lock)
+                    .get(&keys.counter)
+                    .get(&meta_key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| map_err(&e))?;
+            let Some(owner) = owner else {
+                return Ok(None);
+            };
+            let mut info = LockInfo::new(name, owner, 1, counter.unwrap_or(0));
+            info.metadata = meta
+                .and_then(|m| serde_json::from_str::<Metadata>(&m).ok())
+                .unwrap_or_default();
+            info.remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+            info
+        };
+        info.waiters = None;
+        Ok(Some(info))
+    }
+}
+
+#[derive(Debug)]
+struct RedisWaiter {
+    watch: Watch,
+}
+
+#[async_trait]
+impl Waiter for RedisWaiter {
+    async fn changed(&mut self, max: Duration) -> Result<()> {
+        self.watch.changed(max).await
+    }
+}
+
+struct RedisHeld {
+    inner: Arc<Inner>,
+    name: LockName,
+    keys: Keys,
+    owner: String,
+    fence: u64,
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for RedisHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisHeld")
+            .field("name", &self.name)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl HeldLock for RedisHeld {
+    fn fencing_token(&self) -> u64 {
+        self.fence
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let inner = &self.inner;
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut inv = inner.layout.renew_script().prepare_invoke();
+        inv.key(&self.keys.lock).arg(&self.owner);
+        match &self.keys.meta {
+            None => {
+                inv.arg(self.fence);
+            }
+            Some(meta) => {
+                inv.key(meta);
+            }
+        }
+        inv.arg(ttl_ms);
+        let extended: Vec<i64> = inv
+            .invoke_async(&mut inner.conn.clone())
+            .await
+            .map_err(|e| map_err(&e))?;
+        if extended.first() == Some(&1) {
+            Ok(())
+        } else {
+            Err(Error::NotOwner {
+                name: self.name.as_str().to_owned(),
+            })
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        match self
+            .inner
+            .release(&self.keys, &self.owner, self.fence)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.released.store(false, Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,16 @@
+-- dlock release, Redisson layout.
+-- KEYS[1] the lock hash, KEYS[2] the unlock channel.
+-- ARGV[1] owner field, ARGV[2] fencing token.
+-- Returns the holds left (0: freed, and the unlock message published), -1 if not held.
+local lock = KEYS[1]
+if redis.call('hexists', lock, ARGV[1]) == 0
+    or redis.call('hget', lock, 'dlock:fence') ~= ARGV[2] then
+  return -1
+end
+local left = redis.call('hincrby', lock, ARGV[1], -1)
+if left > 0 then
+  return left
+end
+redis.call('del', lock)
+redis.call('publish', KEYS[2], '0')
+return 0

@@ -1,0 +1,212 @@
+//! One shared pub/sub connection per backend, for every waiter of every lock.
+//!
+//! A waiter registers interest in a lock's unlock channel ([`Subscriber::watch`]); the
+//! first interest SUBSCRIBEs, the last one leaving UNSUBSCRIBEs. Each unlock message
+//! wakes **one** local waiter of that lock (`Notify::notify_one`, which hands the wake-up
+//! to the next waiter if the chosen one has gone), in the order they started waiting,
+//! so a release costs one attempt per process instead of a stampede. If the pub/sub
+//! connection drops, every waiter is woken to re-poll and the next wait re-subscribes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::PubSubSink;
+use tokio::sync::Notify;
+
+use crate::error::{Error, Result};
+
+#[derive(Debug)]
+struct Entry {
+    notify: Arc<Notify>,
+    /// Live [`Watch`]es of this channel in this process.
+    watchers: usize,
+    /// Whether the server has confirmed our SUBSCRIBE on the current connection.
+    subscribed: bool,
+}
+
+/// The shared subscriber of one backend.
+pub(crate) struct Subscriber {
+    client: redis::Client,
+    channels: Mutex<HashMap<String, Entry>>,
+    /// The live connection's sink; network operations are serialized through it.
+    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+}
+
+impl std::fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the client: its connection info holds the password.
+        f.debug_struct("Subscriber").finish_non_exhaustive()
+    }
+}
+
+fn redis_err(e: &redis::RedisError) -> Error {
+    Error::connection("redis", format!("pub/sub: {e}"))
+}
+
+impl Subscriber {
+    pub(crate) fn new(client: redis::Client) -> Arc<Self> {
+        Arc::new(Subscriber {
+            client,
+            channels: Mutex::new(HashMap::new()),
+            sink: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    fn channels(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        self.channels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many waiters of this process wait on `channel`.
+    pub(crate) fn watchers(&self, channel: &str) -> usize {
+        self.channels().get(channel).map_or(0, |e| e.watchers)
+    }
+
+    /// Register interest in `channel` and make sure the server has confirmed the
+    /// subscription before returning.
+    pub(crate) async fn watch(self: &Arc<Self>, channel: &str) -> Result<Watch> {
+        let notify = {
+            let mut map = self.channels();
+            let entry = map.entry(channel.to_owned()).or_insert_with(|| Entry {
+                notify: Arc::new(Notify::new()),
+                watchers: 0,
+                subscribed: false,
+            });
+            entry.watchers += 1;
+            Arc::clone(&entry.notify)
+        };
+        let watch = Watch {
+            subscriber: Arc::clone(self),
+            channel: channel.to_owned(),
+            notify,
+        };
+        self.ensure_subscribed(channel).await?;
+        Ok(watch)
+    }
+
+    async fn ensure_subscribed(self: &Arc<Self>, channel: &str) -> Result<()> {
+        if self.channels().get(channel).is_some_and(|e| e.subscribed) {
+            return Ok(());
+        }
+        let mut sink = self.sink.lock().await;
+        if sink.is_none() {
+            *sink = Some(self.connect().await?);
+        }
+        // Re-check under the network lock: someone may have subscribed meanwhile.
+        if self.channels().get(channel).is_some_and(|e| e.subscribed) {
+            return Ok(());
+        }
+        let Some(s) = sink.as_mut() else {
+            return Err(Error::connection("redis", "pub/sub connection unavailable"));
+        };
+        if let Err(e) = s.subscribe(channel).await {
+            *sink = None;
+            return Err(redis_err(&e));
+        }
+        if let Some(e) = self.channels().get_mut(channel) {
+            e.subscribed = true;
+        }
+        Ok(())
+    }
+
+    async fn connect(self: &Arc<Self>) -> Result<PubSubSink> {
+        let pubsub = tokio::time::timeout(Duration::from_secs(5), self.client.get_async_pubsub())
+            .await
+            .map_err(|_| Error::connection("redis", "pub/sub connect timed out"))?
+            .map_err(|e| redis_err(&e))?;
+        let (sink, mut stream) = pubsub.split();
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(msg) = stream.next().await {
+                let Some(this) = weak.upgrade() else { return };
+                let channel = msg.get_channel_name();
+                if let Some(entry) = this.channels().get(channel) {
+                    entry.notify.notify_one();
+                }
+            }
+            // The connection is gone: every subscription with it. Wake everyone to
+            // re-poll; their next wait subscribes again on a new connection.
+            if let Some(this) = weak.upgrade() {
+                for entry in this.channels().values_mut() {
+                    entry.subscribed = false;
+                    entry.notify.notify_waiters();
+                }
+                *this.sink.lock().await = None;
+            }
+        });
+        Ok(sink)
+    }
+
+    fn leave(self: &Arc<Self>, channel: &str) {
+        let last = {
+            let mut map = self.channels();
+            match map.get_mut(channel) {
+                Some(e) => {
+                    e.watchers = e.watchers.saturating_sub(1);
+                    e.watchers == 0
+                }
+                None => false,
+            }
+        };
+        if !last {
+            return;
+        }
+        let this = Arc::clone(self);
+        let channel = channel.to_owned();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let mut sink = this.sink.lock().await;
+                // Only if still nobody watches (a new waiter may have come meanwhile).
+                let unsubscribe = {
+                    let mut map = this.channels();
+                    match map.get(&channel) {
+                        Some(e) if e.watchers == 0 => {
+                            let was = e.subscribed;
+                            map.remove(&channel);
+                            was
+                        }
+                        _ => false,
+                    }
+                };
+                if unsubscribe
+                    && let Some(s) = sink.as_mut()
+                    && s.unsubscribe(&channel).await.is_err()
+                {
+                    *sink = None;
+                }
+            });
+        }
+    }
+}
+
+/// Interest in one channel; dropping it may unsubscribe.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    subscriber: Arc<Subscriber>,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+impl Watch {
+    /// Wait for an unlock message (or `max`). Re-subscribes first if the connection
+    /// was lost since the last wait.
+    pub(crate) async fn changed(&mut self, max: Duration) -> Result<()> {
+        if let Err(e) = self.subscriber.ensure_subscribed(&self.channel).await {
+            // No pub/sub now: fall back to a short sleep; the caller re-polls.
+            tracing::debug!(error = %e, "redis pub/sub unavailable; polling");
+            tokio::time::sleep(max.min(Duration::from_millis(50))).await;
+            return Ok(());
+        }
+        let _ = tokio::time::timeout(max, self.notify.notified()).await;
+        Ok(())
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.subscriber.leave(&self.channel);
+    }
+}
