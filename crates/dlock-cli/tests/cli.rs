@@ -427,3 +427,64 @@ fn default_url_is_a_file_in_the_state_directory() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(home.join(".local/state/dlock/locks.db").is_file());
 }
+
+#[test]
+fn redis_backend_runs_commands_the_demo_and_status() {
+    let Some(redis) = dlock_testkit::RedisServer::start() else {
+        return;
+    };
+    let env = Env::new();
+    let url = redis.url();
+    let out = env.run(&[
+        "run",
+        "--url",
+        &url,
+        "r:job",
+        "--",
+        "sh",
+        "-c",
+        "echo $DLOCK_FENCING_TOKEN",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).trim().parse::<u64>().expect("token") > 0);
+
+    let mut holder = env.spawn(&["run", "--url", &url, "r:held", "--", "sleep", "30"]);
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = env.run(&["status", "--url", &url, "--json", "r:held"]);
+        let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("JSON");
+        if v[0]["held"] == true {
+            break;
+        }
+        assert!(Instant::now() < end, "never held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let busy = env.run(&["run", "--url", &url, "--no-wait", "r:held", "--", "true"]);
+    assert_eq!(busy.status.code(), Some(75));
+    kill_group(&holder, nix::sys::signal::Signal::SIGTERM);
+    let _ = wait_timeout(&mut holder, Duration::from_secs(10));
+
+    let demo = env
+        .cmd()
+        .args([
+            "demo",
+            "flash-sale",
+            "--url",
+            &url,
+            "--buyers",
+            "120",
+            "--stock",
+            "15",
+            "--workers",
+            "4",
+        ])
+        .output()
+        .expect("demo");
+    assert_eq!(
+        demo.status.code(),
+        Some(0),
+        "{}{}",
+        text(&demo.stdout),
+        text(&demo.stderr)
+    );
+}

@@ -324,7 +324,8 @@ impl Backend for RedisBackend {
             .map_err(|e| map_err(&e))?;
         if granted != 1 {
             let mut retry_after = u64::try_from(value).ok().map(Duration::from_millis);
-            if !inner.layout.publishes() {
+            if inner.layout != Layout::Redisson {
+                // Foreign clients of plain layouts announce nothing: re-poll often.
                 retry_after = Some(retry_after.map_or(inner.poll, |d| d.min(inner.poll)));
             }
             return Ok(Attempt::Busy { retry_after });
