@@ -68,7 +68,10 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     }
     let elapsed = start.elapsed();
     let cycles_per_sec = f64::from(args.cycles) / elapsed.as_secs_f64();
-    let floor = sqlite_floor(&url, args.cycles).await?;
+    let floor = match sqlite_floor(&url, args.cycles).await? {
+        Some(f) => Some(f),
+        None => redis_floor(&url, args.cycles).await?,
+    };
     let uncontended = Uncontended {
         cycles: u64::from(args.cycles),
         cycles_per_sec,
@@ -111,7 +114,7 @@ fn print_report(r: &Report) {
         (u.floor_cycles_per_sec, u.floor_latency, u.ratio_to_floor)
     {
         println!(
-            "  floor (bare insert + owner-checked delete, same file, same run): {f:.0} cycles/s, \
+            "  floor (the bare commands of a lock cycle, same client, same run): {f:.0} cycles/s, \
              p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
             show_us(fl.p50_us),
             show_us(fl.p99_us)
@@ -182,6 +185,55 @@ async fn sqlite_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, 
     }
     let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
     Ok(Some((per_sec, Latency::of(&samples))))
+}
+
+/// The bare-command floor for a `redis://` URL: the same client crate issuing
+/// `SET key owner NX PX` and an `EVALSHA` compare-and-delete, nothing else.
+async fn redis_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
+    if !url.starts_with("redis://") {
+        return Ok(None);
+    }
+    let bare = url.split('?').next().unwrap_or(url);
+    let err = |e: redis::RedisError| Failure::internal(format!("floor: {e}"));
+    let client = redis::Client::open(bare).map_err(err)?;
+    let mut conn = redis::aio::ConnectionManager::new(client)
+        .await
+        .map_err(err)?;
+    let script = redis::Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
+    );
+    let owner = dlock::Owner::random();
+    let key = format!("dlock-bench-floor:{owner}");
+    let mut samples = Vec::with_capacity(cycles as usize);
+    let mut run = async |n: u32, samples: &mut Vec<u64>| -> Result<Duration, Failure> {
+        let start = Instant::now();
+        for _ in 0..n {
+            let t = Instant::now();
+            let _: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(owner.as_str())
+                .arg("NX")
+                .arg("PX")
+                .arg(30_000)
+                .query_async(&mut conn)
+                .await
+                .map_err(err)?;
+            let _: i64 = script
+                .key(&key)
+                .arg(owner.as_str())
+                .invoke_async(&mut conn)
+                .await
+                .map_err(err)?;
+            samples.push(micros(t.elapsed()));
+        }
+        Ok(start.elapsed())
+    };
+    run(20, &mut Vec::new()).await?;
+    let elapsed = run(cycles, &mut samples).await?;
+    Ok(Some((
+        f64::from(cycles) / elapsed.as_secs_f64(),
+        Latency::of(&samples),
+    )))
 }
 
 async fn contended(url: &str, name: &str, args: &BenchArgs) -> Result<Contended, Failure> {

@@ -101,8 +101,9 @@ impl Metadata {
     /// Host name and process id of this process, no note.
     #[must_use]
     pub fn this_process() -> Self {
+        static HOST: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
         Metadata {
-            host: host_name(),
+            host: HOST.get_or_init(host_name).clone(),
             pid: Some(std::process::id()),
             note: None,
         }

@@ -3,8 +3,8 @@
 -- ARGV[1] owner field, ARGV[2] fencing token.
 -- Returns the holds left (0: freed, and the unlock message published), -1 if not held.
 local lock = KEYS[1]
-if redis.call('hexists', lock, ARGV[1]) == 0
-    or redis.call('hget', lock, 'dlock:fence') ~= ARGV[2] then
+local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence')
+if not held[1] or held[2] ~= ARGV[2] then
   return -1
 end
 local left = redis.call('hincrby', lock, ARGV[1], -1)
