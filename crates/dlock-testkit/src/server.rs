@@ -178,6 +178,10 @@ pub fn redis_command(
 pub struct RedisOptions {
     /// Append-only file with `appendfsync always` (durable writes).
     pub persistent: bool,
+    /// Start as a cluster node (cluster bus on another free port).
+    pub cluster: bool,
+    /// More `--name value` arguments for redis-server.
+    pub extra_args: Vec<String>,
 }
 
 /// A `redis-server` on a free loopback port.
@@ -247,6 +251,14 @@ impl RedisServer {
         } else {
             cmd.args(["--appendonly", "no"]);
         }
+        if options.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "3000"])
+                .arg("--cluster-config-file")
+                .arg(format!("nodes-{port}.conf"))
+                .arg("--cluster-port")
+                .arg(free_port().to_string());
+        }
+        cmd.args(&options.extra_args);
         let log = dir.join(format!("redis-{port}.log"));
         let mut process =
             ServerProcess::spawn("redis-server", cmd, &log).map_err(|e| format!("spawn: {e}"))?;
@@ -299,5 +311,73 @@ impl RedisServer {
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
         }
+    }
+}
+
+/// A Redis Cluster of `masters` nodes (no replicas) on free loopback ports.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Start the nodes, join them with `redis-cli --cluster create`, and wait until
+    /// every node reports `cluster_state:ok`; or skip (see [`skip`]).
+    ///
+    /// # Panics
+    /// When the binaries exist but the cluster does not form.
+    #[must_use]
+    pub fn start(masters: usize) -> Option<Self> {
+        let Some(cli) = find_binary("redis-cli") else {
+            return skip("redis-cli not found on PATH (apt-get install redis-tools)");
+        };
+        let mut nodes = Vec::new();
+        for _ in 0..masters {
+            nodes.push(RedisServer::start_with(RedisOptions {
+                cluster: true,
+                ..RedisOptions::default()
+            })?);
+        }
+        let mut create = Command::new(cli);
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(n.addr().to_string());
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &nodes {
+            loop {
+                let info = redis_command(n.addr(), &["CLUSTER", "INFO"], Duration::from_secs(2))
+                    .unwrap_or_default();
+                if String::from_utf8_lossy(&info).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster never reached state ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Some(RedisCluster { nodes })
+    }
+
+    /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,…`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.nodes.iter().map(|n| n.addr().to_string()).collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// The nodes.
+    pub fn nodes(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
     }
 }

@@ -40,7 +40,10 @@ fn sigstop_freezes_and_sigcont_resumes() {
 
 #[test]
 fn restart_keeps_the_port_and_persisted_data() {
-    let Some(mut redis) = RedisServer::start_with(RedisOptions { persistent: true }) else {
+    let Some(mut redis) = RedisServer::start_with(RedisOptions {
+        persistent: true,
+        ..RedisOptions::default()
+    }) else {
         return;
     };
     let addr = redis.addr();
@@ -125,4 +128,17 @@ async fn proxy_reset_all_cuts_open_connections() {
         matches!(r, Ok(0) | Err(_)),
         "connection survived reset_all: {r:?}"
     );
+}
+
+#[test]
+fn a_three_master_cluster_forms() {
+    let Some(mut cluster) = dlock_testkit::RedisCluster::start(3) else {
+        return;
+    };
+    assert!(cluster.url().starts_with("redis+cluster://127.0.0.1:"));
+    for node in cluster.nodes() {
+        let info = redis_command(node.addr(), &["CLUSTER", "INFO"], T).expect("CLUSTER INFO");
+        let info = String::from_utf8_lossy(&info).into_owned();
+        assert!(info.contains("cluster_known_nodes:3"), "{info}");
+    }
 }

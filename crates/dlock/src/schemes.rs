@@ -40,16 +40,21 @@ pub fn schemes() -> Vec<SchemeInfo> {
         description: "embedded SQLite file: processes on one machine, no server (the default)",
         capabilities: sqlite_caps(),
     });
-    for scheme in ["redis", "rediss"] {
+    for (scheme, description) in [
+        (
+            "redis",
+            "single Redis; Redisson-compatible layout by default",
+        ),
+        (
+            "redis+cluster",
+            "Redis Cluster; Redisson-compatible layout by default",
+        ),
+    ] {
         out.push(SchemeInfo {
             scheme,
             feature: Some("redis"),
             available: cfg!(feature = "redis"),
-            description: if scheme == "redis" {
-                "single Redis; Redisson-compatible layout by default"
-            } else {
-                "single Redis over TLS (not implemented yet)"
-            },
+            description,
             capabilities: redis_caps(),
         });
     }
@@ -66,8 +71,7 @@ pub fn schemes() -> Vec<SchemeInfo> {
 }
 
 /// Schemes whose backends are designed but not implemented in this version.
-const PLANNED: [(&str, &str, &str); 12] = [
-    ("redis", "redis", "single Redis (not implemented yet)"),
+const PLANNED: [(&str, &str, &str); 10] = [
     (
         "rediss",
         "redis",
@@ -77,11 +81,6 @@ const PLANNED: [(&str, &str, &str); 12] = [
         "redis+sentinel",
         "redis",
         "Redis behind Sentinel (not implemented yet)",
-    ),
-    (
-        "redis+cluster",
-        "redis",
-        "Redis Cluster (not implemented yet)",
     ),
     (
         "redlock",
@@ -139,9 +138,9 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
             feature: "sqlite".into(),
         }),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(crate::redis::RedisBackend::open(url).await?),
+        "redis" | "redis+cluster" => Ok(crate::redis::RedisBackend::open(url).await?),
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" => Err(Error::BackendNotEnabled {
+        "redis" | "redis+cluster" => Err(Error::BackendNotEnabled {
             scheme: url.scheme().to_owned(),
             feature: "redis".into(),
         }),

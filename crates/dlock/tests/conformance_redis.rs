@@ -25,3 +25,25 @@ mod python_redis_lock {
     use super::*;
     dlock::conformance_suite!(harness("?layout=python-redis-lock"));
 }
+
+/// The suite on a three-master Redis Cluster.
+mod cluster {
+    use super::*;
+    use dlock_testkit::RedisCluster;
+
+    async fn cluster_harness(query: &'static str) -> Option<Harness> {
+        let cluster = RedisCluster::start(3)?;
+        let url = format!("{}{query}", cluster.url());
+        Some(Harness::new(url).keep(cluster))
+    }
+
+    mod redisson {
+        use super::*;
+        dlock::conformance_suite!(cluster_harness(""));
+    }
+
+    mod redis_py {
+        use super::*;
+        dlock::conformance_suite!(cluster_harness("?layout=redis-py"));
+    }
+}

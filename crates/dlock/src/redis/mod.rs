@@ -1,4 +1,10 @@
-//! `redis://[user:password@]host:port[/db]`: a single Redis server (feature `redis`).
+//! `redis://[user:password@]host:port[/db]`: a single Redis server, and
+//! `redis+cluster://n1:port,n2:port,…`: a Redis Cluster (feature `redis`).
+//!
+//! On a cluster every key of one lock shares the name's hash slot (Redisson's naming
+//! rule), so each script runs on the slot's master; unlock messages are ordinary
+//! PUBLISHes, which a cluster delivers on every node, so the shared subscriber listens
+//! on the first node of the URL.
 //!
 //! # How a lock works here
 //! Acquire, renew and release are Lua scripts (EVALSHA, with EVAL on NOSCRIPT), so
@@ -43,8 +49,11 @@ use crate::name::LockName;
 use crate::options::Metadata;
 use crate::url::ConnectUrl;
 
+mod conn;
 mod layout;
 mod subscriber;
+
+use conn::Conn;
 
 use layout::Keys;
 pub use layout::Layout;
@@ -61,7 +70,8 @@ pub(crate) fn map_err(e: &redis::RedisError) -> Error {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: Conn,
+    cluster: bool,
     subscriber: Arc<Subscriber>,
     layout: Layout,
     prefix: String,
@@ -102,6 +112,7 @@ fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<
 
 impl RedisBackend {
     pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
+        let cluster = url.scheme() == "redis+cluster";
         if url.scheme() == "rediss" {
             return Err(Error::Unsupported(
                 "rediss:// (TLS) is not implemented yet in this version of dlock".into(),
@@ -137,23 +148,53 @@ impl RedisBackend {
             "poll",
         ])?;
 
-        let info = connection_info(&url)?;
-        let client = redis::Client::open(info).map_err(|e| map_err(&e))?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(timeout))
-            .set_number_of_retries(2);
-        let conn = tokio::time::timeout(
-            timeout,
-            ConnectionManager::new_with_config(client.clone(), config),
-        )
-        .await
-        .map_err(|_| Error::connection(SCHEME, format!("connecting to {url} timed out")))?
-        .map_err(|e| map_err(&e))?;
-        let fencing = probe_fencing(&mut conn.clone()).await;
+        if cluster && layout == Layout::PythonRedisLock {
+            return Err(url.invalid(
+                "layout=python-redis-lock cannot run on a cluster: its signal list lives in another hash slot",
+            ));
+        }
+        if cluster && min_replicas.is_some() {
+            return Err(Error::Unsupported(
+                "min_replicas on redis+cluster:// is not implemented yet".into(),
+            ));
+        }
+
+        let nodes = node_infos(&url, cluster)?;
+        // Pub/sub goes to the first node: in a cluster PUBLISH reaches every node.
+        let client = redis::Client::open(nodes[0].clone()).map_err(|e| map_err(&e))?;
+        let connecting = async {
+            if cluster {
+                let mut builder = redis::cluster::ClusterClient::builder(nodes.clone())
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(2);
+                if let Some(user) = url.username() {
+                    builder = builder.username(user);
+                }
+                if let Some(pw) = url.password() {
+                    builder = builder.password(pw.expose());
+                }
+                let c = builder.build()?;
+                Ok(Conn::Cluster(c.get_async_connection().await?))
+            } else {
+                let config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(timeout))
+                    .set_connection_timeout(Some(timeout))
+                    .set_number_of_retries(2);
+                Ok(Conn::Single(
+                    ConnectionManager::new_with_config(client.clone(), config).await?,
+                ))
+            }
+        };
+        let conn = tokio::time::timeout(timeout, connecting)
+            .await
+            .map_err(|_| Error::connection(SCHEME, format!("connecting to {url} timed out")))?
+            .map_err(|e: redis::RedisError| map_err(&e))?;
+        let fencing = probe_fencing(&conn).await;
         Ok(Arc::new(RedisBackend {
             inner: Arc::new(Inner {
                 conn,
+                cluster,
                 subscriber: Subscriber::new(client),
                 layout,
                 prefix,
@@ -166,15 +207,31 @@ impl RedisBackend {
     }
 }
 
-fn connection_info(url: &ConnectUrl) -> Result<redis::ConnectionInfo> {
-    let (host, port) = match url.hosts() {
-        [] => ("127.0.0.1".to_owned(), 6379),
-        [h] => (h.host.clone(), h.port.unwrap_or(6379)),
+/// Connection settings for every host of the URL (one, unless a cluster).
+fn node_infos(url: &ConnectUrl, cluster: bool) -> Result<Vec<redis::ConnectionInfo>> {
+    let hosts: Vec<(String, u16)> = match url.hosts() {
+        [] => vec![("127.0.0.1".to_owned(), 6379)],
+        [h] => vec![(h.host.clone(), h.port.unwrap_or(6379))],
+        many if cluster => many
+            .iter()
+            .map(|h| (h.host.clone(), h.port.unwrap_or(6379)))
+            .collect(),
         _ => {
-            return Err(url
-                .invalid("redis:// takes one host; use redlock:// for several independent nodes"));
+            return Err(url.invalid(
+                "redis:// takes one host; use redis+cluster:// for a cluster or redlock:// for independent nodes",
+            ));
         }
     };
+    if cluster && !matches!(url.path().trim_start_matches('/'), "" | "0") {
+        return Err(url.invalid("a cluster has only database 0"));
+    }
+    hosts
+        .into_iter()
+        .map(|(host, port)| connection_info(url, host, port))
+        .collect()
+}
+
+fn connection_info(url: &ConnectUrl, host: String, port: u16) -> Result<redis::ConnectionInfo> {
     let db = match url.path().trim_start_matches('/') {
         "" => 0,
         d => d
@@ -196,8 +253,9 @@ fn connection_info(url: &ConnectUrl) -> Result<redis::ConnectionInfo> {
         .set_redis_settings(settings))
 }
 
-/// Durable only when every write is fsynced before the reply.
-async fn probe_fencing(conn: &mut ConnectionManager) -> Fencing {
+/// Durable only when every write is fsynced before the reply (on a cluster, the node
+/// CONFIG GET is routed to decides: report best effort unless it says always).
+async fn probe_fencing(conn: &Conn) -> Fencing {
     let get = |param: &'static str| {
         let mut c = conn.clone();
         async move {
@@ -282,7 +340,11 @@ impl Inner {
 #[async_trait]
 impl Backend for RedisBackend {
     fn scheme(&self) -> &'static str {
-        SCHEME
+        if self.inner.cluster {
+            "redis+cluster"
+        } else {
+            SCHEME
+        }
     }
 
     fn capabilities(&self) -> Capabilities {
