@@ -192,9 +192,12 @@ pub struct BenchArgs {
     /// Worker processes for the contended run (0 skips it).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=256))]
     pub processes: u32,
-    /// Length of the contended run.
+    /// Length of each contended run.
     #[arg(long, value_parser = duration, default_value = "5s", value_name = "DURATION")]
     pub duration: Duration,
+    /// Tasks of this process contending for one lock in the hand-off run (0 skips it).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub waiters: u32,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -46,6 +46,7 @@ struct Report {
     url: String,
     uncontended: Uncontended,
     contended: Option<Contended>,
+    handoff: Option<crate::handoff::Handoff>,
 }
 
 pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
@@ -86,10 +87,17 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     } else {
         None
     };
+    let handoff = if args.waiters > 0 {
+        let hname = format!("{name}:handoff");
+        Some(crate::handoff::run(&locker, &url, &hname, args.waiters, args.duration).await?)
+    } else {
+        None
+    };
     let report = Report {
         url: locker.url().to_owned(),
         uncontended,
         contended,
+        handoff,
     };
     if args.json {
         let text =
@@ -99,6 +107,23 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         print_report(&report);
     }
     Ok(0)
+}
+
+fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {
+    println!(
+        "  {label}: {} real hand-offs of {} acquisitions in {:.1}s = {:.0}/s; hand-off p50 {}, p99 {}; \
+         fairness (Jain) {:.3}{}",
+        h.real_handoffs,
+        h.acquisitions,
+        h.seconds,
+        h.handoffs_per_sec,
+        show_us(h.handoff.p50_us),
+        show_us(h.handoff.p99_us),
+        h.jain_fairness,
+        h.commands_per_acquisition
+            .map(|c| format!("; {c:.2} commands per acquisition"))
+            .unwrap_or_default()
+    );
 }
 
 fn print_report(r: &Report) {
@@ -133,6 +158,21 @@ fn print_report(r: &Report) {
             c.jain_fairness,
             c.per_process
         );
+    }
+    if let Some(h) = &r.handoff {
+        println!(
+            "hand-off, {} tasks of one process on one lock:",
+            h.dlock.waiters
+        );
+        print_handoff("dlock", &h.dlock);
+        if let Some(f) = &h.floor {
+            print_handoff("floor (bare BLPOP/LPUSH hand-off, same run)", f);
+            println!(
+                "  dlock / floor: p50 {:.2}x, p99 {:.2}x",
+                h.dlock.handoff.p50_us as f64 / f.handoff.p50_us.max(1) as f64,
+                h.dlock.handoff.p99_us as f64 / f.handoff.p99_us.max(1) as f64
+            );
+        }
     }
 }
 

@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod exit;
 mod fleet;
+mod handoff;
 mod run;
 mod stats;
 mod status;

@@ -363,7 +363,9 @@ impl Backend for RedisBackend {
         let inner = &self.inner;
         let keys = inner.keys(&req.name);
         // A fresh acquisition queues behind this process's waiters instead of barging
-        // past the one an unlock message is about to wake.
+        // past the one an unlock message is about to wake. (Its re-check right after
+        // subscribing does go to the server: a waiter whose subscription was not yet
+        // confirmed when the lock was released relies on exactly that re-check.)
         if req.attempt == 0
             && inner.layout.publishes()
             && inner.subscriber.watchers(&keys.signal) > 0

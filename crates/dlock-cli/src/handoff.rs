@@ -1,0 +1,242 @@
+//! The contended hand-off scenario of `dlock bench`: many tasks of one process loop on
+//! one lock. A hand-off is *real* when the lock passes to a different task; its latency
+//! is from the moment the previous holder starts releasing to the next grant.
+//!
+//! The floor, for `redis://`, is a bare hand-written hand-off in the same run: as many
+//! tasks, each on its own connection, blocked in `BLPOP` on one list; the holder passes
+//! on by `LPUSH`ing the token back. Redis serves blocked clients first come, first
+//! served, so this is what a fair, notified hand-off costs with nothing else around it.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dlock::Locker;
+use serde::Serialize;
+
+use crate::exit::Failure;
+use crate::stats::{Latency, jain, micros};
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    task: u32,
+    granted: Instant,
+    releasing: Instant,
+}
+
+/// Figures of one hand-off run.
+#[derive(Debug, Serialize)]
+pub struct HandoffRun {
+    pub waiters: u32,
+    pub seconds: f64,
+    pub acquisitions: u64,
+    pub real_handoffs: u64,
+    pub handoffs_per_sec: f64,
+    pub handoff: Latency,
+    pub jain_fairness: f64,
+    /// Redis only: client commands (EVALSHA/EVAL/SUBSCRIBE/UNSUBSCRIBE) per acquisition.
+    pub commands_per_acquisition: Option<f64>,
+}
+
+/// dlock's run and, where there is one, the floor's.
+#[derive(Debug, Serialize)]
+pub struct Handoff {
+    pub dlock: HandoffRun,
+    pub floor: Option<HandoffRun>,
+}
+
+fn summarize(mut events: Vec<Event>, waiters: u32, seconds: f64) -> HandoffRun {
+    events.sort_by_key(|e| e.granted);
+    let mut per_task = vec![0u64; waiters as usize];
+    let mut latencies = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if let Some(c) = per_task.get_mut(e.task as usize) {
+            *c += 1;
+        }
+        if i > 0 && events[i - 1].task != e.task {
+            latencies.push(micros(
+                e.granted.saturating_duration_since(events[i - 1].releasing),
+            ));
+        }
+    }
+    HandoffRun {
+        waiters,
+        seconds,
+        acquisitions: events.len() as u64,
+        real_handoffs: latencies.len() as u64,
+        handoffs_per_sec: latencies.len() as f64 / seconds.max(1e-9),
+        handoff: Latency::of(&latencies),
+        jain_fairness: jain(&per_task),
+        commands_per_acquisition: None,
+    }
+}
+
+pub async fn run(
+    locker: &Locker,
+    url: &str,
+    name: &str,
+    waiters: u32,
+    duration: Duration,
+) -> Result<Handoff, Failure> {
+    let redis_url = url
+        .starts_with("redis://")
+        .then(|| url.split('?').next().unwrap_or(url).to_owned());
+    let before = match &redis_url {
+        Some(u) => Some(command_count(u).await?),
+        None => None,
+    };
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::new();
+    for task in 0..waiters {
+        let (locker, name, events) = (locker.clone(), name.to_owned(), Arc::clone(&events));
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let g = locker.lock_timeout(&name, Duration::from_secs(30)).await?;
+                let granted = Instant::now();
+                let releasing = Instant::now();
+                if let Ok(mut ev) = events.lock() {
+                    ev.push(Event {
+                        task,
+                        granted,
+                        releasing,
+                    });
+                }
+                g.release().await?;
+            }
+            Ok::<(), dlock::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| Failure::internal(e.to_string()))??;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
+    let mut dlock_run = summarize(events, waiters, seconds);
+    if let (Some(u), Some(before)) = (&redis_url, before) {
+        let after = command_count(u).await?;
+        dlock_run.commands_per_acquisition =
+            Some(after.saturating_sub(before) as f64 / dlock_run.acquisitions.max(1) as f64);
+    }
+    let floor = match &redis_url {
+        Some(u) => Some(blpop_floor(u, name, waiters, duration).await?),
+        None => None,
+    };
+    Ok(Handoff {
+        dlock: dlock_run,
+        floor,
+    })
+}
+
+fn redis_err(e: redis::RedisError) -> Failure {
+    Failure::internal(format!("hand-off floor: {e}"))
+}
+
+/// Client commands dlock issues, summed from `INFO commandstats`.
+async fn command_count(url: &str) -> Result<u64, Failure> {
+    let client = redis::Client::open(url).map_err(redis_err)?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(redis_err)?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .map_err(redis_err)?;
+    let mut total = 0;
+    for line in info.lines() {
+        let Some((cmd, stats)) = line.split_once(':') else {
+            continue;
+        };
+        if matches!(
+            cmd,
+            "cmdstat_evalsha" | "cmdstat_eval" | "cmdstat_subscribe" | "cmdstat_unsubscribe"
+        ) {
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            total += calls;
+        }
+    }
+    Ok(total)
+}
+
+async fn blpop_floor(
+    url: &str,
+    name: &str,
+    waiters: u32,
+    duration: Duration,
+) -> Result<HandoffRun, Failure> {
+    let client = redis::Client::open(url).map_err(redis_err)?;
+    let key = format!("dlock-bench-handoff:{name}");
+    let mut setup = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(redis_err)?;
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut setup)
+        .await
+        .map_err(redis_err)?;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::new();
+    for task in 0..waiters {
+        // BLPOP blocks its connection: one connection per waiter.
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(redis_err)?;
+        let (key, events) = (key.clone(), Arc::clone(&events));
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let got: Option<(String, String)> = redis::cmd("BLPOP")
+                    .arg(&key)
+                    .arg(0.5)
+                    .query_async(&mut conn)
+                    .await?;
+                if got.is_none() {
+                    continue;
+                }
+                let granted = Instant::now();
+                let releasing = Instant::now();
+                if let Ok(mut ev) = events.lock() {
+                    ev.push(Event {
+                        task,
+                        granted,
+                        releasing,
+                    });
+                }
+                let _: () = redis::cmd("LPUSH")
+                    .arg(&key)
+                    .arg("token")
+                    .query_async(&mut conn)
+                    .await?;
+            }
+            Ok::<(), redis::RedisError>(())
+        }));
+    }
+    let _: () = redis::cmd("LPUSH")
+        .arg(&key)
+        .arg("token")
+        .query_async(&mut setup)
+        .await
+        .map_err(redis_err)?;
+    for t in tasks {
+        t.await
+            .map_err(|e| Failure::internal(e.to_string()))?
+            .map_err(redis_err)?;
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut setup)
+        .await
+        .map_err(redis_err)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
+    Ok(summarize(events, waiters, seconds))
+}
