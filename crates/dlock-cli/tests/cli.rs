@@ -253,15 +253,19 @@ fn killed_holder_frees_within_ttl() {
 #[test]
 fn sigterm_is_forwarded_to_the_command() {
     let env = Env::new();
-    let mut run = env.spawn(&[
-        "run",
-        "fwd",
-        "--",
-        "sh",
-        "-c",
-        "trap 'exit 3' TERM; sleep 30 & wait",
-    ]);
+    let ready = env.path("ready");
+    let script = format!(
+        "trap 'exit 3' TERM; touch {}; sleep 30 & wait",
+        ready.display()
+    );
+    let mut run = env.spawn(&["run", "fwd", "--", "sh", "-c", &script]);
     env.wait_held("fwd");
+    // Signal only once the command has installed its trap.
+    let end = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(Instant::now() < end, "the command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("kill");
     let status = wait_timeout(&mut run, Duration::from_secs(10));
