@@ -44,6 +44,19 @@ pub struct Handoff {
     pub floor: Option<HandoffRun>,
 }
 
+/// Note a grant by `task`, released at once.
+fn record(events: &Mutex<Vec<Event>>, task: u32) {
+    let granted = Instant::now();
+    let releasing = Instant::now();
+    if let Ok(mut ev) = events.lock() {
+        ev.push(Event {
+            task,
+            granted,
+            releasing,
+        });
+    }
+}
+
 fn summarize(mut events: Vec<Event>, waiters: u32, seconds: f64) -> HandoffRun {
     events.sort_by_key(|e| e.granted);
     let mut per_task = vec![0u64; waiters as usize];
@@ -93,15 +106,7 @@ pub async fn run(
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
                 let g = locker.lock_timeout(&name, Duration::from_secs(30)).await?;
-                let granted = Instant::now();
-                let releasing = Instant::now();
-                if let Ok(mut ev) = events.lock() {
-                    ev.push(Event {
-                        task,
-                        granted,
-                        releasing,
-                    });
-                }
+                record(&events, task);
                 g.release().await?;
             }
             Ok::<(), dlock::Error>(())
@@ -202,15 +207,7 @@ async fn blpop_floor(
                 if got.is_none() {
                     continue;
                 }
-                let granted = Instant::now();
-                let releasing = Instant::now();
-                if let Ok(mut ev) = events.lock() {
-                    ev.push(Event {
-                        task,
-                        granted,
-                        releasing,
-                    });
-                }
+                record(&events, task);
                 let _: () = redis::cmd("LPUSH")
                     .arg(&key)
                     .arg("token")

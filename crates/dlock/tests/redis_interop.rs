@@ -24,6 +24,25 @@ async fn setup(query: &str) -> Option<(RedisServer, Locker, redis::aio::Multiple
     Some((server, locker, raw))
 }
 
+/// A foreign client's `SET key value NX <unit> ttl`; `Some("OK")` when it got the lock.
+async fn set_nx(
+    raw: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    value: &str,
+    unit: &str,
+    ttl: u64,
+) -> Option<String> {
+    redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg(unit)
+        .arg(ttl)
+        .query_async(raw)
+        .await
+        .expect("set")
+}
+
 /// Wait for `fut` at most `limit`, returning how long it took.
 async fn within<T>(limit: Duration, fut: impl std::future::Future<Output = T>) -> (T, Duration) {
     let start = Instant::now();
@@ -127,15 +146,7 @@ async fn redis_py_layout_excludes_both_ways() {
         return;
     };
     // Foreign holder: SET NX PX with a random value.
-    let set: Option<String> = redis::cmd("SET")
-        .arg("job")
-        .arg("foreign-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut raw)
-        .await
-        .expect("set");
+    let set = set_nx(&mut raw, "job", "foreign-token", "PX", 30_000).await;
     assert_eq!(set.as_deref(), Some("OK"));
     assert!(locker.try_lock("job").await.expect("try").is_none());
     let waiter = tokio::spawn({
@@ -149,15 +160,7 @@ async fn redis_py_layout_excludes_both_ways() {
     let guard = guard.expect("join");
     assert!(took < Duration::from_millis(500), "noticed after {took:?}");
     // dlock holds: the foreign SET NX fails; the value is dlock's owner token.
-    let set: Option<String> = redis::cmd("SET")
-        .arg("job")
-        .arg("foreign-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut raw)
-        .await
-        .expect("set");
+    let set = set_nx(&mut raw, "job", "foreign-token", "PX", 30_000).await;
     assert!(set.is_none(), "foreign client took a dlock-held lock");
     let value: String = raw.get("job").await.expect("get");
     assert_eq!(value, guard.owner().as_str());
@@ -171,15 +174,14 @@ async fn python_redis_lock_layout_excludes_both_ways_and_signals() {
     let Some((_server, locker, mut raw)) = setup("?layout=python-redis-lock").await else {
         return;
     };
-    let set: Option<String> = redis::cmd("SET")
-        .arg("lock:report")
-        .arg("Zm9yZWlnbi1pZC0xMjM0NTY3")
-        .arg("NX")
-        .arg("EX")
-        .arg(30)
-        .query_async(&mut raw)
-        .await
-        .expect("set");
+    let set = set_nx(
+        &mut raw,
+        "lock:report",
+        "Zm9yZWlnbi1pZC0xMjM0NTY3",
+        "EX",
+        30,
+    )
+    .await;
     assert_eq!(set.as_deref(), Some("OK"));
     assert!(locker.try_lock("report").await.expect("try").is_none());
     let _: () = raw.del("lock:report").await.expect("del");
@@ -187,15 +189,7 @@ async fn python_redis_lock_layout_excludes_both_ways_and_signals() {
         .lock_timeout("report", Duration::from_secs(2))
         .await
         .expect("lock after foreign release");
-    let set: Option<String> = redis::cmd("SET")
-        .arg("lock:report")
-        .arg("x")
-        .arg("NX")
-        .arg("EX")
-        .arg(30)
-        .query_async(&mut raw)
-        .await
-        .expect("set");
+    let set = set_nx(&mut raw, "lock:report", "x", "EX", 30).await;
     assert!(set.is_none(), "foreign client took a dlock-held lock");
     // A python-redis-lock waiter blocks on the signal list; dlock's release pushes to it.
     let blpop = tokio::spawn({
