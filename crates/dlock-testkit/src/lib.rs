@@ -10,6 +10,6 @@ mod server;
 
 pub use proxy::{Fault, FaultProxy};
 pub use server::{
-    RedisCluster, RedisOptions, RedisServer, ServerProcess, find_binary, free_port, redis_command,
-    redis_ping, servers_required, skip,
+    RedisCluster, RedisOptions, RedisSentinel, RedisServer, ServerProcess, find_binary, free_port,
+    redis_command, redis_ping, servers_required, skip,
 };

@@ -381,3 +381,151 @@ impl RedisCluster {
         &mut self.nodes
     }
 }
+
+/// A master, one replica and three Sentinels watching them (quorum 2, down after
+/// 1 s), all on free loopback ports. The master's name for clients is `mymaster`.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    /// Master first, then the replica.
+    servers: Vec<RedisServer>,
+    sentinels: Vec<(ServerProcess, u16)>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisSentinel {
+    /// The master name Sentinels know.
+    pub const MASTER: &'static str = "mymaster";
+
+    /// Start everything and wait until all three Sentinels see the master and the
+    /// replica; or skip (see [`skip`]).
+    ///
+    /// # Panics
+    /// When the binaries exist but the setup does not come up.
+    #[must_use]
+    pub fn start() -> Option<Self> {
+        let Some(binary) = find_binary("redis-server") else {
+            return skip("redis-server not found on PATH (apt-get install redis-server)");
+        };
+        let master = RedisServer::start()?;
+        let replica = RedisServer::start_with(RedisOptions {
+            extra_args: vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                master.addr().port().to_string(),
+            ],
+            ..RedisOptions::default()
+        })?;
+        let synced = Instant::now() + Duration::from_secs(15);
+        loop {
+            let info = redis_command(
+                replica.addr(),
+                &["INFO", "replication"],
+                Duration::from_secs(1),
+            )
+            .unwrap_or_default();
+            if String::from_utf8_lossy(&info).contains("master_link_status:up") {
+                break;
+            }
+            assert!(Instant::now() < synced, "the replica never synced");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            let port = free_port();
+            let conf = dir.path().join(format!("sentinel-{i}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {name} 127.0.0.1 {mport} 2\n\
+                     sentinel down-after-milliseconds {name} 1000\n\
+                     sentinel failover-timeout {name} 5000\n\
+                     sentinel parallel-syncs {name} 1\n",
+                    dir = dir.path().display(),
+                    name = Self::MASTER,
+                    mport = master.addr().port(),
+                ),
+            )
+            .expect("write sentinel.conf");
+            let mut cmd = Command::new(&binary);
+            cmd.arg(&conf).arg("--sentinel").current_dir(dir.path());
+            let log = dir.path().join(format!("sentinel-{i}.log"));
+            let process =
+                ServerProcess::spawn("redis-sentinel", cmd, &log).expect("spawn sentinel");
+            sentinels.push((process, port));
+        }
+        let this = RedisSentinel {
+            servers: vec![master, replica],
+            sentinels,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (_, port) in &this.sentinels {
+            let addr = SocketAddr::from(([127, 0, 0, 1], *port));
+            loop {
+                let replicas = redis_command(
+                    addr,
+                    &["SENTINEL", "REPLICAS", Self::MASTER],
+                    Duration::from_secs(1),
+                )
+                .unwrap_or_default();
+                let text = String::from_utf8_lossy(&replicas);
+                if text.contains(&this.servers[1].addr().port().to_string())
+                    && text.contains("slave")
+                {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sentinel on {port} never saw the replica: {text}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Some(this)
+    }
+
+    /// `redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/mymaster`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(_, p)| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/{}", hosts.join(","), Self::MASTER)
+    }
+
+    /// The data servers: master first, then the replica (as started).
+    pub fn servers(&mut self) -> &mut [RedisServer] {
+        &mut self.servers
+    }
+
+    /// The address Sentinels currently report for the master.
+    #[must_use]
+    pub fn master_addr(&self) -> Option<SocketAddr> {
+        for (_, port) in &self.sentinels {
+            let addr = SocketAddr::from(([127, 0, 0, 1], *port));
+            let Ok(reply) = redis_command(
+                addr,
+                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", Self::MASTER],
+                Duration::from_secs(1),
+            ) else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&reply);
+            let parts: Vec<&str> = text
+                .split("\r\n")
+                .filter(|l| !l.starts_with(['*', '$']))
+                .collect();
+            if let [host, port, ..] = parts.as_slice()
+                && let Ok(port) = port.parse::<u16>()
+                && let Ok(ip) = host.parse::<std::net::IpAddr>()
+            {
+                return Some(SocketAddr::new(ip, port));
+            }
+        }
+        None
+    }
+}

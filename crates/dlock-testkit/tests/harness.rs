@@ -142,3 +142,13 @@ fn a_three_master_cluster_forms() {
         assert!(info.contains("cluster_known_nodes:3"), "{info}");
     }
 }
+
+#[test]
+fn sentinels_watch_a_master_and_its_replica() {
+    let Some(mut setup) = dlock_testkit::RedisSentinel::start() else {
+        return;
+    };
+    let master = setup.servers()[0].addr();
+    assert_eq!(setup.master_addr(), Some(master));
+    assert!(setup.url().starts_with("redis+sentinel://127.0.0.1:"));
+}

@@ -71,16 +71,11 @@ pub fn schemes() -> Vec<SchemeInfo> {
 }
 
 /// Schemes whose backends are designed but not implemented in this version.
-const PLANNED: [(&str, &str, &str); 10] = [
+const PLANNED: [(&str, &str, &str); 9] = [
     (
         "rediss",
         "redis",
         "single Redis over TLS (not implemented yet)",
-    ),
-    (
-        "redis+sentinel",
-        "redis",
-        "Redis behind Sentinel (not implemented yet)",
     ),
     (
         "redlock",
@@ -138,9 +133,11 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
             feature: "sqlite".into(),
         }),
         #[cfg(feature = "redis")]
-        "redis" | "redis+cluster" => Ok(crate::redis::RedisBackend::open(url).await?),
+        "redis" | "redis+cluster" | "redis+sentinel" => {
+            Ok(crate::redis::RedisBackend::open(url).await?)
+        }
         #[cfg(not(feature = "redis"))]
-        "redis" | "redis+cluster" => Err(Error::BackendNotEnabled {
+        "redis" | "redis+cluster" | "redis+sentinel" => Err(Error::BackendNotEnabled {
             scheme: url.scheme().to_owned(),
             feature: "redis".into(),
         }),

@@ -47,3 +47,17 @@ mod cluster {
         dlock::conformance_suite!(cluster_harness("?layout=redis-py"));
     }
 }
+
+/// The suite on a master + replica watched by three Sentinels.
+mod sentinel {
+    use super::*;
+    use dlock_testkit::RedisSentinel;
+
+    async fn sentinel_harness() -> Option<Harness> {
+        let setup = RedisSentinel::start()?;
+        let url = setup.url();
+        Some(Harness::new(url).keep(setup))
+    }
+
+    dlock::conformance_suite!(sentinel_harness());
+}

@@ -1,5 +1,11 @@
-//! `redis://[user:password@]host:port[/db]`: a single Redis server, and
-//! `redis+cluster://n1:port,n2:port,…`: a Redis Cluster (feature `redis`).
+//! `redis://[user:password@]host:port[/db]`: a single Redis server,
+//! `redis+cluster://n1:port,n2:port,…`: a Redis Cluster, and
+//! `redis+sentinel://s1:26379,s2:26379/master[?db=N]`: the master that Sentinel names,
+//! re-resolved after a connection error or a READONLY answer (feature `redis`).
+//!
+//! A Sentinel failover can lose the last writes acknowledged by the old master: a lock
+//! (and its token counter) may vanish or go back. dlock reports fencing there as best
+//! effort, and the failover test shows what happens to a held lock.
 //!
 //! On a cluster every key of one lock shares the name's hash slot (Redisson's naming
 //! rule), so each script runs on the slot's master; unlock messages are ordinary
@@ -57,7 +63,7 @@ use conn::Conn;
 
 use layout::Keys;
 pub use layout::Layout;
-use subscriber::{Subscriber, Watch};
+use subscriber::{Source, Subscriber, Watch};
 
 const SCHEME: &str = "redis";
 
@@ -113,6 +119,7 @@ fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<
 impl RedisBackend {
     pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
         let cluster = url.scheme() == "redis+cluster";
+        let sentinel = url.scheme() == "redis+sentinel";
         if url.scheme() == "rediss" {
             return Err(Error::Unsupported(
                 "rediss:// (TLS) is not implemented yet in this version of dlock".into(),
@@ -138,6 +145,19 @@ impl RedisBackend {
         };
         let wait_timeout = duration_param(&mut url, "wait_timeout", Duration::from_secs(1))?;
         let timeout = duration_param(&mut url, "timeout", Duration::from_secs(5))?;
+        let sentinel_db = match url.take_param("db") {
+            None => 0,
+            Some(d) if sentinel => d
+                .parse::<i64>()
+                .ok()
+                .filter(|d| *d >= 0)
+                .ok_or_else(|| url.invalid("db must be a database number"))?,
+            Some(_) => {
+                return Err(url.invalid(
+                    "db= is for redis+sentinel://; elsewhere the path names the database",
+                ));
+            }
+        };
         let poll = duration_param(&mut url, "poll", Duration::from_millis(50))?;
         url.finish(&[
             "layout",
@@ -146,7 +166,25 @@ impl RedisBackend {
             "wait_timeout",
             "timeout",
             "poll",
+            "db",
         ])?;
+        if sentinel {
+            let conn = sentinel_conn(&url, sentinel_db, timeout)?;
+            return Self::finish_open(
+                url,
+                Conn::Sentinel(conn.clone()),
+                Source::Sentinel(conn),
+                Settings {
+                    cluster: false,
+                    layout,
+                    prefix,
+                    min_replicas: min_replicas.map(|n| (n, wait_timeout)),
+                    poll,
+                    timeout,
+                },
+            )
+            .await;
+        }
 
         if cluster && layout == Layout::PythonRedisLock {
             return Err(url.invalid(
@@ -190,21 +228,97 @@ impl RedisBackend {
             .await
             .map_err(|_| Error::connection(SCHEME, format!("connecting to {url} timed out")))?
             .map_err(|e: redis::RedisError| map_err(&e))?;
+        Self::finish_open(
+            url,
+            conn,
+            Source::Fixed(client),
+            Settings {
+                cluster,
+                layout,
+                prefix,
+                min_replicas: min_replicas.map(|n| (n, wait_timeout)),
+                poll,
+                timeout,
+            },
+        )
+        .await
+    }
+
+    async fn finish_open(
+        url: ConnectUrl,
+        conn: Conn,
+        source: Source,
+        settings: Settings,
+    ) -> Result<Arc<Self>> {
+        // Fail at connect time, not on the first lock, when nothing answers.
+        let ping: redis::RedisResult<String> = tokio::time::timeout(
+            settings.timeout,
+            redis::cmd("PING").query_async(&mut conn.clone()),
+        )
+        .await
+        .unwrap_or_else(|_| Err(redis::RedisError::from((redis::ErrorKind::Io, "timed out"))));
+        ping.map_err(|e| map_err(&e))?;
         let fencing = probe_fencing(&conn).await;
         Ok(Arc::new(RedisBackend {
             inner: Arc::new(Inner {
                 conn,
-                cluster,
-                subscriber: Subscriber::new(client),
-                layout,
-                prefix,
+                cluster: settings.cluster,
+                subscriber: Subscriber::new(source),
+                layout: settings.layout,
+                prefix: settings.prefix,
                 fencing,
-                min_replicas: min_replicas.map(|n| (n, wait_timeout)),
-                poll,
+                min_replicas: settings.min_replicas,
+                poll: settings.poll,
                 shown: url.to_string(),
             }),
         }))
     }
+}
+
+/// What `open` decided, handed to `finish_open`.
+struct Settings {
+    cluster: bool,
+    layout: Layout,
+    prefix: String,
+    min_replicas: Option<(u32, Duration)>,
+    poll: Duration,
+    timeout: Duration,
+}
+
+/// A connection to the master that the URL's Sentinels name (path: the master name).
+fn sentinel_conn(url: &ConnectUrl, db: i64, timeout: Duration) -> Result<conn::SentinelConn> {
+    let master = url.path().trim_start_matches('/');
+    if master.is_empty() || master.contains('/') {
+        return Err(url.invalid(
+            "redis+sentinel:// needs the master name as its path: redis+sentinel://s1:26379,s2:26379/mymaster",
+        ));
+    }
+    let sentinels: Vec<ConnectionAddr> = if url.hosts().is_empty() {
+        vec![ConnectionAddr::Tcp("127.0.0.1".into(), 26379)]
+    } else {
+        url.hosts()
+            .iter()
+            .map(|h| ConnectionAddr::Tcp(h.host.clone(), h.port.unwrap_or(26379)))
+            .collect()
+    };
+    let mut builder = redis::sentinel::SentinelClientBuilder::new(
+        sentinels,
+        master,
+        redis::sentinel::SentinelServerType::Master,
+    )
+    .map_err(|e| map_err(&e))?
+    .set_client_to_redis_db(db);
+    if let Some(user) = url.username() {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(pw) = url.password() {
+        builder = builder.set_client_to_redis_password(pw.expose());
+    }
+    let client = builder.build().map_err(|e| map_err(&e))?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(timeout))
+        .set_connection_timeout(Some(timeout));
+    Ok(conn::SentinelConn::new(client, config))
 }
 
 /// Connection settings for every host of the URL (one, unless a cluster).
@@ -342,6 +456,8 @@ impl Backend for RedisBackend {
     fn scheme(&self) -> &'static str {
         if self.inner.cluster {
             "redis+cluster"
+        } else if matches!(self.inner.conn, Conn::Sentinel(_)) {
+            "redis+sentinel"
         } else {
             SCHEME
         }

@@ -26,9 +26,17 @@ struct Entry {
     subscribed: bool,
 }
 
+/// Where the pub/sub connection goes.
+pub(crate) enum Source {
+    /// A fixed server (single, or the first node of a cluster).
+    Fixed(redis::Client),
+    /// Whatever Sentinel reports as master at (re)connect time.
+    Sentinel(super::conn::SentinelConn),
+}
+
 /// The shared subscriber of one backend.
 pub(crate) struct Subscriber {
-    client: redis::Client,
+    source: Source,
     channels: Mutex<HashMap<String, Entry>>,
     /// The live connection's sink; network operations are serialized through it.
     sink: tokio::sync::Mutex<Option<PubSubSink>>,
@@ -46,9 +54,9 @@ fn redis_err(e: &redis::RedisError) -> Error {
 }
 
 impl Subscriber {
-    pub(crate) fn new(client: redis::Client) -> Arc<Self> {
+    pub(crate) fn new(source: Source) -> Arc<Self> {
         Arc::new(Subscriber {
-            client,
+            source,
             channels: Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
         })
@@ -113,7 +121,14 @@ impl Subscriber {
     }
 
     async fn connect(self: &Arc<Self>) -> Result<PubSubSink> {
-        let pubsub = tokio::time::timeout(Duration::from_secs(5), self.client.get_async_pubsub())
+        let connecting = async {
+            let client = match &self.source {
+                Source::Fixed(c) => c.clone(),
+                Source::Sentinel(s) => s.master_client().await?,
+            };
+            client.get_async_pubsub().await
+        };
+        let pubsub = tokio::time::timeout(Duration::from_secs(5), connecting)
             .await
             .map_err(|_| Error::connection("redis", "pub/sub connect timed out"))?
             .map_err(|e| redis_err(&e))?;
