@@ -195,6 +195,15 @@ pub struct BenchArgs {
     /// Length of each contended run.
     #[arg(long, value_parser = duration, default_value = "5s", value_name = "DURATION")]
     pub duration: Duration,
+    /// Distinct locks to acquire and hold with automatic renewal (0 skips that run).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    pub hold: u64,
+    /// How long to hold them.
+    #[arg(long, value_parser = duration, default_value = "30s", value_name = "DURATION")]
+    pub hold_for: Duration,
+    /// Lease of the held locks (renewed every third of it).
+    #[arg(long, value_parser = ttl, default_value = "30s", value_name = "DURATION")]
+    pub hold_ttl: Duration,
     /// Tasks of this process contending for one lock in the hand-off run (0 skips it).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=10_000))]
     pub waiters: u32,

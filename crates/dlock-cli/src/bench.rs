@@ -47,6 +47,7 @@ struct Report {
     uncontended: Uncontended,
     contended: Option<Contended>,
     handoff: Option<crate::handoff::Handoff>,
+    hold: Option<crate::hold::HoldRun>,
 }
 
 pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
@@ -93,11 +94,28 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     } else {
         None
     };
+    let hold = if args.hold > 0 {
+        let prefix = format!("{name}:held");
+        Some(
+            crate::hold::run(
+                &locker,
+                &url,
+                &prefix,
+                args.hold,
+                args.hold_for,
+                args.hold_ttl,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     let report = Report {
         url: locker.url().to_owned(),
         uncontended,
         contended,
         handoff,
+        hold,
     };
     if args.json {
         let text =
@@ -173,6 +191,25 @@ fn print_report(r: &Report) {
                 h.dlock.handoff.p99_us as f64 / f.handoff.p99_us.max(1) as f64
             );
         }
+    }
+    if let Some(h) = &r.hold {
+        println!(
+            "held {} locks (lease {} ms, renewed every third): acquired in {:.1}s; RSS {:.1} MiB -> {:.1} MiB \
+             ({:.0} bytes per lock); while holding {:.0}s: CPU {:.1}%, {} renewals/s asked{}; lost {}",
+            h.locks,
+            h.ttl_ms,
+            h.acquire_seconds,
+            h.rss_before_bytes as f64 / 1048576.0,
+            h.rss_held_bytes as f64 / 1048576.0,
+            h.rss_per_lock_bytes,
+            h.hold_seconds,
+            h.cpu_percent_while_holding,
+            h.renewals_per_sec.round(),
+            h.renew_commands_per_sec
+                .map(|c| format!(", {c:.0} renew commands/s sent"))
+                .unwrap_or_default(),
+            h.lost
+        );
     }
 }
 

@@ -6,6 +6,7 @@ mod demo;
 mod exit;
 mod fleet;
 mod handoff;
+mod hold;
 mod run;
 mod stats;
 mod status;

@@ -57,6 +57,7 @@ use crate::url::ConnectUrl;
 
 mod conn;
 mod layout;
+mod renewer;
 mod subscriber;
 
 use conn::Conn;
@@ -77,6 +78,7 @@ pub(crate) fn map_err(e: &redis::RedisError) -> Error {
 
 struct Inner {
     conn: Conn,
+    renewer: renewer::Renewer,
     cluster: bool,
     subscriber: Arc<Subscriber>,
     layout: Layout,
@@ -261,6 +263,7 @@ impl RedisBackend {
         let fencing = probe_fencing(&conn).await;
         Ok(Arc::new(RedisBackend {
             inner: Arc::new(Inner {
+                renewer: renewer::Renewer::start(conn.clone(), settings.layout, settings.cluster),
                 conn,
                 cluster: settings.cluster,
                 subscriber: Subscriber::new(source),
@@ -625,24 +628,12 @@ impl HeldLock for RedisHeld {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let inner = &self.inner;
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let mut inv = inner.layout.renew_script().prepare_invoke();
-        inv.key(&self.keys.lock).arg(&self.owner);
-        match &self.keys.meta {
-            None => {
-                inv.arg(self.fence);
-            }
-            Some(meta) => {
-                inv.key(meta);
-            }
-        }
-        inv.arg(ttl_ms);
-        let extended: Vec<i64> = inv
-            .invoke_async(&mut inner.conn.clone())
-            .await
-            .map_err(|e| map_err(&e))?;
-        if extended.first() == Some(&1) {
+        let held = self
+            .inner
+            .renewer
+            .renew(&self.keys, &self.owner, self.fence, ttl)
+            .await?;
+        if held {
             Ok(())
         } else {
             Err(Error::NotOwner {

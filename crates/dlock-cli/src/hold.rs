@@ -1,0 +1,141 @@
+//! The many-held-locks scenario of `dlock bench`: acquire N distinct locks with
+//! automatic renewal, hold them all for a while, and report what keeping them costs:
+//! resident memory per lock, CPU while holding, and (on Redis) renewal commands per
+//! second from `INFO commandstats` — batching shows as far fewer commands than locks.
+
+use std::time::{Duration, Instant};
+
+use dlock::{LockGuard, LockOptions, Locker};
+use serde::Serialize;
+
+use crate::exit::Failure;
+
+/// Figures of one hold run.
+#[derive(Debug, Serialize)]
+pub struct HoldRun {
+    pub locks: u64,
+    pub ttl_ms: u64,
+    pub acquire_seconds: f64,
+    pub hold_seconds: f64,
+    pub rss_before_bytes: u64,
+    pub rss_held_bytes: u64,
+    pub rss_per_lock_bytes: f64,
+    pub cpu_seconds_while_holding: f64,
+    pub cpu_percent_while_holding: f64,
+    /// Redis only: renew script calls per second while holding.
+    pub renew_commands_per_sec: Option<f64>,
+    /// Redis only: renewals asked for by keepers per second (locks / renew interval).
+    pub renewals_per_sec: f64,
+    pub lost: u64,
+}
+
+fn rss_bytes() -> u64 {
+    // Second field of /proc/self/statm: resident pages.
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}
+
+fn cpu_seconds() -> f64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
+        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+        t(u.user_time()) + t(u.system_time())
+    })
+}
+
+/// Calls of the scripts dlock runs (`evalsha` + `eval`), from `INFO commandstats`.
+async fn script_calls(url: &str) -> Result<u64, Failure> {
+    let err = |e: redis::RedisError| Failure::internal(format!("hold: {e}"));
+    let client = redis::Client::open(url).map_err(err)?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(err)?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .map_err(err)?;
+    Ok(info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split(',')
+                .find_map(|kv| kv.split(':').next_back()?.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum())
+}
+
+pub async fn run(
+    locker: &Locker,
+    url: &str,
+    prefix: &str,
+    locks: u64,
+    hold_for: Duration,
+    ttl: Duration,
+) -> Result<HoldRun, Failure> {
+    let redis_url = url
+        .starts_with("redis://")
+        .then(|| url.split('?').next().unwrap_or(url).to_owned());
+    let rss_before = rss_bytes();
+    let opts = LockOptions::new().ttl(ttl);
+    let started = Instant::now();
+    // Acquire concurrently from 64 tasks, each keeping its own guards.
+    let tasks = 64u64.min(locks.max(1));
+    let mut joins = Vec::new();
+    for t in 0..tasks {
+        let (locker, opts, prefix) = (locker.clone(), opts.clone(), prefix.to_owned());
+        joins.push(tokio::spawn(async move {
+            let mut guards: Vec<LockGuard> = Vec::new();
+            let mut i = t;
+            while i < locks {
+                guards.push(locker.lock_with(&format!("{prefix}:{i}"), &opts).await?);
+                i += tasks;
+            }
+            Ok::<_, dlock::Error>(guards)
+        }));
+    }
+    let mut guards = Vec::with_capacity(usize::try_from(locks).unwrap_or(0));
+    for j in joins {
+        guards.extend(j.await.map_err(|e| Failure::internal(e.to_string()))??);
+    }
+    let acquire_seconds = started.elapsed().as_secs_f64();
+    let rss_held = rss_bytes();
+    let calls_before = match &redis_url {
+        Some(u) => Some(script_calls(u).await?),
+        None => None,
+    };
+    let cpu_before = cpu_seconds();
+    let hold_start = Instant::now();
+    tokio::time::sleep(hold_for).await;
+    let hold_seconds = hold_start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu_before;
+    let renew_commands_per_sec = match (&redis_url, calls_before) {
+        (Some(u), Some(before)) => {
+            Some(script_calls(u).await?.saturating_sub(before) as f64 / hold_seconds)
+        }
+        _ => None,
+    };
+    let lost = guards.iter().filter(|g| !g.is_held()).count() as u64;
+    drop(guards);
+    Ok(HoldRun {
+        locks,
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        acquire_seconds,
+        hold_seconds,
+        rss_before_bytes: rss_before,
+        rss_held_bytes: rss_held,
+        rss_per_lock_bytes: rss_held.saturating_sub(rss_before) as f64 / locks.max(1) as f64,
+        cpu_seconds_while_holding: cpu,
+        cpu_percent_while_holding: 100.0 * cpu / hold_seconds,
+        renew_commands_per_sec,
+        renewals_per_sec: locks as f64 / (ttl.as_secs_f64() / 3.0),
+        lost,
+    })
+}

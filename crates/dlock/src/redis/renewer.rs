@@ -1,0 +1,119 @@
+//! Batched renewal: every held lock's keeper asks here, and one task turns whatever
+//! requests are waiting into a single renew script over many keys — so thousands of
+//! held locks cost a few commands per tick, not one each (Redisson's watchdog does the
+//! same). On a cluster, keys of different slots cannot share a script: requests are
+//! sent one by one there, concurrently.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::conn::Conn;
+use super::layout::{Keys, Layout};
+use crate::error::{Error, Result};
+
+/// Most keys in one renew script (bounded so one call never blocks Redis for long).
+const MAX_BATCH: usize = 512;
+
+struct Request {
+    keys: Keys,
+    owner: String,
+    fence: u64,
+    ttl: Duration,
+    reply: oneshot::Sender<Result<bool>>,
+}
+
+/// The handle keepers renew through.
+#[derive(Debug, Clone)]
+pub(crate) struct Renewer {
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("lock", &self.keys.lock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Renewer {
+    /// Start the batching task (it ends when the last handle is dropped).
+    pub(crate) fn start(conn: Conn, layout: Layout, cluster: bool) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
+                    }
+                }
+                if cluster {
+                    for r in batch {
+                        let conn = conn.clone();
+                        tokio::spawn(async move { run(conn, layout, vec![r]).await });
+                    }
+                } else {
+                    run(conn.clone(), layout, batch).await;
+                }
+            }
+        });
+        Renewer { tx }
+    }
+
+    /// Extend one hold to `ttl`; `Ok(false)` when the grant is no longer held.
+    pub(crate) async fn renew(
+        &self,
+        keys: &Keys,
+        owner: &str,
+        fence: u64,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Request {
+                keys: keys.clone(),
+                owner: owner.to_owned(),
+                fence,
+                ttl,
+                reply,
+            })
+            .map_err(|_| Error::connection("redis", "the renewal task has stopped"))?;
+        answer
+            .await
+            .map_err(|_| Error::connection("redis", "the renewal task has stopped"))?
+    }
+}
+
+async fn run(mut conn: Conn, layout: Layout, batch: Vec<Request>) {
+    let mut inv = layout.renew_script().prepare_invoke();
+    for r in &batch {
+        let ms = u64::try_from(r.ttl.as_millis()).unwrap_or(u64::MAX);
+        inv.key(&r.keys.lock).arg(&r.owner);
+        match &r.keys.meta {
+            None => {
+                inv.arg(r.fence);
+            }
+            Some(meta) => {
+                inv.key(meta);
+            }
+        }
+        inv.arg(ms);
+    }
+    let outcome: redis::RedisResult<Vec<i64>> = inv.invoke_async(&mut conn).await;
+    match outcome {
+        Ok(flags) => {
+            for (i, r) in batch.into_iter().enumerate() {
+                let _ = r.reply.send(Ok(flags.get(i) == Some(&1)));
+            }
+        }
+        Err(e) => {
+            let err = super::map_err(&e);
+            for r in batch {
+                let _ = r.reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
