@@ -265,8 +265,16 @@ impl RedisServer {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
+            // Ready only when *our* process answers: another test's server may have
+            // taken the port between free_port() and our bind.
             if redis_ping(addr, Duration::from_millis(500)).is_ok() {
-                return Ok(process);
+                let info = redis_command(addr, &["INFO", "server"], Duration::from_millis(500))
+                    .unwrap_or_default();
+                let ours = format!("process_id:{}\r", process.pid());
+                if String::from_utf8_lossy(&info).contains(&ours) {
+                    return Ok(process);
+                }
+                return Err(format!("port {port} answered by another process"));
             }
             if process.has_exited() || Instant::now() > deadline {
                 let log = std::fs::read_to_string(&log).unwrap_or_default();

@@ -333,8 +333,7 @@ impl Locker {
         let (tx, rx) = oneshot::channel();
         let sent_at = Instant::now();
         tokio::spawn(async move {
-            let result = backend.try_acquire(&req).await;
-            let result = match result {
+            let result = match backend.try_acquire(&req).await {
                 // An acquisition slower than the lease is worthless: someone else may
                 // already be entitled to the lock. Never report it as a success.
                 Ok(Attempt::Acquired(held))
@@ -342,14 +341,15 @@ impl Locker {
                 {
                     tracing::warn!(lock = %req.name, "acquisition took longer than the TTL; giving it back");
                     let _ = held.release().await;
-                    Ok(Attempt::Busy { retry_after: None })
+                    Ok(Outcome::Busy(None))
                 }
-                other => other,
+                Ok(Attempt::Acquired(held)) => Ok(Outcome::Granted(Unclaimed(Some(held)))),
+                Ok(Attempt::Busy { retry_after }) => Ok(Outcome::Busy(retry_after)),
+                Err(e) => Err(e),
             };
-            if let Err(Ok(Attempt::Acquired(held))) = tx.send(result) {
-                // The caller is gone (cancelled or timed out): give the lock back.
-                let _ = held.release().await;
-            }
+            // If the caller is gone — before the send, or after it but before reading
+            // the answer — the unclaimed grant is released when it is dropped.
+            let _ = tx.send(result);
         });
         let received = match deadline {
             None => rx.await,
@@ -363,8 +363,8 @@ impl Locker {
             }
         };
         match received {
-            Ok(Ok(Attempt::Acquired(held))) => Ok(held),
-            Ok(Ok(Attempt::Busy { retry_after })) => Err(AttemptError::Busy(retry_after)),
+            Ok(Ok(Outcome::Granted(grant))) => Ok(grant.claim()),
+            Ok(Ok(Outcome::Busy(retry_after))) => Err(AttemptError::Busy(retry_after)),
             Ok(Err(e)) => Err(AttemptError::Failed(e)),
             Err(_) => Err(AttemptError::Failed(Error::backend(
                 "core",
@@ -392,6 +392,37 @@ impl Locker {
                 sent_at,
             },
         )
+    }
+}
+
+/// What an attempt task hands back to the waiting caller.
+enum Outcome {
+    Granted(Unclaimed),
+    Busy(Option<Duration>),
+}
+
+/// A grant on its way to the caller: released in the background if it is dropped
+/// before the caller claims it (the caller was cancelled while the answer was in flight).
+struct Unclaimed(Option<Box<dyn crate::backend::HeldLock>>);
+
+impl Unclaimed {
+    fn claim(mut self) -> Box<dyn crate::backend::HeldLock> {
+        #[allow(clippy::expect_used)]
+        self.0
+            .take()
+            .expect("an unclaimed grant holds its lock until claimed")
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move {
+                let _ = held.release().await;
+            });
+        }
     }
 }
 
@@ -432,5 +463,34 @@ impl Drop for QueueGuard {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A grant dropped on its way to a cancelled caller is given back.
+    #[tokio::test]
+    async fn unclaimed_grant_is_released_on_drop() {
+        let backend = crate::memory::MemoryBackend::new();
+        let locker = Locker::from_backend(backend.clone());
+        let (name, req) = locker
+            .prepare("x", &LockOptions::default())
+            .expect("prepare");
+        let Ok(Attempt::Acquired(held)) = backend.try_acquire(&req).await else {
+            panic!("not granted");
+        };
+        assert!(locker.inspect("x").await.expect("inspect").is_some());
+        drop(Unclaimed(Some(held)));
+        let mut freed = false;
+        for _ in 0..100 {
+            if backend.inspect(&name).await.expect("inspect").is_none() {
+                freed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(freed, "the dropped grant still holds the lock");
     }
 }

@@ -298,10 +298,13 @@ pub async fn cancel_mid_acquire_leaves_nothing(h: &Harness) {
         if let Ok(Ok(g)) = tokio::time::timeout(delay, a.lock(&name)).await {
             drop(g);
         }
-        let g = b
-            .lock_timeout(&name, Duration::from_secs(5))
-            .await
-            .unwrap_or_else(|e| panic!("round {i}: lock stuck after a cancelled acquire: {e}"));
+        let g = match b.lock_timeout(&name, Duration::from_secs(5)).await {
+            Ok(g) => g,
+            Err(e) => {
+                let holder = b.inspect(&name).await;
+                panic!("round {i}: lock stuck after a cancelled acquire: {e}; holder: {holder:?}");
+            }
+        };
         g.release().await.expect("release");
     }
 }
