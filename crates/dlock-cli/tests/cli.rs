@@ -52,7 +52,8 @@ impl Env {
         let end = Instant::now() + Duration::from_secs(10);
         while Instant::now() < end {
             let out = self.run(&["status", "--json", name]);
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("status JSON: {e}; stderr: {}", text(&out.stderr)));
             if v[0]["held"] == serde_json::Value::Bool(true) {
                 return;
             }

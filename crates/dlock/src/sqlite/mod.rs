@@ -217,11 +217,11 @@ impl SqliteBackend {
         // writes alternate between pooled connections). Reads (inspect, the busy
         // pre-check) use a second pool so they never queue behind a write. An in-memory
         // database exists per connection, so there both are the same single connection.
-        let writer = Self::pool(opts.clone(), 1, in_memory, &target).await?;
+        let writer = Self::pool(opts.clone(), 1, in_memory, true, &target).await?;
         let reader = if in_memory {
             writer.clone()
         } else {
-            Self::pool(opts, 2, false, &target).await?
+            Self::pool(opts, 2, false, false, &target).await?
         };
         let inner = Arc::new(Inner {
             writer,
@@ -243,6 +243,7 @@ impl SqliteBackend {
         opts: SqliteConnectOptions,
         size: u32,
         in_memory: bool,
+        writer: bool,
         target: &str,
     ) -> Result<SqlitePool> {
         SqlitePoolOptions::new()
@@ -257,10 +258,14 @@ impl SqliteBackend {
             .acquire_timeout(Duration::from_secs(30))
             // A local file needs no liveness ping before every use.
             .test_before_acquire(false)
-            .after_connect(|conn, _meta| {
+            .after_connect(move |conn, _meta| {
                 Box::pin(async move {
-                    // dlock retries SQLITE_BUSY itself, with much shorter sleeps.
-                    sqlx::query("PRAGMA busy_timeout = 0").execute(conn).await?;
+                    // The writer retries SQLITE_BUSY itself, with much shorter sleeps;
+                    // readers keep SQLite's busy handler (a WAL read is rarely busy, but
+                    // can be while another process opens or checkpoints the file).
+                    if writer {
+                        sqlx::query("PRAGMA busy_timeout = 0").execute(conn).await?;
+                    }
                     Ok(())
                 })
             })
