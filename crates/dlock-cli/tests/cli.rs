@@ -493,3 +493,23 @@ fn redis_backend_runs_commands_the_demo_and_status() {
         text(&demo.stderr)
     );
 }
+
+#[test]
+fn many_processes_can_create_the_database_at_once() {
+    for _ in 0..3 {
+        let env = Env::new();
+        let children: Vec<Child> = (0..8)
+            .map(|i| {
+                env.cmd()
+                    .args(["run", &format!("first-{i}"), "--", "true"])
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn")
+            })
+            .collect();
+        for mut c in children {
+            let status = wait_timeout(&mut c, Duration::from_secs(30));
+            assert!(status.success(), "{}", stderr_of(&mut c));
+        }
+    }
+}

@@ -246,32 +246,46 @@ impl SqliteBackend {
         writer: bool,
         target: &str,
     ) -> Result<SqlitePool> {
-        SqlitePoolOptions::new()
-            .max_connections(size)
-            .min_connections(u32::from(in_memory))
-            .idle_timeout(if in_memory {
-                None
-            } else {
-                Some(Duration::from_secs(60))
-            })
-            .max_lifetime(None)
-            .acquire_timeout(Duration::from_secs(30))
-            // A local file needs no liveness ping before every use.
-            .test_before_acquire(false)
-            .after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    // The writer retries SQLITE_BUSY itself, with much shorter sleeps;
-                    // readers keep SQLite's busy handler (a WAL read is rarely busy, but
-                    // can be while another process opens or checkpoints the file).
-                    if writer {
-                        sqlx::query("PRAGMA busy_timeout = 0").execute(conn).await?;
-                    }
-                    Ok(())
+        // Opening can meet SQLITE_BUSY outside the busy handler's reach (another
+        // process creating the file or switching it to WAL at the same moment): retry.
+        let started = tokio::time::Instant::now();
+        loop {
+            let attempt = SqlitePoolOptions::new()
+                .max_connections(size)
+                .min_connections(u32::from(in_memory))
+                .idle_timeout(if in_memory {
+                    None
+                } else {
+                    Some(Duration::from_secs(60))
                 })
-            })
-            .connect_with(opts)
-            .await
-            .map_err(|e| Error::connection("sqlite", format!("cannot open {target:?}: {e}")))
+                .max_lifetime(None)
+                .acquire_timeout(Duration::from_secs(30))
+                // A local file needs no liveness ping before every use.
+                .test_before_acquire(false)
+                .after_connect(move |conn, _meta| {
+                    Box::pin(async move {
+                        // The writer retries SQLITE_BUSY itself, with much shorter sleeps;
+                        // readers keep SQLite's busy handler (a WAL read is rarely busy, but
+                        // can be while another process opens or checkpoints the file).
+                        if writer {
+                            sqlx::query("PRAGMA busy_timeout = 0").execute(conn).await?;
+                        }
+                        Ok(())
+                    })
+                })
+                .connect_with(opts.clone())
+                .await;
+            match attempt {
+                Err(e) if is_busy(&e) && started.elapsed() < BUSY_LIMIT => {
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(5..=25))).await;
+                }
+                other => {
+                    return other.map_err(|e| {
+                        Error::connection("sqlite", format!("cannot open {target:?}: {e}"))
+                    });
+                }
+            }
+        }
     }
 }
 
