@@ -288,3 +288,77 @@ async fn renewals_of_many_locks_are_batched() {
     );
     eprintln!("{n} locks held {hold:?}: {calls} renew commands for ~{renewals} renewals");
 }
+
+/// The connection dies after the server ran the acquire script but before its reply
+/// arrived: the retry finds that grant (same nonce) instead of orphaning it or taking
+/// a second hold, so one release frees the lock.
+#[tokio::test]
+async fn reply_lost_mid_acquire_leaves_no_orphan() {
+    use dlock_testkit::{Fault, FaultProxy};
+    for layout in ["", "?layout=redis-py"] {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
+        let url = format!("redis://{}{layout}", proxy.addr());
+        let locker = Locker::connect(&url)
+            .await
+            .expect("connect through the proxy");
+        let direct = Locker::connect(&format!("{}{layout}", server.url()))
+            .await
+            .expect("connect");
+        // Load the scripts first (an EVALSHA answered NOSCRIPT would never run).
+        locker
+            .lock("warm-up")
+            .await
+            .expect("lock")
+            .release()
+            .await
+            .expect("release");
+        proxy.set(Fault::DropReplies);
+        let acquiring = tokio::spawn({
+            let locker = locker.clone();
+            async move {
+                locker
+                    .lock_timeout("lost-reply", Duration::from_secs(10))
+                    .await
+            }
+        });
+        // Wait until the server has granted (the reply is being dropped).
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while direct
+            .inspect("lost-reply")
+            .await
+            .expect("inspect")
+            .is_none()
+        {
+            assert!(
+                std::time::Instant::now() < end,
+                "{layout}: the acquire never reached the server"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        proxy.set(Fault::None);
+        proxy.reset_all();
+        let guard = tokio::time::timeout(Duration::from_secs(10), acquiring)
+            .await
+            .expect("acquire hung")
+            .expect("join")
+            .expect("the grant must be recovered");
+        let info = direct
+            .inspect("lost-reply")
+            .await
+            .expect("inspect")
+            .expect("held");
+        assert_eq!(info.owner, guard.owner().as_str(), "{layout}");
+        assert_eq!(info.holds, 1, "{layout}: the retry took a second hold");
+        assert_eq!(info.fencing_token, guard.fencing_token(), "{layout}");
+        guard.release().await.expect("release");
+        let again = direct
+            .try_lock("lost-reply")
+            .await
+            .expect("try")
+            .unwrap_or_else(|| panic!("{layout}: orphaned after one release"));
+        again.release().await.expect("release");
+    }
+}

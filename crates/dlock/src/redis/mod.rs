@@ -76,6 +76,11 @@ pub(crate) fn map_err(e: &redis::RedisError) -> Error {
     }
 }
 
+/// Errors after which the server may or may not have run the command.
+fn uncertain(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
+}
+
 struct Inner {
     conn: Conn,
     renewer: renewer::Renewer,
@@ -492,19 +497,40 @@ impl Backend for RedisBackend {
             return Ok(Attempt::Busy { retry_after: None });
         }
         let ttl_ms = u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX);
-        let mut inv = inner.layout.acquire_script().prepare_invoke();
-        inv.key(&keys.lock)
-            .key(&keys.counter)
-            .arg(ttl_ms)
-            .arg(req.owner.as_str())
-            .arg(serde_json::to_string(&req.metadata).unwrap_or_else(|_| "{}".into()));
-        if let Some(meta) = &keys.meta {
-            inv.key(meta);
+        // A nonce per attempt: if the connection drops after the server ran the script
+        // but before its reply arrived, the retry finds this attempt's grant instead of
+        // leaving it orphaned (or taking a second hold).
+        let nonce = crate::options::Owner::random();
+        let mut metadata = serde_json::to_value(&req.metadata).unwrap_or_default();
+        if let Some(m) = metadata.as_object_mut() {
+            m.insert("nonce".into(), nonce.as_str().into());
         }
-        let (granted, value): (i64, i64) = inv
-            .invoke_async(&mut inner.conn.clone())
-            .await
-            .map_err(|e| map_err(&e))?;
+        let metadata = metadata.to_string();
+        let mut recovering = false;
+        let mut round = 0u32;
+        let (granted, value): (i64, i64) = loop {
+            let mut inv = inner.layout.acquire_script().prepare_invoke();
+            inv.key(&keys.lock)
+                .key(&keys.counter)
+                .arg(ttl_ms)
+                .arg(req.owner.as_str())
+                .arg(&metadata)
+                .arg(nonce.as_str())
+                .arg(if recovering { "1" } else { "0" });
+            if let Some(meta) = &keys.meta {
+                inv.key(meta);
+            }
+            match inv.invoke_async(&mut inner.conn.clone()).await {
+                Ok(answer) => break answer,
+                Err(e) if uncertain(&e) && round < 3 => {
+                    tracing::debug!(lock = %req.name, error = %e, "acquire reply lost; retrying with the same nonce");
+                    recovering = true;
+                    round += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * u64::from(round))).await;
+                }
+                Err(e) => return Err(map_err(&e)),
+            }
+        };
         if granted != 1 {
             let mut retry_after = u64::try_from(value).ok().map(Duration::from_millis);
             if inner.layout != Layout::Redisson {
