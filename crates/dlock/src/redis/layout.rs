@@ -65,12 +65,17 @@ impl Layout {
                 counter: suffixed("redisson_lock_token", name),
                 signal: suffixed("redisson_lock__channel", name),
                 meta: None,
+                queue: Some((
+                    suffixed("dlock_lock_queue", name),
+                    suffixed("dlock_lock_timeout", name),
+                )),
             },
             Layout::RedisPy => Keys {
                 lock: name.to_owned(),
                 counter: suffixed("dlock_token", name),
                 signal: suffixed("dlock_unlock", name),
                 meta: Some(suffixed("dlock_meta", name)),
+                queue: None,
             },
             Layout::PythonRedisLock => {
                 let lock = format!("lock:{name}");
@@ -78,6 +83,7 @@ impl Layout {
                     counter: suffixed("dlock_token", &lock),
                     signal: format!("lock-signal:{name}"),
                     meta: Some(suffixed("dlock_meta", &lock)),
+                    queue: None,
                     lock,
                 }
             }
@@ -117,6 +123,9 @@ pub(crate) struct Keys {
     pub signal: String,
     /// Plain layouts: where dlock keeps the holder's metadata (same lease as the lock).
     pub meta: Option<String>,
+    /// Redisson layout, fair mode: the FIFO list of waiters and their deadlines
+    /// (dlock's own keys: Redisson's RFairLock keeps different semantics in its own).
+    pub queue: Option<(String, String)>,
 }
 
 /// `prefix:{name}`, or `prefix:name` when the name already carries a hash tag.
@@ -130,6 +139,10 @@ fn suffixed(prefix: &str, name: &str) -> String {
 
 static REDISSON_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_acquire.lua")));
+pub(crate) static REDISSON_FAIR_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/redisson_fair_acquire.lua")));
+pub(crate) static REDISSON_LEAVE_QUEUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/redisson_leave_queue.lua")));
 static REDISSON_RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_renew.lua")));
 static REDISSON_RELEASE: LazyLock<Script> =

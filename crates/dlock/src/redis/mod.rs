@@ -474,7 +474,7 @@ impl Backend for RedisBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: self.inner.fencing,
-            fifo: false,
+            fifo: self.inner.layout == Layout::Redisson,
             native_wait: self.inner.layout.publishes(),
             session_bound: false,
             reentrant: self.inner.layout.reentrant(),
@@ -491,6 +491,7 @@ impl Backend for RedisBackend {
         // subscribing does go to the server: a waiter whose subscription was not yet
         // confirmed when the lock was released relies on exactly that re-check.)
         if req.attempt == 0
+            && !req.fair
             && inner.layout.publishes()
             && inner.subscriber.watchers(&keys.signal) > 0
         {
@@ -509,7 +510,12 @@ impl Backend for RedisBackend {
         let mut recovering = false;
         let mut round = 0u32;
         let (granted, value): (i64, i64) = loop {
-            let mut inv = inner.layout.acquire_script().prepare_invoke();
+            let fair_queue = keys.queue.as_ref().filter(|_| req.fair);
+            let script = match fair_queue {
+                Some(_) => &*layout::REDISSON_FAIR_ACQUIRE,
+                None => inner.layout.acquire_script(),
+            };
+            let mut inv = script.prepare_invoke();
             inv.key(&keys.lock)
                 .key(&keys.counter)
                 .arg(ttl_ms)
@@ -519,6 +525,12 @@ impl Backend for RedisBackend {
                 .arg(if recovering { "1" } else { "0" });
             if let Some(meta) = &keys.meta {
                 inv.key(meta);
+            }
+            if let Some((queue, deadlines)) = fair_queue {
+                let entry = req
+                    .enqueue
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
+                inv.key(queue).key(deadlines).arg(entry);
             }
             match inv.invoke_async(&mut inner.conn.clone()).await {
                 Ok(answer) => break answer,
@@ -565,18 +577,37 @@ impl Backend for RedisBackend {
         Ok(Box::new(RedisWaiter { watch }))
     }
 
+    async fn leave_queue(&self, name: &LockName, owner: &crate::options::Owner) -> Result<()> {
+        let keys = self.inner.keys(name);
+        let Some((queue, deadlines)) = &keys.queue else {
+            return Ok(());
+        };
+        let _: i64 = layout::REDISSON_LEAVE_QUEUE
+            .key(queue)
+            .key(deadlines)
+            .key(&keys.signal)
+            .arg(owner.as_str())
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| map_err(&e))?;
+        Ok(())
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let inner = &self.inner;
         let keys = inner.keys(name);
         let mut conn = inner.conn.clone();
-        let mut info = if inner.layout == Layout::Redisson {
-            let (fields, pttl, counter): (Vec<(String, String)>, i64, Option<u64>) = redis::pipe()
-                .hgetall(&keys.lock)
-                .pttl(&keys.lock)
-                .get(&keys.counter)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| map_err(&e))?;
+        let info = if inner.layout == Layout::Redisson {
+            let deadlines = keys.queue.as_ref().map(|q| q.1.clone()).unwrap_or_default();
+            let (fields, pttl, counter, waiters): (Vec<(String, String)>, i64, Option<u64>, usize) =
+                redis::pipe()
+                    .hgetall(&keys.lock)
+                    .pttl(&keys.lock)
+                    .get(&keys.counter)
+                    .zcard(&deadlines)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| map_err(&e))?;
             let Some((owner, holds)) = fields.iter().find(|(k, _)| !k.starts_with("dlock:")) else {
                 return Ok(None);
             };
@@ -590,6 +621,7 @@ impl Backend for RedisBackend {
                 .and_then(|m| serde_json::from_str::<Metadata>(&m).ok())
                 .unwrap_or_default();
             info.remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+            info.waiters = Some(waiters);
             info
         } else {
             let meta_key = keys.meta.clone().unwrap_or_default();
@@ -612,7 +644,6 @@ impl Backend for RedisBackend {
             info.remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
             info
         };
-        info.waiters = None;
         Ok(Some(info))
     }
 }

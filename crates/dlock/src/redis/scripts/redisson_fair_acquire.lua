@@ -1,0 +1,53 @@
+-- dlock fair acquire, Redisson layout plus a FIFO queue of waiters.
+-- KEYS[1] lock hash, KEYS[2] token counter, KEYS[3] queue list, KEYS[4] waiter
+-- deadlines (sorted set, ms on the server's clock).
+-- ARGV[1] lease ms, ARGV[2] owner, ARGV[3] metadata, ARGV[4] nonce, ARGV[5] '1' when
+-- retrying after a lost reply, ARGV[6] queue entry lifetime in ms ('0': do not queue).
+-- Granted: {1, fencing token}. Busy: {0, remaining lease in ms or -1}.
+local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lease, owner, nonce = tonumber(ARGV[1]), ARGV[2], ARGV[4]
+if ARGV[5] == '1' and redis.call('hget', lock, 'dlock:nonce') == nonce then
+  return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
+end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Drop waiters whose deadline passed (they died or gave up without leaving).
+while true do
+  local head = redis.call('lindex', queue, 0)
+  if not head then break end
+  local deadline = redis.call('zscore', deadlines, head)
+  if deadline and tonumber(deadline) > now then break end
+  redis.call('lpop', queue)
+  redis.call('zrem', deadlines, head)
+end
+if redis.call('hexists', lock, owner) == 1 then
+  redis.call('hincrby', lock, owner, 1)
+  redis.call('hset', lock, 'dlock:nonce', nonce)
+  if redis.call('pttl', lock) < lease then
+    redis.call('pexpire', lock, lease)
+  end
+  return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
+end
+local head = redis.call('lindex', queue, 0)
+if redis.call('exists', lock) == 0 and (not head or head == owner) then
+  if head == owner then
+    redis.call('lpop', queue)
+    redis.call('zrem', deadlines, owner)
+  end
+  local token = redis.call('incr', counter)
+  redis.call('hset', lock, owner, 1, 'dlock:fence', token, 'dlock:meta', ARGV[3],
+    'dlock:nonce', nonce)
+  redis.call('pexpire', lock, lease)
+  return {1, token}
+end
+local entry = tonumber(ARGV[6])
+if entry > 0 then
+  if not redis.call('zscore', deadlines, owner) then
+    redis.call('rpush', queue, owner)
+  end
+  redis.call('zadd', deadlines, now + entry, owner)
+  -- If every waiter dies, the queue keys expire on their own.
+  redis.call('pexpire', queue, entry * 2)
+  redis.call('pexpire', deadlines, entry * 2)
+end
+return {0, redis.call('pttl', lock)}
