@@ -106,6 +106,7 @@ fn sqlite_caps() -> Option<Capabilities> {
 fn redis_caps() -> Option<Capabilities> {
     let mut caps = Capabilities::new(crate::backend::Fencing::BestEffort);
     caps.native_wait = true;
+    caps.fifo = true;
     caps.reentrant = true;
     caps.cross_process = true;
     Some(caps)

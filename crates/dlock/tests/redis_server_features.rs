@@ -362,3 +362,63 @@ async fn reply_lost_mid_acquire_leaves_no_orphan() {
         again.release().await.expect("release");
     }
 }
+
+/// Fair mode: a waiter that died in the queue (its entry never refreshed) holds up the
+/// queue only until its deadline.
+#[tokio::test]
+async fn a_dead_fair_waiter_blocks_only_until_its_deadline() {
+    use dlock::{LockOptions, Wait};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let fair = LockOptions::new().fair(true);
+    let holder = locker.lock_with("fair-dead", &fair).await.expect("lock");
+    // A crashed waiter: at the head of the queue, deadline 800 ms from now.
+    let time = redis_command(server.addr(), &["TIME"], T).expect("TIME");
+    let text = String::from_utf8_lossy(&time).into_owned();
+    let nums: Vec<u64> = text
+        .split("\r\n")
+        .filter_map(|l| l.parse::<u64>().ok())
+        .collect();
+    let now_ms = nums[0] * 1000 + nums[1] / 1000;
+    let queue = "dlock_lock_queue:{fair-dead}";
+    let deadlines = "dlock_lock_timeout:{fair-dead}";
+    redis_command(server.addr(), &["RPUSH", queue, "dead-waiter"], T).expect("rpush");
+    let deadline = (now_ms + 800).to_string();
+    redis_command(
+        server.addr(),
+        &["ZADD", deadlines, &deadline, "dead-waiter"],
+        T,
+    )
+    .expect("zadd");
+    let waiter = tokio::spawn({
+        let locker = locker.clone();
+        let opts = fair.clone().wait(Wait::Timeout(Duration::from_secs(10)));
+        async move {
+            let start = std::time::Instant::now();
+            let g = locker.lock_with("fair-dead", &opts).await?;
+            Ok::<_, Error>((g, start.elapsed()))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder.release().await.expect("release");
+    let (g, took) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("waiter stuck behind a dead entry")
+        .expect("join")
+        .expect("lock");
+    // The dead entry expires 800 ms after it was written; the live waiter re-checks
+    // at least every ~1.7 s.
+    assert!(
+        took < Duration::from_millis(3000),
+        "waited {took:?} behind a dead waiter"
+    );
+    let info = locker
+        .inspect("fair-dead")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(info.waiters, Some(0), "the dead entry is still queued");
+    g.release().await.expect("release");
+}
