@@ -13,7 +13,7 @@ const T: Duration = Duration::from_secs(2);
 /// The commands dlock needs, as an ACL rule (also in the README).
 const DLOCK_ACL: &str = "+evalsha +eval +script|load +publish +subscribe +unsubscribe +ping \
      +hgetall +pttl +get +wait +exists +incr +hset +hexists +hincrby +hget +hmget +pexpire \
-     +del +set +lpush";
+     +del +set +lpush +zcard +lindex +lpop +lrem +rpush +zscore +zrem +zadd +time";
 
 #[tokio::test]
 async fn min_replicas_waits_for_a_replica_and_refuses_without_enough() {
@@ -119,6 +119,11 @@ async fn least_privilege_acl_user_is_enough() {
         .expect("join")
         .expect("lock");
     assert!(t > info.fencing_token);
+    // Fair mode works with the same rule.
+    let fair = dlock::LockOptions::new().fair(true);
+    let g = a.lock_with("acl-fair", &fair).await.expect("fair lock");
+    a.inspect("acl-fair").await.expect("inspect").expect("held");
+    g.release().await.expect("release");
     // Nothing shows the password.
     assert!(!format!("{a:?}").contains("s3cretMARKER"));
     let bad = Locker::connect(&format!("redis://locker:wrongMARKER@{}", server.addr()))
