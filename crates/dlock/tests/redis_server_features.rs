@@ -210,7 +210,17 @@ async fn sentinel_failover_reports_what_happens_to_a_held_lock() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let failover = killed.elapsed();
-    let other = Locker::connect(&url).await.expect("connect after failover");
+    // Right after the switch, Sentinel may not yet confirm the promoted node as master:
+    // that is a retryable error; keep trying for a while.
+    let other = loop {
+        match Locker::connect(&url).await {
+            Ok(l) => break l,
+            Err(e) if e.is_retryable() && killed.elapsed() < Duration::from_secs(40) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("connect after failover: {e}"),
+        }
+    };
     let survived = other.inspect("failover").await.ok().flatten();
     let start = std::time::Instant::now();
     let next = other

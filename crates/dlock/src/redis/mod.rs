@@ -69,7 +69,19 @@ use subscriber::{Source, Subscriber, Watch};
 const SCHEME: &str = "redis";
 
 pub(crate) fn map_err(e: &redis::RedisError) -> Error {
-    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal() {
+    // During a Sentinel failover no node may be confirmed master for a moment: that is
+    // "unreachable for now", worth a retry, like a refused connection.
+    let no_master = matches!(
+        e.kind(),
+        redis::ErrorKind::MasterNameNotFoundBySentinel
+            | redis::ErrorKind::NoValidReplicasFoundBySentinel
+    );
+    if no_master
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || e.is_connection_refusal()
+    {
         Error::connection(SCHEME, e)
     } else {
         Error::backend(SCHEME, e)
