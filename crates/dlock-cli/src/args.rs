@@ -195,6 +195,9 @@ pub struct BenchArgs {
     /// Length of each contended run.
     #[arg(long, value_parser = duration, default_value = "5s", value_name = "DURATION")]
     pub duration: Duration,
+    /// Tasks cycling their own locks in parallel in the uncontended-parallel run (0 skips it).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub tasks: u32,
     /// Distinct locks to acquire and hold with automatic renewal (0 skips that run).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     pub hold: u64,

@@ -48,6 +48,7 @@ struct Report {
     contended: Option<Contended>,
     handoff: Option<crate::handoff::Handoff>,
     hold: Option<crate::hold::HoldRun>,
+    parallel: Option<crate::parallel::Parallel>,
 }
 
 pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
@@ -110,7 +111,14 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     } else {
         None
     };
+    let parallel = if args.tasks > 0 {
+        let pname = format!("{name}:parallel");
+        Some(crate::parallel::run(&locker, &url, &pname, args.tasks, args.duration).await?)
+    } else {
+        None
+    };
     let report = Report {
+        parallel,
         url: locker.url().to_owned(),
         uncontended,
         contended,
@@ -161,6 +169,19 @@ fn print_report(r: &Report) {
              p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
             show_us(fl.p50_us),
             show_us(fl.p99_us)
+        );
+    }
+    if let Some(p) = &r.parallel {
+        println!(
+            "uncontended, {} tasks on their own locks: {:.0} cycles/s{}",
+            p.tasks,
+            p.cycles_per_sec,
+            match (p.floor_cycles_per_sec, p.ratio_to_floor) {
+                (Some(f), Some(ratio)) => format!(
+                    " vs the shared-connection floor {f:.0}/s in the same run -> {ratio:.2}x"
+                ),
+                _ => String::new(),
+            }
         );
     }
     if let Some(c) = &r.contended {

@@ -7,6 +7,7 @@ mod exit;
 mod fleet;
 mod handoff;
 mod hold;
+mod parallel;
 mod run;
 mod stats;
 mod status;

@@ -1,0 +1,111 @@
+//! The uncontended-in-parallel scenario of `dlock bench`: many tasks of one process,
+//! each cycling its own lock (no contention), sharing the backend's connections. The
+//! floor for `redis://` is as many tasks issuing the bare `SET NX PX` + `EVALSHA`
+//! compare-and-delete on one shared multiplexed connection, in the same run.
+
+use std::time::{Duration, Instant};
+
+use dlock::Locker;
+use serde::Serialize;
+
+use crate::exit::Failure;
+
+/// Figures of one parallel run.
+#[derive(Debug, Serialize)]
+pub struct Parallel {
+    pub tasks: u32,
+    pub cycles_per_sec: f64,
+    pub floor_cycles_per_sec: Option<f64>,
+    pub ratio_to_floor: Option<f64>,
+}
+
+pub async fn run(
+    locker: &Locker,
+    url: &str,
+    name: &str,
+    tasks: u32,
+    duration: Duration,
+) -> Result<Parallel, Failure> {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut joins = Vec::new();
+    for t in 0..tasks {
+        let (locker, key) = (locker.clone(), format!("{name}:{t}"));
+        joins.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                locker.lock(&key).await?.release().await?;
+                n += 1;
+            }
+            Ok::<u64, dlock::Error>(n)
+        }));
+    }
+    let mut total = 0;
+    for j in joins {
+        total += j.await.map_err(|e| Failure::internal(e.to_string()))??;
+    }
+    let cycles_per_sec = total as f64 / start.elapsed().as_secs_f64();
+    let floor = if url.starts_with("redis://") {
+        Some(redis_floor(url.split('?').next().unwrap_or(url), name, tasks, duration).await?)
+    } else {
+        None
+    };
+    Ok(Parallel {
+        tasks,
+        cycles_per_sec,
+        floor_cycles_per_sec: floor,
+        ratio_to_floor: floor.map(|f| cycles_per_sec / f),
+    })
+}
+
+async fn redis_floor(
+    url: &str,
+    name: &str,
+    tasks: u32,
+    duration: Duration,
+) -> Result<f64, Failure> {
+    let err = |e: redis::RedisError| Failure::internal(format!("parallel floor: {e}"));
+    let client = redis::Client::open(url).map_err(err)?;
+    let conn = redis::aio::ConnectionManager::new(client)
+        .await
+        .map_err(err)?;
+    let script = redis::Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
+    );
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut joins = Vec::new();
+    for t in 0..tasks {
+        let (mut conn, script) = (conn.clone(), script.clone());
+        let key = format!("dlock-bench-floor:{name}:{t}");
+        let owner = dlock::Owner::random();
+        joins.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let _: Option<String> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(owner.as_str())
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .query_async(&mut conn)
+                    .await?;
+                let _: i64 = script
+                    .key(&key)
+                    .arg(owner.as_str())
+                    .invoke_async(&mut conn)
+                    .await?;
+                n += 1;
+            }
+            Ok::<u64, redis::RedisError>(n)
+        }));
+    }
+    let mut total = 0;
+    for j in joins {
+        total += j
+            .await
+            .map_err(|e| Failure::internal(e.to_string()))?
+            .map_err(err)?;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
