@@ -288,50 +288,28 @@ async fn sqlite_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, 
 /// The bare-command floor for a `redis://` URL: the same client crate issuing
 /// `SET key owner NX PX` and an `EVALSHA` compare-and-delete, nothing else.
 async fn redis_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
-    if !url.starts_with("redis://") {
+    let Some(bare) = crate::raw_redis::bare_url(url) else {
         return Ok(None);
-    }
-    let bare = url.split('?').next().unwrap_or(url);
-    let err = |e: redis::RedisError| Failure::internal(format!("floor: {e}"));
-    let client = redis::Client::open(bare).map_err(err)?;
-    let mut conn = redis::aio::ConnectionManager::new(client)
-        .await
-        .map_err(err)?;
-    let script = redis::Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
-    );
+    };
+    let mut conn = crate::raw_redis::connect(&bare).await?;
     let owner = dlock::Owner::random();
     let key = format!("dlock-bench-floor:{owner}");
+    for _ in 0..20 {
+        crate::raw_redis::floor_cycle(&mut conn, &key, owner.as_str())
+            .await
+            .map_err(crate::raw_redis::err)?;
+    }
     let mut samples = Vec::with_capacity(cycles as usize);
-    let mut run = async |n: u32, samples: &mut Vec<u64>| -> Result<Duration, Failure> {
-        let start = Instant::now();
-        for _ in 0..n {
-            let t = Instant::now();
-            let _: Option<String> = redis::cmd("SET")
-                .arg(&key)
-                .arg(owner.as_str())
-                .arg("NX")
-                .arg("PX")
-                .arg(30_000)
-                .query_async(&mut conn)
-                .await
-                .map_err(err)?;
-            let _: i64 = script
-                .key(&key)
-                .arg(owner.as_str())
-                .invoke_async(&mut conn)
-                .await
-                .map_err(err)?;
-            samples.push(micros(t.elapsed()));
-        }
-        Ok(start.elapsed())
-    };
-    run(20, &mut Vec::new()).await?;
-    let elapsed = run(cycles, &mut samples).await?;
-    Ok(Some((
-        f64::from(cycles) / elapsed.as_secs_f64(),
-        Latency::of(&samples),
-    )))
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        crate::raw_redis::floor_cycle(&mut conn, &key, owner.as_str())
+            .await
+            .map_err(crate::raw_redis::err)?;
+        samples.push(micros(t.elapsed()));
+    }
+    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
+    Ok(Some((per_sec, Latency::of(&samples))))
 }
 
 async fn contended(url: &str, name: &str, args: &BenchArgs) -> Result<Contended, Failure> {

@@ -90,11 +90,9 @@ pub async fn run(
     waiters: u32,
     duration: Duration,
 ) -> Result<Handoff, Failure> {
-    let redis_url = url
-        .starts_with("redis://")
-        .then(|| url.split('?').next().unwrap_or(url).to_owned());
+    let redis_url = crate::raw_redis::bare_url(url);
     let before = match &redis_url {
-        Some(u) => Some(command_count(u).await?),
+        Some(u) => Some(crate::raw_redis::command_calls(u, LOCK_COMMANDS).await?),
         None => None,
     };
     let events = Arc::new(Mutex::new(Vec::new()));
@@ -119,7 +117,7 @@ pub async fn run(
     let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
     let mut dlock_run = summarize(events, waiters, seconds);
     if let (Some(u), Some(before)) = (&redis_url, before) {
-        let after = command_count(u).await?;
+        let after = crate::raw_redis::command_calls(u, LOCK_COMMANDS).await?;
         dlock_run.commands_per_acquisition =
             Some(after.saturating_sub(before) as f64 / dlock_run.acquisitions.max(1) as f64);
     }
@@ -133,41 +131,8 @@ pub async fn run(
     })
 }
 
-fn redis_err(e: redis::RedisError) -> Failure {
-    Failure::internal(format!("hand-off floor: {e}"))
-}
-
-/// Client commands dlock issues, summed from `INFO commandstats`.
-async fn command_count(url: &str) -> Result<u64, Failure> {
-    let client = redis::Client::open(url).map_err(redis_err)?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(redis_err)?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .map_err(redis_err)?;
-    let mut total = 0;
-    for line in info.lines() {
-        let Some((cmd, stats)) = line.split_once(':') else {
-            continue;
-        };
-        if matches!(
-            cmd,
-            "cmdstat_evalsha" | "cmdstat_eval" | "cmdstat_subscribe" | "cmdstat_unsubscribe"
-        ) {
-            let calls = stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-            total += calls;
-        }
-    }
-    Ok(total)
-}
+/// The client commands dlock issues for locks (scripts and subscriptions).
+const LOCK_COMMANDS: &[&str] = &["evalsha", "eval", "subscribe", "unsubscribe"];
 
 async fn blpop_floor(
     url: &str,
@@ -175,17 +140,17 @@ async fn blpop_floor(
     waiters: u32,
     duration: Duration,
 ) -> Result<HandoffRun, Failure> {
-    let client = redis::Client::open(url).map_err(redis_err)?;
+    let client = redis::Client::open(url).map_err(crate::raw_redis::err)?;
     let key = format!("dlock-bench-handoff:{name}");
     let mut setup = client
         .get_multiplexed_async_connection()
         .await
-        .map_err(redis_err)?;
+        .map_err(crate::raw_redis::err)?;
     let _: () = redis::cmd("DEL")
         .arg(&key)
         .query_async(&mut setup)
         .await
-        .map_err(redis_err)?;
+        .map_err(crate::raw_redis::err)?;
     let events = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let deadline = start + duration;
@@ -195,7 +160,7 @@ async fn blpop_floor(
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
-            .map_err(redis_err)?;
+            .map_err(crate::raw_redis::err)?;
         let (key, events) = (key.clone(), Arc::clone(&events));
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
@@ -222,17 +187,17 @@ async fn blpop_floor(
         .arg("token")
         .query_async(&mut setup)
         .await
-        .map_err(redis_err)?;
+        .map_err(crate::raw_redis::err)?;
     for t in tasks {
         t.await
             .map_err(|e| Failure::internal(e.to_string()))?
-            .map_err(redis_err)?;
+            .map_err(crate::raw_redis::err)?;
     }
     let _: () = redis::cmd("DEL")
         .arg(&key)
         .query_async(&mut setup)
         .await
-        .map_err(redis_err)?;
+        .map_err(crate::raw_redis::err)?;
     let seconds = start.elapsed().as_secs_f64();
     let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
     Ok(summarize(events, waiters, seconds))

@@ -29,6 +29,9 @@ pub struct HoldRun {
     pub lost: u64,
 }
 
+/// The commands renewals are counted by.
+const SCRIPTS: &[&str] = &["evalsha", "eval"];
+
 fn rss_bytes() -> u64 {
     // Second field of /proc/self/statm: resident pages.
     std::fs::read_to_string("/proc/self/statm")
@@ -48,30 +51,6 @@ fn cpu_seconds() -> f64 {
     })
 }
 
-/// Calls of the scripts dlock runs (`evalsha` + `eval`), from `INFO commandstats`.
-async fn script_calls(url: &str) -> Result<u64, Failure> {
-    let err = |e: redis::RedisError| Failure::internal(format!("hold: {e}"));
-    let client = redis::Client::open(url).map_err(err)?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(err)?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .map_err(err)?;
-    Ok(info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split(',')
-                .find_map(|kv| kv.split(':').next_back()?.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum())
-}
-
 pub async fn run(
     locker: &Locker,
     url: &str,
@@ -80,9 +59,7 @@ pub async fn run(
     hold_for: Duration,
     ttl: Duration,
 ) -> Result<HoldRun, Failure> {
-    let redis_url = url
-        .starts_with("redis://")
-        .then(|| url.split('?').next().unwrap_or(url).to_owned());
+    let redis_url = crate::raw_redis::bare_url(url);
     let rss_before = rss_bytes();
     let opts = LockOptions::new().ttl(ttl);
     let started = Instant::now();
@@ -108,7 +85,7 @@ pub async fn run(
     let acquire_seconds = started.elapsed().as_secs_f64();
     let rss_held = rss_bytes();
     let calls_before = match &redis_url {
-        Some(u) => Some(script_calls(u).await?),
+        Some(u) => Some(crate::raw_redis::command_calls(u, SCRIPTS).await?),
         None => None,
     };
     let cpu_before = cpu_seconds();
@@ -117,9 +94,12 @@ pub async fn run(
     let hold_seconds = hold_start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu_before;
     let renew_commands_per_sec = match (&redis_url, calls_before) {
-        (Some(u), Some(before)) => {
-            Some(script_calls(u).await?.saturating_sub(before) as f64 / hold_seconds)
-        }
+        (Some(u), Some(before)) => Some(
+            crate::raw_redis::command_calls(u, SCRIPTS)
+                .await?
+                .saturating_sub(before) as f64
+                / hold_seconds,
+        ),
         _ => None,
     };
     let lost = guards.iter().filter(|g| !g.is_held()).count() as u64;

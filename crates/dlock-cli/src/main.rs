@@ -8,6 +8,7 @@ mod fleet;
 mod handoff;
 mod hold;
 mod parallel;
+mod raw_redis;
 mod run;
 mod stats;
 mod status;

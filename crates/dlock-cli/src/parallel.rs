@@ -45,10 +45,9 @@ pub async fn run(
         total += j.await.map_err(|e| Failure::internal(e.to_string()))??;
     }
     let cycles_per_sec = total as f64 / start.elapsed().as_secs_f64();
-    let floor = if url.starts_with("redis://") {
-        Some(redis_floor(url.split('?').next().unwrap_or(url), name, tasks, duration).await?)
-    } else {
-        None
+    let floor = match crate::raw_redis::bare_url(url) {
+        Some(bare) => Some(redis_floor(&bare, name, tasks, duration).await?),
+        None => None,
     };
     Ok(Parallel {
         tasks,
@@ -64,37 +63,18 @@ async fn redis_floor(
     tasks: u32,
     duration: Duration,
 ) -> Result<f64, Failure> {
-    let err = |e: redis::RedisError| Failure::internal(format!("parallel floor: {e}"));
-    let client = redis::Client::open(url).map_err(err)?;
-    let conn = redis::aio::ConnectionManager::new(client)
-        .await
-        .map_err(err)?;
-    let script = redis::Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
-    );
+    let conn = crate::raw_redis::connect(url).await?;
     let start = Instant::now();
     let deadline = start + duration;
     let mut joins = Vec::new();
     for t in 0..tasks {
-        let (mut conn, script) = (conn.clone(), script.clone());
+        let mut conn = conn.clone();
         let key = format!("dlock-bench-floor:{name}:{t}");
         let owner = dlock::Owner::random();
         joins.push(tokio::spawn(async move {
             let mut n = 0u64;
             while Instant::now() < deadline {
-                let _: Option<String> = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(owner.as_str())
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(30_000)
-                    .query_async(&mut conn)
-                    .await?;
-                let _: i64 = script
-                    .key(&key)
-                    .arg(owner.as_str())
-                    .invoke_async(&mut conn)
-                    .await?;
+                crate::raw_redis::floor_cycle(&mut conn, &key, owner.as_str()).await?;
                 n += 1;
             }
             Ok::<u64, redis::RedisError>(n)
@@ -105,7 +85,7 @@ async fn redis_floor(
         total += j
             .await
             .map_err(|e| Failure::internal(e.to_string()))?
-            .map_err(err)?;
+            .map_err(crate::raw_redis::err)?;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }

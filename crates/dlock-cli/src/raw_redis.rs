@@ -1,0 +1,91 @@
+//! The bench's own bare Redis client: the floors (what the same client crate does with
+//! the bare commands of a lock cycle) and the server's command counters.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use redis::aio::ConnectionManager;
+
+use crate::exit::Failure;
+
+/// A `redis://` URL without dlock's query options; `None` for other backends.
+pub fn bare_url(url: &str) -> Option<String> {
+    url.starts_with("redis://")
+        .then(|| url.split('?').next().unwrap_or(url).to_owned())
+}
+
+pub fn err(e: redis::RedisError) -> Failure {
+    Failure::internal(format!("bench's bare redis client: {e}"))
+}
+
+/// A multiplexed, reconnecting connection to `url` (a bare URL).
+pub async fn connect(url: &str) -> Result<ConnectionManager, Failure> {
+    let client = redis::Client::open(url).map_err(err)?;
+    ConnectionManager::new(client).await.map_err(err)
+}
+
+static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
+    )
+});
+
+/// One bare lock cycle: `SET key owner NX PX 30000`, then `EVALSHA` compare-and-delete.
+pub async fn floor_cycle(
+    conn: &mut ConnectionManager,
+    key: &str,
+    owner: &str,
+) -> redis::RedisResult<()> {
+    let _: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(owner)
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(conn)
+        .await?;
+    let _: i64 = COMPARE_AND_DELETE
+        .key(key)
+        .arg(owner)
+        .invoke_async(conn)
+        .await?;
+    Ok(())
+}
+
+/// Calls of the given commands (`INFO commandstats` names without the `cmdstat_`
+/// prefix, e.g. `evalsha`) since the server started.
+pub async fn command_calls(url: &str, commands: &[&str]) -> Result<u64, Failure> {
+    let mut conn = connect(url).await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .map_err(err)?;
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            commands.contains(&name).then_some(stats)
+        })
+        .filter_map(|stats| {
+            stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_urls() {
+        assert_eq!(
+            bare_url("redis://h:1/0?layout=redis-py").as_deref(),
+            Some("redis://h:1/0")
+        );
+        assert_eq!(bare_url("sqlite:///x.db"), None);
+    }
+}
