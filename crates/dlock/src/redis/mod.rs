@@ -390,23 +390,31 @@ fn connection_info(url: &ConnectUrl, host: String, port: u16) -> Result<redis::C
 /// Durable only when every write is fsynced before the reply (on a cluster, the node
 /// CONFIG GET is routed to decides: report best effort unless it says always).
 async fn probe_fencing(conn: &Conn) -> Fencing {
-    let get = |param: &'static str| {
-        let mut c = conn.clone();
-        async move {
-            let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg(param)
-                .query_async(&mut c)
-                .await;
-            r.ok().and_then(|v| v.get(1).cloned())
-        }
+    // One round trip: `append*` names appendonly and appendfsync (among others).
+    let pairs: redis::RedisResult<Vec<(String, String)>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("append*")
+        .query_async(&mut conn.clone())
+        .await;
+    let pairs = pairs.unwrap_or_default();
+    let value = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     };
-    let aof = get("appendonly").await;
-    let fsync = get("appendfsync").await;
-    match (aof.as_deref(), fsync.as_deref()) {
+    match (value("appendonly"), value("appendfsync")) {
         (Some("yes"), Some("always")) => Fencing::Durable,
         _ => Fencing::BestEffort,
     }
+}
+
+/// The holder's metadata as stored, carrying the attempt's nonce.
+#[derive(serde::Serialize)]
+struct StoredMetadata<'a> {
+    #[serde(flatten)]
+    metadata: &'a Metadata,
+    nonce: &'a str,
 }
 
 impl Inner {
@@ -513,12 +521,13 @@ impl Backend for RedisBackend {
         // A nonce per attempt: if the connection drops after the server ran the script
         // but before its reply arrived, the retry finds this attempt's grant instead of
         // leaving it orphaned (or taking a second hold).
-        let nonce = crate::options::Owner::random();
-        let mut metadata = serde_json::to_value(&req.metadata).unwrap_or_default();
-        if let Some(m) = metadata.as_object_mut() {
-            m.insert("nonce".into(), nonce.as_str().into());
-        }
-        let metadata = metadata.to_string();
+        // Unique per attempt is all it needs: no OS randomness on the hot path.
+        let nonce = format!("{:032x}", fastrand::u128(..));
+        let metadata = serde_json::to_string(&StoredMetadata {
+            metadata: &req.metadata,
+            nonce: &nonce,
+        })
+        .unwrap_or_else(|_| "{}".into());
         let mut recovering = false;
         let mut round = 0u32;
         let (granted, value): (i64, i64) = loop {
@@ -533,7 +542,7 @@ impl Backend for RedisBackend {
                 .arg(ttl_ms)
                 .arg(req.owner.as_str())
                 .arg(&metadata)
-                .arg(nonce.as_str())
+                .arg(&nonce)
                 .arg(if recovering { "1" } else { "0" });
             if let Some(meta) = &keys.meta {
                 inv.key(meta);
