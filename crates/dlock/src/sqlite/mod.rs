@@ -71,6 +71,35 @@ fn db_err(e: &sqlx::Error) -> Error {
     }
 }
 
+/// dlock's own back-off while the database is busy: a jittered pause that doubles from
+/// `first` up to `cap`, for at most [`BUSY_LIMIT`] in all.
+struct BusyBackoff {
+    started: tokio::time::Instant,
+    pause: Duration,
+    cap: Duration,
+}
+
+impl BusyBackoff {
+    fn new(first: Duration, cap: Duration) -> Self {
+        BusyBackoff {
+            started: tokio::time::Instant::now(),
+            pause: first,
+            cap,
+        }
+    }
+
+    /// Pause and return `true` if `e` is SQLITE_BUSY and time is left; else `false`.
+    async fn retry(&mut self, e: &sqlx::Error) -> bool {
+        if !is_busy(e) || self.started.elapsed() >= BUSY_LIMIT {
+            return false;
+        }
+        let us = u64::try_from(self.pause.as_micros()).unwrap_or(u64::MAX);
+        tokio::time::sleep(Duration::from_micros(fastrand::u64(us / 2..=us))).await;
+        self.pause = (self.pause * 2).min(self.cap);
+        true
+    }
+}
+
 fn is_busy(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(db) => db
@@ -248,7 +277,7 @@ impl SqliteBackend {
     ) -> Result<SqlitePool> {
         // Opening can meet SQLITE_BUSY outside the busy handler's reach (another
         // process creating the file or switching it to WAL at the same moment): retry.
-        let started = tokio::time::Instant::now();
+        let mut backoff = BusyBackoff::new(Duration::from_millis(10), Duration::from_millis(25));
         loop {
             let attempt = SqlitePoolOptions::new()
                 .max_connections(size)
@@ -276,9 +305,7 @@ impl SqliteBackend {
                 .connect_with(opts.clone())
                 .await;
             match attempt {
-                Err(e) if is_busy(&e) && started.elapsed() < BUSY_LIMIT => {
-                    tokio::time::sleep(Duration::from_millis(fastrand::u64(5..=25))).await;
-                }
+                Err(e) if backoff.retry(&e).await => {}
                 other => {
                     return other.map_err(|e| {
                         Error::connection("sqlite", format!("cannot open {target:?}: {e}"))
@@ -297,9 +324,8 @@ impl Inner {
     /// Run `op` (in a `BEGIN IMMEDIATE` transaction when it needs one), retrying while
     /// the database is busy.
     async fn run(&self, op: Op<'_>) -> Result<Done> {
-        let started = tokio::time::Instant::now();
         let mut conn = self.writer.acquire().await.map_err(|e| db_err(&e))?;
-        let mut pause_us = 50;
+        let mut backoff = BusyBackoff::new(Duration::from_micros(50), Duration::from_micros(500));
         loop {
             let outcome = if op.needs_transaction() {
                 async {
@@ -314,11 +340,7 @@ impl Inner {
             };
             match outcome {
                 Ok(done) => return Ok(done),
-                Err(e) if is_busy(&e) && started.elapsed() < BUSY_LIMIT => {
-                    let us = fastrand::u64(pause_us / 2..=pause_us);
-                    tokio::time::sleep(Duration::from_micros(us)).await;
-                    pause_us = (pause_us * 2).min(500);
-                }
+                Err(e) if backoff.retry(&e).await => {}
                 Err(e) => return Err(db_err(&e)),
             }
         }
