@@ -24,11 +24,11 @@
 //! |---|---|---|
 //! | `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:` | embedded SQLite (default) | `sqlite` |
 //! | `memory://`, `memory://STORE` | in-process | always |
-//! | `redis://[user:pass@]host:port[/db]`, `redis+cluster://n1:p,n2:p` | Redis, Redisson-compatible | `redis` |
+//! | `redis://[user:pass@]host:port[/db]`, `redis+cluster://n1:p,n2:p`, `redis+sentinel://s1:p,s2:p/master` | Redis, Redisson-compatible | `redis` |
 //!
 //! Query parameters carry options (`?ttl=30s`); an unknown parameter is an error.
-//! Redis Sentinel and TLS, Redlock, etcd, ZooKeeper, PostgreSQL and MySQL are designed
-//! but not in this version; their URLs give [`Error::Unsupported`].
+//! Redis TLS, Redlock, etcd, ZooKeeper, PostgreSQL and MySQL are designed but not in
+//! this version; their URLs give [`Error::Unsupported`].
 //!
 //! ## What is guaranteed
 //!

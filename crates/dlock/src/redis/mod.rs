@@ -738,3 +738,36 @@ impl HeldLock for RedisHeld {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn refused(url: &str) -> Error {
+        RedisBackend::open(ConnectUrl::parse(url).expect("parses"))
+            .await
+            .expect_err(url)
+    }
+
+    /// Combinations that cannot work are refused before any connection is made.
+    #[tokio::test]
+    async fn impossible_combinations_are_refused_up_front() {
+        // python-redis-lock's signal list lives in another hash slot than its lock.
+        let e = refused("redis+cluster://127.0.0.1:1?layout=python-redis-lock").await;
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
+        let e = refused("redis+cluster://127.0.0.1:1?min_replicas=1").await;
+        assert!(matches!(e, Error::Unsupported(_)), "{e}");
+        let e = refused("redis://127.0.0.1:1?db=2").await;
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
+        let e = refused("redis://127.0.0.1:1,127.0.0.1:2").await;
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
+        let e = refused("redis+sentinel://127.0.0.1:1").await;
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
+        let e = refused("rediss://127.0.0.1:1").await;
+        assert!(matches!(e, Error::Unsupported(_)), "{e}");
+        let e = refused("redis://127.0.0.1:1?layout=redlock").await;
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
+        let e = refused("redis://127.0.0.1:1?min_replicas=0").await;
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
+    }
+}
