@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use crate::tls::TestCerts;
+
 /// Whether tests must fail instead of skipping when a server binary is missing
 /// (`DLOCK_REQUIRE_SERVERS=1`, as the README's test command and CI set it).
 #[must_use]
@@ -180,6 +182,9 @@ pub struct RedisOptions {
     pub persistent: bool,
     /// Start as a cluster node (cluster bus on another free port).
     pub cluster: bool,
+    /// Also listen with TLS on another free port (certificates from [`TestCerts`];
+    /// client certificates optional unless `extra_args` says `--tls-auth-clients yes`).
+    pub tls: bool,
     /// More `--name value` arguments for redis-server.
     pub extra_args: Vec<String>,
 }
@@ -192,6 +197,7 @@ pub struct RedisServer {
     port: u16,
     binary: PathBuf,
     options: RedisOptions,
+    tls: Option<(u16, TestCerts)>,
 }
 
 impl RedisServer {
@@ -209,11 +215,31 @@ impl RedisServer {
     /// # Panics
     /// When redis-server exists but does not come up after three tries.
     #[must_use]
-    pub fn start_with(options: RedisOptions) -> Option<Self> {
+    pub fn start_with(mut options: RedisOptions) -> Option<Self> {
         let Some(binary) = find_binary("redis-server") else {
             return skip("redis-server not found on PATH (apt-get install redis-server)");
         };
         let dir = tempfile::tempdir().expect("temp dir");
+        let tls = options.tls.then(|| {
+            let certs = TestCerts::generate(dir.path());
+            let port = free_port();
+            let path = |p: &Path| p.display().to_string();
+            let mut args = vec![
+                "--tls-port".to_owned(),
+                port.to_string(),
+                "--tls-cert-file".to_owned(),
+                path(&certs.server_cert),
+                "--tls-key-file".to_owned(),
+                path(&certs.server_key),
+                "--tls-ca-cert-file".to_owned(),
+                path(&certs.ca),
+                "--tls-auth-clients".to_owned(),
+                "optional".to_owned(),
+            ];
+            args.append(&mut options.extra_args);
+            options.extra_args = args;
+            (port, certs)
+        });
         let mut last_err = String::new();
         for _ in 0..3 {
             let port = free_port();
@@ -225,6 +251,7 @@ impl RedisServer {
                         port,
                         binary,
                         options,
+                        tls,
                     });
                 }
                 Err(e) => last_err = e,
@@ -299,6 +326,12 @@ impl RedisServer {
     /// The process (pause, resume, kill).
     pub fn process(&mut self) -> &mut ServerProcess {
         &mut self.process
+    }
+
+    /// With [`RedisOptions::tls`]: the TLS port and the certificates.
+    #[must_use]
+    pub fn tls(&self) -> Option<(u16, &TestCerts)> {
+        self.tls.as_ref().map(|(port, certs)| (*port, certs))
     }
 
     /// SIGKILL the server and start it again on the same port and data dir (with

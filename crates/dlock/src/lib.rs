@@ -24,10 +24,10 @@
 //! |---|---|---|
 //! | `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:` | embedded SQLite (default) | `sqlite` |
 //! | `memory://`, `memory://STORE` | in-process | always |
-//! | `redis://[user:pass@]host:port[/db]`, `redis+cluster://n1:p,n2:p`, `redis+sentinel://s1:p,s2:p/master` | Redis, Redisson-compatible | `redis` |
+//! | `redis://[user:pass@]host:port[/db]`, `rediss://…?ca_file=PEM`, `redis+cluster://n1:p,n2:p`, `redis+sentinel://s1:p,s2:p/master` | Redis, Redisson-compatible | `redis` |
 //!
 //! Query parameters carry options (`?ttl=30s`); an unknown parameter is an error.
-//! Redis TLS, Redlock, etcd, ZooKeeper, PostgreSQL and MySQL are designed but not in
+//! Redlock, etcd, ZooKeeper, PostgreSQL and MySQL are designed but not in
 //! this version; their URLs give [`Error::Unsupported`].
 //!
 //! ## What is guaranteed

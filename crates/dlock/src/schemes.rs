@@ -46,8 +46,16 @@ pub fn schemes() -> Vec<SchemeInfo> {
             "single Redis; Redisson-compatible layout by default",
         ),
         (
+            "rediss",
+            "single Redis over TLS (ca_file, cert_file, key_file)",
+        ),
+        (
             "redis+cluster",
             "Redis Cluster; Redisson-compatible layout by default",
+        ),
+        (
+            "redis+sentinel",
+            "the master a set of Redis Sentinels names; re-resolved on failover",
         ),
     ] {
         out.push(SchemeInfo {
@@ -71,12 +79,7 @@ pub fn schemes() -> Vec<SchemeInfo> {
 }
 
 /// Schemes whose backends are designed but not implemented in this version.
-const PLANNED: [(&str, &str, &str); 9] = [
-    (
-        "rediss",
-        "redis",
-        "single Redis over TLS (not implemented yet)",
-    ),
+const PLANNED: [(&str, &str, &str); 8] = [
     (
         "redlock",
         "redis",
@@ -134,11 +137,11 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
             feature: "sqlite".into(),
         }),
         #[cfg(feature = "redis")]
-        "redis" | "redis+cluster" | "redis+sentinel" => {
+        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => {
             Ok(crate::redis::RedisBackend::open(url).await?)
         }
         #[cfg(not(feature = "redis"))]
-        "redis" | "redis+cluster" | "redis+sentinel" => Err(Error::BackendNotEnabled {
+        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => Err(Error::BackendNotEnabled {
             scheme: url.scheme().to_owned(),
             feature: "redis".into(),
         }),

@@ -437,3 +437,54 @@ async fn a_dead_fair_waiter_blocks_only_until_its_deadline() {
     assert_eq!(info.waiters, Some(0), "the dead entry is still queued");
     g.release().await.expect("release");
 }
+
+/// `rediss://`: the server is verified against `ca_file` (an unrelated CA is refused),
+/// and a server that requires client certificates admits only a client that has one.
+#[tokio::test]
+async fn tls_verifies_the_server_and_presents_a_client_certificate() {
+    let Some(server) = RedisServer::start_with(RedisOptions {
+        tls: true,
+        extra_args: vec!["--tls-auth-clients".into(), "yes".into()],
+        ..RedisOptions::default()
+    }) else {
+        return;
+    };
+    let (port, certs) = server.tls().expect("TLS port");
+    let p = |p: &std::path::Path| p.display().to_string();
+    let base = format!("rediss://127.0.0.1:{port}?timeout=2s");
+    let with_cert = format!(
+        "{base}&ca_file={}&cert_file={}&key_file={}",
+        p(&certs.ca),
+        p(&certs.client_cert),
+        p(&certs.client_key)
+    );
+    let locker = Locker::connect(&with_cert).await.expect("TLS connect");
+    let guard = locker.lock("over-tls").await.expect("lock over TLS");
+    assert!(guard.fencing_token() > 0);
+    // The plain port sees the same lock: it is the same server.
+    let held = redis_command(server.addr(), &["EXISTS", "over-tls"], T).expect("plain");
+    assert_eq!(String::from_utf8_lossy(&held).trim(), ":1");
+    guard.release().await.expect("release over TLS");
+
+    // Without a client certificate the server refuses the handshake.
+    let no_cert = format!("{base}&ca_file={}", p(&certs.ca));
+    let e = Locker::connect(&no_cert).await.expect_err("no client cert");
+    assert!(matches!(e, Error::Connection { .. }), "{e:?}");
+    // A CA that did not sign the server's certificate: the client refuses the server.
+    let wrong_ca = format!(
+        "{base}&ca_file={}&cert_file={}&key_file={}",
+        p(&certs.other_ca),
+        p(&certs.client_cert),
+        p(&certs.client_key)
+    );
+    let e = Locker::connect(&wrong_ca).await.expect_err("unknown CA");
+    assert!(matches!(e, Error::Connection { .. }), "{e:?}");
+    // Plain text to the TLS port is not silently accepted either.
+    let e = Locker::connect(&format!("redis://127.0.0.1:{port}?timeout=1s"))
+        .await
+        .expect_err("plain text to a TLS port");
+    assert!(
+        e.is_retryable() || matches!(e, Error::Backend { .. }),
+        "{e:?}"
+    );
+}

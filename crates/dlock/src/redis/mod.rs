@@ -1,4 +1,5 @@
-//! `redis://[user:password@]host:port[/db]`: a single Redis server,
+//! `redis://[user:password@]host:port[/db]`: a single Redis server (`rediss://` over
+//! TLS: `ca_file=PEM` to verify the server, `cert_file`/`key_file` for mutual TLS),
 //! `redis+cluster://n1:port,n2:port,…`: a Redis Cluster, and
 //! `redis+sentinel://s1:26379,s2:26379/master[?db=N]`: the master that Sentinel names,
 //! re-resolved after a connection error or a READONLY answer (feature `redis`).
@@ -59,6 +60,7 @@ mod conn;
 mod layout;
 mod renewer;
 mod subscriber;
+mod tls;
 
 use conn::Conn;
 
@@ -139,11 +141,7 @@ impl RedisBackend {
     pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
         let cluster = url.scheme() == "redis+cluster";
         let sentinel = url.scheme() == "redis+sentinel";
-        if url.scheme() == "rediss" {
-            return Err(Error::Unsupported(
-                "rediss:// (TLS) is not implemented yet in this version of dlock".into(),
-            ));
-        }
+        let tls = tls::TlsFiles::take(&mut url)?;
         let layout = match url.take_param("layout") {
             None => Layout::Redisson,
             Some(l) => Layout::parse(&l).ok_or_else(|| {
@@ -186,6 +184,9 @@ impl RedisBackend {
             "timeout",
             "poll",
             "db",
+            "ca_file",
+            "cert_file",
+            "key_file",
         ])?;
         if sentinel {
             let conn = sentinel_conn(&url, sentinel_db, timeout)?;
@@ -216,9 +217,13 @@ impl RedisBackend {
             ));
         }
 
-        let nodes = node_infos(&url, cluster)?;
+        let nodes = node_infos(&url, cluster, tls.is_some())?;
         // Pub/sub goes to the first node: in a cluster PUBLISH reaches every node.
-        let client = redis::Client::open(nodes[0].clone()).map_err(|e| map_err(&e))?;
+        let client = match &tls {
+            None => redis::Client::open(nodes[0].clone()),
+            Some(files) => redis::Client::build_with_tls(nodes[0].clone(), files.load(&url)?),
+        }
+        .map_err(|e| map_err(&e))?;
         let connecting = async {
             if cluster {
                 let mut builder = redis::cluster::ClusterClient::builder(nodes.clone())
@@ -342,7 +347,7 @@ fn sentinel_conn(url: &ConnectUrl, db: i64, timeout: Duration) -> Result<conn::S
 }
 
 /// Connection settings for every host of the URL (one, unless a cluster).
-fn node_infos(url: &ConnectUrl, cluster: bool) -> Result<Vec<redis::ConnectionInfo>> {
+fn node_infos(url: &ConnectUrl, cluster: bool, tls: bool) -> Result<Vec<redis::ConnectionInfo>> {
     let hosts: Vec<(String, u16)> = match url.hosts() {
         [] => vec![("127.0.0.1".to_owned(), 6379)],
         [h] => vec![(h.host.clone(), h.port.unwrap_or(6379))],
@@ -361,11 +366,16 @@ fn node_infos(url: &ConnectUrl, cluster: bool) -> Result<Vec<redis::ConnectionIn
     }
     hosts
         .into_iter()
-        .map(|(host, port)| connection_info(url, host, port))
+        .map(|(host, port)| connection_info(url, host, port, tls))
         .collect()
 }
 
-fn connection_info(url: &ConnectUrl, host: String, port: u16) -> Result<redis::ConnectionInfo> {
+fn connection_info(
+    url: &ConnectUrl,
+    host: String,
+    port: u16,
+    tls: bool,
+) -> Result<redis::ConnectionInfo> {
     let db = match url.path().trim_start_matches('/') {
         "" => 0,
         d => d
@@ -381,7 +391,17 @@ fn connection_info(url: &ConnectUrl, host: String, port: u16) -> Result<redis::C
     if let Some(pw) = url.password() {
         settings = settings.set_password(pw.expose());
     }
-    Ok(ConnectionAddr::Tcp(host, port)
+    let addr = if tls {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host, port)
+    };
+    Ok(addr
         .into_connection_info()
         .map_err(|e| map_err(&e))?
         .set_redis_settings(settings))
@@ -486,6 +506,8 @@ impl Backend for RedisBackend {
             "redis+cluster"
         } else if matches!(self.inner.conn, Conn::Sentinel(_)) {
             "redis+sentinel"
+        } else if self.inner.shown.starts_with("rediss:") {
+            "rediss"
         } else {
             SCHEME
         }
@@ -763,8 +785,14 @@ mod tests {
         assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
         let e = refused("redis+sentinel://127.0.0.1:1").await;
         assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
-        let e = refused("rediss://127.0.0.1:1").await;
-        assert!(matches!(e, Error::Unsupported(_)), "{e}");
+        // TLS files belong to rediss:// only, a key needs its certificate, and a file
+        // that cannot be read is named.
+        let e = refused("redis://127.0.0.1:1?ca_file=/x").await;
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
+        let e = refused("rediss://127.0.0.1:1?key_file=/x").await;
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
+        let e = refused("rediss://127.0.0.1:1?ca_file=/nonexistent/ca.pem").await;
+        assert!(e.to_string().contains("ca_file"), "{e}");
         let e = refused("redis://127.0.0.1:1?layout=redlock").await;
         assert!(matches!(e, Error::InvalidUrl { .. }), "{e}");
         let e = refused("redis://127.0.0.1:1?min_replicas=0").await;
