@@ -94,14 +94,14 @@ pub fn backends(args: &BackendsArgs) -> Result<i32, Failure> {
         return Ok(0);
     }
     println!(
-        "{:<16} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} description",
+        "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} description",
         "scheme", "available", "fencing", "fifo", "notify", "session", "reentrant"
     );
     let yes = |b: bool| if b { "yes" } else { "no" };
     for l in &lines {
         match &l.capabilities {
             Some(c) => println!(
-                "{:<16} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {}",
+                "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {}",
                 format!("{}://", l.scheme),
                 yes(l.available),
                 c.fencing.to_string(),
@@ -112,7 +112,7 @@ pub fn backends(args: &BackendsArgs) -> Result<i32, Failure> {
                 l.description
             ),
             None => println!(
-                "{:<16} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {}",
+                "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {}",
                 format!("{}://", l.scheme),
                 yes(l.available),
                 "-",
