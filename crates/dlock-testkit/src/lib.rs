@@ -11,7 +11,7 @@ mod tls;
 
 pub use proxy::{Fault, FaultProxy};
 pub use server::{
-    RedisCluster, RedisOptions, RedisSentinel, RedisServer, ServerProcess, find_binary, free_port,
-    redis_command, redis_ping, servers_required, skip,
+    RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess, find_binary,
+    free_port, redis_command, redis_ping, servers_required, skip,
 };
 pub use tls::TestCerts;

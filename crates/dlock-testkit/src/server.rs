@@ -355,6 +355,58 @@ impl RedisServer {
     }
 }
 
+/// N independent Redis masters (for Redlock) on free loopback ports.
+#[derive(Debug)]
+pub struct RedisNodes {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisNodes {
+    /// Start `n` independent servers with `options` each, or skip.
+    ///
+    /// # Panics
+    /// When a server exists but does not come up.
+    #[must_use]
+    pub fn start(n: usize, options: &RedisOptions) -> Option<Self> {
+        let mut nodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            nodes.push(RedisServer::start_with(options.clone())?);
+        }
+        Some(RedisNodes { nodes })
+    }
+
+    /// `redlock://127.0.0.1:p1,127.0.0.1:p2,…`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.addr().port()))
+            .collect();
+        format!("redlock://{}", hosts.join(","))
+    }
+
+    /// Node `i` (kill, pause, restart).
+    ///
+    /// # Panics
+    /// When `i` is out of range.
+    pub fn node(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.nodes[i]
+    }
+
+    /// How many nodes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
 /// A Redis Cluster of `masters` nodes (no replicas) on free loopback ports.
 #[derive(Debug)]
 pub struct RedisCluster {

@@ -276,6 +276,13 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     /// Need not be cancel safe.
     async fn release(&self) -> Result<()>;
 
+    /// The margin the holder subtracts from each lease before trusting it (clock drift
+    /// between client and servers). The core never uses less than
+    /// [`crate::drift_margin`]; a backend with a configurable drift may ask for more.
+    fn clock_drift(&self, ttl: Duration) -> Duration {
+        crate::guard::drift_margin(ttl)
+    }
+
     /// A token the backend cancels when it learns, unprompted, that the lock is gone
     /// (session expired, connection died). `None` when it only learns on renewal.
     fn loss_signal(&self) -> Option<CancellationToken> {

@@ -66,13 +66,19 @@ pub enum Error {
         /// The lock name.
         name: String,
     },
-    /// A quorum backend could not get a majority.
-    #[error("no quorum: {granted} of the {needed} needed nodes granted the lock")]
+    /// A quorum backend could not get a majority because too few nodes answered in
+    /// time (a lock held by another owner is not an error: it is waited for, or
+    /// `try_lock` gives `None`). Also: fewer replicas than `min_replicas` acknowledged.
+    #[error(
+        "no quorum: {granted} of the {needed} needed nodes granted the lock ({unreachable} did not answer in time)"
+    )]
     NoQuorum {
-        /// Nodes that granted.
+        /// Nodes (or replicas) that granted or acknowledged.
         granted: usize,
-        /// Nodes needed.
+        /// Nodes (or replicas) needed.
         needed: usize,
+        /// Nodes that did not answer in time (unreachable, paused, or too slow).
+        unreachable: usize,
     },
     /// The connection URL is malformed or names unknown options.
     #[error("invalid URL {url}: {reason}")]

@@ -254,13 +254,14 @@ struct Keeper {
 
 impl Keeper {
     fn new(held: Box<dyn HeldLock>, shared: Arc<Shared>, plan: KeeperPlan) -> Self {
+        let margin = held.clock_drift(plan.ttl).max(drift_margin(plan.ttl));
         Keeper {
             held,
             shared,
             ttl: plan.ttl,
             renew_every: plan.renew_every,
             hold_until: plan.max_hold.map(|m| plan.sent_at + m),
-            deadline: plan.sent_at + plan.ttl.saturating_sub(drift_margin(plan.ttl)),
+            deadline: plan.sent_at + plan.ttl.saturating_sub(margin),
             next_renew: plan.renew_every.map(|every| plan.sent_at + every),
             capped_by_hold: false,
         }
@@ -360,7 +361,8 @@ impl Keeper {
         };
         match outcome {
             Ok(()) => {
-                self.deadline = now + ttl.saturating_sub(drift_margin(ttl));
+                let margin = self.held.clock_drift(ttl).max(drift_margin(ttl));
+                self.deadline = now + ttl.saturating_sub(margin);
                 self.next_renew = self.renew_every.map(|every| now + every.min(ttl / 3));
                 Ok(())
             }

@@ -53,6 +53,8 @@ mod notify;
 mod options;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
+pub mod redlock;
 mod schemes;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -337,7 +337,8 @@ impl Locker {
                 // An acquisition slower than the lease is worthless: someone else may
                 // already be entitled to the lock. Never report it as a success.
                 Ok(Attempt::Acquired(held))
-                    if sent_at.elapsed() >= ttl.saturating_sub(drift_margin(ttl)) =>
+                    if sent_at.elapsed()
+                        >= ttl.saturating_sub(held.clock_drift(ttl).max(drift_margin(ttl))) =>
                 {
                     tracing::warn!(lock = %req.name, "acquisition took longer than the TTL; giving it back");
                     let _ = held.release().await;

@@ -57,6 +57,10 @@ pub fn schemes() -> Vec<SchemeInfo> {
             "redis+sentinel",
             "the master a set of Redis Sentinels names; re-resolved on failover",
         ),
+        (
+            "redlock",
+            "Redlock over N independent Redis masters; node-redlock/redsync layout",
+        ),
     ] {
         out.push(SchemeInfo {
             scheme,
@@ -79,12 +83,7 @@ pub fn schemes() -> Vec<SchemeInfo> {
 }
 
 /// Schemes whose backends are designed but not implemented in this version.
-const PLANNED: [(&str, &str, &str); 8] = [
-    (
-        "redlock",
-        "redis",
-        "Redlock over N independent Redis nodes (not implemented yet)",
-    ),
+const PLANNED: [(&str, &str, &str); 7] = [
     ("etcd", "etcd", "etcd (not implemented yet)"),
     ("etcds", "etcd", "etcd over TLS (not implemented yet)"),
     ("zk", "zookeeper", "ZooKeeper (not implemented yet)"),
@@ -140,11 +139,15 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => {
             Ok(crate::redis::RedisBackend::open(url).await?)
         }
+        #[cfg(feature = "redis")]
+        "redlock" => Ok(crate::redlock::RedlockBackend::open(url).await?),
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => Err(Error::BackendNotEnabled {
-            scheme: url.scheme().to_owned(),
-            feature: "redis".into(),
-        }),
+        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" | "redlock" => {
+            Err(Error::BackendNotEnabled {
+                scheme: url.scheme().to_owned(),
+                feature: "redis".into(),
+            })
+        }
         other => match PLANNED.iter().find(|(s, _, _)| *s == other) {
             Some((scheme, _, _)) => Err(Error::Unsupported(format!(
                 "the {scheme}:// backend is not implemented in this version of dlock"

@@ -64,7 +64,8 @@ async fn min_replicas_waits_for_a_replica_and_refuses_without_enough() {
             err,
             Error::NoQuorum {
                 granted: 1,
-                needed: 2
+                needed: 2,
+                ..
             }
         ),
         "{err}"

@@ -129,7 +129,7 @@ pub(crate) struct Keys {
 }
 
 /// `prefix:{name}`, or `prefix:name` when the name already carries a hash tag.
-fn suffixed(prefix: &str, name: &str) -> String {
+pub(crate) fn suffixed(prefix: &str, name: &str) -> String {
     if name.contains('{') {
         format!("{prefix}:{name}")
     } else {

@@ -57,7 +57,7 @@ use crate::options::Metadata;
 use crate::url::ConnectUrl;
 
 mod conn;
-mod layout;
+pub(crate) mod layout;
 mod renewer;
 mod subscriber;
 mod tls;
@@ -91,7 +91,7 @@ pub(crate) fn map_err(e: &redis::RedisError) -> Error {
 }
 
 /// Errors after which the server may or may not have run the command.
-fn uncertain(e: &redis::RedisError) -> bool {
+pub(crate) fn uncertain(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
 }
 
@@ -370,7 +370,7 @@ fn node_infos(url: &ConnectUrl, cluster: bool, tls: bool) -> Result<Vec<redis::C
         .collect()
 }
 
-fn connection_info(
+pub(crate) fn connection_info(
     url: &ConnectUrl,
     host: String,
     port: u16,
@@ -431,10 +431,10 @@ async fn probe_fencing(conn: &Conn) -> Fencing {
 
 /// The holder's metadata as stored, carrying the attempt's nonce.
 #[derive(serde::Serialize)]
-struct StoredMetadata<'a> {
+pub(crate) struct StoredMetadata<'a> {
     #[serde(flatten)]
-    metadata: &'a Metadata,
-    nonce: &'a str,
+    pub(crate) metadata: &'a Metadata,
+    pub(crate) nonce: &'a str,
 }
 
 impl Inner {
@@ -493,6 +493,7 @@ impl Inner {
             return Err(Error::NoQuorum {
                 granted: usize::try_from(acked).unwrap_or(0),
                 needed: usize::try_from(needed).unwrap_or(0),
+                unreachable: usize::try_from(needed - acked).unwrap_or(0),
             });
         }
         Ok(())

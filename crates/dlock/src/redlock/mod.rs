@@ -1,0 +1,725 @@
+//! `redlock://a:6379,b:6379,c:6379,d:6379,e:6379`: the Redlock algorithm over N
+//! independent Redis masters (feature `redis`).
+//!
+//! # How a lock works here
+//! An attempt sends the single-node acquire script (the `redis-py` layout: `SET name
+//! <owner> NX PX`, plus dlock's token counter `dlock_token:{name}`) to every node at
+//! once, each call bounded by `node_timeout` (far below the TTL). It succeeds iff at
+//! least ⌊N/2⌋+1 nodes granted **and** the validity `TTL − elapsed − drift` (drift =
+//! `drift_factor` × TTL + 2 ms, default 1 %) is still positive after the token write-back
+//! below. Otherwise the attempt gives the lock back on every node that granted or did
+//! not answer, and:
+//! - if the nodes that refused hold it for another owner in numbers that make a
+//!   majority impossible, it is **busy**: waited for (polling with jitter), or `None`
+//!   from `try_lock`;
+//! - else (nodes unreachable, paused or too slow) it retries after a random delay, at
+//!   most `retries` times, then fails with [`Error::NoQuorum`] — at once, no hang.
+//!
+//! The on-node layout is the one node-redlock, redsync and rslock use (the resource name
+//! as key, a random value, `PX` lease), so they and dlock exclude each other.
+//!
+//! Renewal extends the lease on every node and succeeds on a majority (within the
+//! validity); a node that lost the key (restarted empty) gets it back only then. If a
+//! majority answers that the key is gone or held by another, the lock is lost. Release
+//! goes to every node.
+//!
+//! # Fencing
+//! Each granting node increments its counter in the acquire script; the client takes
+//! T = the maximum of the values returned and writes T back, set-if-greater, to a
+//! majority before the guard is returned. Any two majorities intersect, so every later
+//! grant meets a node whose counter is at least T and gets a larger token. That holds
+//! as long as no node loses an acknowledged write: every node must persist each write
+//! before answering (`appendonly yes` + `appendfsync always`), or a node that restarts
+//! empty must stay down for at least the longest TTL in use. dlock reports
+//! [`Fencing::Durable`] only when every node says `appendfsync always` at connect time,
+//! [`Fencing::BestEffort`] otherwise.
+//!
+//! # Options
+//! `node_timeout=D` (per node call; default 50 ms and at most a tenth of the TTL; a
+//! configured value is capped at the TTL),
+//! `drift_factor=F` (default 0.01), `retries=N` (rounds after the first when nodes do
+//! not answer, default 3), `poll=D` (waiting, default 20ms, jittered), `prefix=TEXT`,
+//! `timeout=D` (connecting, default 5s). A password in the URL is used on every node.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use redis::{FromRedisValue, Script};
+
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, PollingWaiter,
+    Waiter,
+};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::options::Metadata;
+use crate::redis::layout::{Layout, suffixed};
+use crate::url::ConnectUrl;
+
+mod node;
+
+use node::{Job, Node};
+
+const SCHEME: &str = "redlock";
+
+static RAISE: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(include_str!("scripts/raise.lua")));
+static RENEW: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
+static RESEED: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(include_str!("scripts/reseed.lua")));
+static RELEASE: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+
+/// The Redlock backend.
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Arc<Node>>,
+    quorum: usize,
+    prefix: String,
+    /// Per node call; `None`: 50 ms, at most a tenth of the TTL.
+    node_timeout: Option<Duration>,
+    drift_factor: f64,
+    retries: u32,
+    poll: Duration,
+    fencing: Fencing,
+    shown: String,
+}
+
+impl std::fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("url", &self.inner.shown)
+            .field("nodes", &self.inner.nodes.len())
+            .field("quorum", &self.inner.quorum)
+            .field("fencing", &self.inner.fencing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The keys of one lock on every node.
+#[derive(Debug, Clone)]
+struct Keys {
+    lock: String,
+    counter: String,
+    meta: String,
+    token: String,
+}
+
+/// How one round of an attempt ended.
+enum Round {
+    Granted(Box<RedlockHeld>),
+    /// Another owner holds it on enough nodes that no majority is possible.
+    Taken(Option<Duration>),
+    /// Too few nodes answered in time.
+    NoQuorum {
+        granted: usize,
+        unreachable: usize,
+    },
+    /// A majority granted, but after the validity ran out.
+    TooSlow(Duration),
+}
+
+fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<Duration> {
+    match url.take_param(key) {
+        None => Ok(default),
+        Some(v) => {
+            let d = crate::options::parse_duration(key, &v)?;
+            if d.is_zero() {
+                return Err(url.invalid(&format!("{key} must be above zero")));
+            }
+            Ok(d)
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Between half and all of `d`.
+fn jitter(d: Duration) -> Duration {
+    let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(nanos / 2 + fastrand::u64(0..=nanos / 2))
+}
+
+impl RedlockBackend {
+    pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
+        let node_timeout = match url.take_param("node_timeout") {
+            None => None,
+            Some(v) => {
+                let d = crate::options::parse_duration("node_timeout", &v)?;
+                if d.is_zero() {
+                    return Err(url.invalid("node_timeout must be above zero"));
+                }
+                Some(d)
+            }
+        };
+        let timeout = duration_param(&mut url, "timeout", Duration::from_secs(5))?;
+        let poll = duration_param(&mut url, "poll", Duration::from_millis(20))?;
+        let drift_factor = match url.take_param("drift_factor") {
+            None => 0.01,
+            Some(f) => f
+                .parse::<f64>()
+                .ok()
+                .filter(|f| (0.0..0.5).contains(f))
+                .ok_or_else(|| url.invalid("drift_factor must be a number from 0 to below 0.5"))?,
+        };
+        let retries = match url.take_param("retries") {
+            None => 3,
+            Some(n) => n
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n <= 100)
+                .ok_or_else(|| url.invalid("retries must be 0 to 100"))?,
+        };
+        let prefix = url.take_param("prefix").unwrap_or_default();
+        url.finish(&[
+            "node_timeout",
+            "timeout",
+            "poll",
+            "drift_factor",
+            "retries",
+            "prefix",
+        ])?;
+        if url.hosts().len() < 3 {
+            return Err(url.invalid(
+                "Redlock needs at least 3 independent nodes (5 recommended): redlock://a:6379,b:6379,c:6379",
+            ));
+        }
+        let mut nodes = Vec::with_capacity(url.hosts().len());
+        for h in url.hosts() {
+            let port = h.port.unwrap_or(6379);
+            let info = crate::redis::connection_info(&url, h.host.clone(), port, false)?;
+            let client = redis::Client::open(info).map_err(|e| crate::redis::map_err(&e))?;
+            let shown = if h.host.contains(':') {
+                format!("[{}]:{port}", h.host)
+            } else {
+                format!("{}:{port}", h.host)
+            };
+            nodes.push(Arc::new(Node::new(client, shown, timeout)));
+        }
+        let quorum = nodes.len() / 2 + 1;
+        // Connect-time check: fail now, not on the first lock, when no majority answers;
+        // the same round trip asks each node whether it persists every write.
+        let persists: Vec<Option<bool>> = futures_util::future::join_all(nodes.iter().map(|n| {
+            let n = &**n;
+            async move {
+                let mut ping = redis::pipe();
+                ping.cmd("PING");
+                let up: Result<(String,)> = n.run(timeout, &Job::Pipe(ping)).await;
+                match up {
+                    Ok(_) => Some(n.persists_every_write(timeout).await),
+                    Err(_) => None,
+                }
+            }
+        }))
+        .await;
+        let answered = persists.iter().flatten().count();
+        if answered < quorum {
+            return Err(Error::NoQuorum {
+                granted: answered,
+                needed: quorum,
+                unreachable: nodes.len() - answered,
+            });
+        }
+        let fencing = if persists.iter().all(|p| *p == Some(true)) {
+            Fencing::Durable
+        } else {
+            Fencing::BestEffort
+        };
+        Ok(Arc::new(RedlockBackend {
+            inner: Arc::new(Inner {
+                nodes,
+                quorum,
+                prefix,
+                node_timeout,
+                drift_factor,
+                retries,
+                poll,
+                fencing,
+                shown: url.to_string(),
+            }),
+        }))
+    }
+}
+
+impl Inner {
+    fn keys(&self, name: &LockName) -> Keys {
+        let key = format!("{}{}", self.prefix, name.as_str());
+        let plain = Layout::RedisPy.keys(&key);
+        Keys {
+            token: suffixed("dlock_fence", &key),
+            lock: plain.lock,
+            counter: plain.counter,
+            meta: plain.meta.unwrap_or_default(),
+        }
+    }
+
+    fn drift(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.drift_factor) + Duration::from_millis(2)
+    }
+
+    /// The per-node bound for a lock of `ttl`: by default 50 ms and at most a tenth of
+    /// the lease; a configured value is honoured up to the lease itself.
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        match self.node_timeout {
+            None => Duration::from_millis(50).min(ttl / 10),
+            Some(d) => d.min(ttl),
+        }
+        .max(Duration::from_millis(1))
+    }
+
+    /// The bound for calls that are not about one lease (release, inspect).
+    fn call_timeout(&self) -> Duration {
+        self.node_timeout
+            .unwrap_or(Duration::from_millis(50))
+            .max(Duration::from_millis(50))
+    }
+
+    fn all(&self) -> Vec<usize> {
+        (0..self.nodes.len()).collect()
+    }
+
+    /// Run `job` on the nodes `targets` at once, each call in a task of its own. Stops
+    /// waiting as soon as `need` answers satisfy `counts` (the rest are `None`: not
+    /// waited for, but still run to completion, so a grant still lands everywhere it
+    /// can); with `need` above the number of targets it waits for every answer (each
+    /// bounded by `timeout`).
+    async fn fan_out<T: FromRedisValue + Send + 'static>(
+        &self,
+        targets: &[usize],
+        timeout: Duration,
+        job: Job,
+        counts: impl Fn(&T) -> bool,
+        need: usize,
+    ) -> Vec<Option<Result<T>>> {
+        let mut out: Vec<Option<Result<T>>> = (0..self.nodes.len()).map(|_| None).collect();
+        let job = Arc::new(job);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(targets.len().max(1));
+        for &i in targets {
+            let node = Arc::clone(&self.nodes[i]);
+            let (job, tx) = (Arc::clone(&job), tx.clone());
+            tokio::spawn(async move {
+                let answer = node.run::<T>(timeout, &job).await;
+                let _ = tx.send((i, answer)).await;
+            });
+        }
+        drop(tx);
+        let mut hits = 0;
+        while let Some((i, answer)) = rx.recv().await {
+            if matches!(&answer, Ok(v) if counts(v)) {
+                hits += 1;
+            }
+            out[i] = Some(answer);
+            if hits >= need {
+                break;
+            }
+        }
+        out
+    }
+
+    /// Owner-checked release on `targets`, waiting for each (bounded). Returns how many
+    /// nodes answered.
+    async fn release_on(&self, targets: &[usize], keys: &Keys, owner: &str) -> usize {
+        let mut inv = RELEASE.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.meta)
+            .key(&keys.token)
+            .arg(owner);
+        let timeout = self.call_timeout();
+        self.fan_out::<i64>(targets, timeout, Job::Script(inv), |_| true, usize::MAX)
+            .await
+            .iter()
+            .filter(|a| matches!(a, Some(Ok(_))))
+            .count()
+    }
+
+    async fn round(self: &Arc<Self>, req: &AcquireRequest, keys: &Keys) -> Result<Round> {
+        let n = self.nodes.len();
+        let start = Instant::now();
+        let timeout = self.node_timeout(req.ttl);
+        let owner = req.owner.as_str();
+        let nonce = format!("{:032x}", fastrand::u128(..));
+        let metadata = serde_json::to_string(&crate::redis::StoredMetadata {
+            metadata: &req.metadata,
+            nonce: &nonce,
+        })
+        .unwrap_or_else(|_| "{}".into());
+        let mut inv = Layout::RedisPy.acquire_script().prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.counter)
+            .key(&keys.meta)
+            .arg(millis(req.ttl))
+            .arg(owner)
+            .arg(&metadata)
+            .arg(&nonce)
+            .arg("0");
+        let answers = self
+            .fan_out::<(i64, i64)>(
+                &self.all(),
+                timeout,
+                Job::Script(inv),
+                |(g, _)| *g == 1,
+                self.quorum,
+            )
+            .await;
+        let mut tokens = Vec::new();
+        let mut busy_pttl: Option<u64> = None;
+        let mut unreachable = 0;
+        // Nodes that may hold a grant of ours: those that granted, and those whose
+        // answer we did not get (or did not wait for).
+        let mut ours = Vec::new();
+        for (i, a) in answers.iter().enumerate() {
+            match a {
+                Some(Ok((1, token))) => {
+                    tokens.push(u64::try_from(*token).unwrap_or(0));
+                    ours.push(i);
+                }
+                Some(Ok((_, pttl))) => {
+                    if let Ok(p) = u64::try_from(*pttl) {
+                        busy_pttl = Some(busy_pttl.map_or(p, |b| b.min(p)));
+                    }
+                }
+                Some(Err(_)) => {
+                    unreachable += 1;
+                    ours.push(i);
+                }
+                None => ours.push(i),
+            }
+        }
+        let granted = tokens.len();
+        let drift = self.drift(req.ttl);
+        let valid = |at: Instant| req.ttl > at.duration_since(start) + drift;
+        if granted >= self.quorum && valid(Instant::now()) {
+            let token = tokens.iter().copied().max().unwrap_or(0);
+            let mut raise = RAISE.prepare_invoke();
+            raise
+                .key(&keys.counter)
+                .key(&keys.lock)
+                .key(&keys.token)
+                .arg(token)
+                .arg(owner);
+            let acks = self
+                .fan_out::<i64>(
+                    &self.all(),
+                    timeout,
+                    Job::Script(raise),
+                    |_| true,
+                    self.quorum,
+                )
+                .await
+                .iter()
+                .filter(|a| matches!(a, Some(Ok(_))))
+                .count();
+            if acks >= self.quorum && valid(Instant::now()) {
+                return Ok(Round::Granted(Box::new(RedlockHeld {
+                    inner: Arc::clone(self),
+                    name: req.name.clone(),
+                    keys: keys.clone(),
+                    owner: owner.to_owned(),
+                    token,
+                    released: AtomicBool::new(false),
+                })));
+            }
+            self.release_on(&self.all(), keys, owner).await;
+            if acks < self.quorum {
+                return Ok(Round::NoQuorum {
+                    granted,
+                    unreachable: n - acks,
+                });
+            }
+            return Ok(Round::TooSlow(start.elapsed()));
+        }
+        if !ours.is_empty() {
+            self.release_on(&ours, keys, owner).await;
+        }
+        if granted >= self.quorum {
+            return Ok(Round::TooSlow(start.elapsed()));
+        }
+        if granted + unreachable < self.quorum {
+            // Another owner holds it on more than N − quorum nodes: no majority for us
+            // until they release or it expires.
+            let mut retry = jitter(self.poll);
+            if let Some(p) = busy_pttl {
+                retry = retry.min(Duration::from_millis(p.max(1)));
+            }
+            return Ok(Round::Taken(Some(retry)));
+        }
+        Ok(Round::NoQuorum {
+            granted,
+            unreachable,
+        })
+    }
+}
+
+#[async_trait]
+impl Backend for RedlockBackend {
+    fn scheme(&self) -> &'static str {
+        SCHEME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(self.inner.fencing);
+        caps.cross_process = true;
+        caps
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let inner = &self.inner;
+        let keys = inner.keys(&req.name);
+        let started = Instant::now();
+        let mut round = 0;
+        loop {
+            let outcome = inner.round(req, &keys).await?;
+            let failure = match outcome {
+                Round::Granted(held) => return Ok(Attempt::Acquired(held)),
+                Round::Taken(retry_after) => return Ok(Attempt::Busy { retry_after }),
+                Round::NoQuorum {
+                    granted,
+                    unreachable,
+                } => Error::NoQuorum {
+                    granted,
+                    needed: inner.quorum,
+                    unreachable,
+                },
+                Round::TooSlow(took) => Error::connection(
+                    SCHEME,
+                    format!(
+                        "a majority granted, but only after {took:?}, past the validity of a {:?} lease: given back",
+                        req.ttl
+                    ),
+                ),
+            };
+            // A bounded number of rounds, and none that would start past half the lease.
+            if round >= inner.retries || started.elapsed() > req.ttl / 2 {
+                return Err(failure);
+            }
+            round += 1;
+            tracing::debug!(lock = %req.name, error = %failure, round, "redlock round failed; retrying");
+            tokio::time::sleep(jitter(inner.poll)).await;
+        }
+    }
+
+    async fn subscribe(&self, _name: &LockName) -> Result<Box<dyn Waiter>> {
+        Ok(Box::new(PollingWaiter {
+            interval: self.inner.poll,
+        }))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let inner = &self.inner;
+        let keys = inner.keys(name);
+        let mut pipe = redis::pipe();
+        pipe.get(&keys.lock)
+            .pttl(&keys.lock)
+            .get(&keys.token)
+            .get(&keys.meta);
+        type Row = (Option<String>, i64, Option<u64>, Option<String>);
+        let timeout = inner.call_timeout().max(Duration::from_millis(200));
+        let rows: Vec<Row> = inner
+            .fan_out::<Row>(&inner.all(), timeout, Job::Pipe(pipe), |_| true, usize::MAX)
+            .await
+            .into_iter()
+            .filter_map(|a| a.and_then(Result::ok))
+            .collect();
+        if rows.len() < inner.quorum {
+            return Err(Error::NoQuorum {
+                granted: rows.len(),
+                needed: inner.quorum,
+                unreachable: inner.nodes.len() - rows.len(),
+            });
+        }
+        // The holder is the owner a majority of nodes name.
+        let Some(owner) = rows
+            .iter()
+            .filter_map(|r| r.0.as_ref())
+            .find(|o| rows.iter().filter(|r| r.0.as_ref() == Some(*o)).count() >= inner.quorum)
+        else {
+            return Ok(None);
+        };
+        let held: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.0.as_ref() == Some(owner))
+            .collect();
+        let token = held.iter().filter_map(|r| r.2).max().unwrap_or(0);
+        let mut info = LockInfo::new(name, owner.clone(), 1, token);
+        info.metadata = held
+            .iter()
+            .find_map(|r| r.3.as_deref())
+            .and_then(|m| serde_json::from_str::<Metadata>(m).ok())
+            .unwrap_or_default();
+        // A majority holds it at least as long as the median remaining lease.
+        let mut remaining: Vec<u64> = held
+            .iter()
+            .filter_map(|r| u64::try_from(r.1).ok())
+            .collect();
+        remaining.sort_unstable();
+        info.remaining = remaining
+            .get(remaining.len().saturating_sub(inner.quorum))
+            .map(|ms| Duration::from_millis(*ms));
+        Ok(Some(info))
+    }
+}
+
+struct RedlockHeld {
+    inner: Arc<Inner>,
+    name: LockName,
+    keys: Keys,
+    owner: String,
+    token: u64,
+    released: AtomicBool,
+}
+
+impl std::fmt::Debug for RedlockHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockHeld")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl HeldLock for RedlockHeld {
+    fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    fn clock_drift(&self, ttl: Duration) -> Duration {
+        self.inner.drift(ttl)
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let inner = &self.inner;
+        let n = inner.nodes.len();
+        let start = Instant::now();
+        let timeout = inner.node_timeout(ttl);
+        let mut inv = RENEW.prepare_invoke();
+        inv.key(&self.keys.lock)
+            .key(&self.keys.meta)
+            .key(&self.keys.token)
+            .arg(&self.owner)
+            .arg(millis(ttl));
+        let answers = inner
+            .fan_out::<i64>(
+                &inner.all(),
+                timeout,
+                Job::Script(inv),
+                |v| *v == 1,
+                inner.quorum,
+            )
+            .await;
+        let extended = answers.iter().filter(|a| matches!(a, Some(Ok(1)))).count();
+        let gone: Vec<usize> = (0..n)
+            .filter(|&i| matches!(answers[i], Some(Ok(0))))
+            .collect();
+        let taken = answers.iter().filter(|a| matches!(a, Some(Ok(-1)))).count();
+        if extended >= inner.quorum && start.elapsed() + inner.drift(ttl) < ttl {
+            if !gone.is_empty() {
+                // Still held by a majority: put it back where a node lost it.
+                let mut reseed = RESEED.prepare_invoke();
+                reseed
+                    .key(&self.keys.lock)
+                    .key(&self.keys.counter)
+                    .key(&self.keys.token)
+                    .arg(&self.owner)
+                    .arg(millis(ttl))
+                    .arg(self.token);
+                inner
+                    .fan_out::<i64>(&gone, timeout, Job::Script(reseed), |_| true, usize::MAX)
+                    .await;
+            }
+            return Ok(());
+        }
+        if gone.len() + taken > n - inner.quorum {
+            // A majority no longer lists this owner: it can never extend again.
+            return Err(Error::NotOwner {
+                name: self.name.as_str().to_owned(),
+            });
+        }
+        let answered = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
+        Err(Error::NoQuorum {
+            granted: extended,
+            needed: inner.quorum,
+            unreachable: n - answered,
+        })
+    }
+
+    async fn release(&self) -> Result<()> {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let inner = &self.inner;
+        let answered = inner
+            .release_on(&inner.all(), &self.keys, &self.owner)
+            .await;
+        if answered >= inner.quorum {
+            // Nodes that did not answer let the key expire with its lease.
+            Ok(())
+        } else {
+            self.released.store(false, Ordering::SeqCst);
+            Err(Error::NoQuorum {
+                granted: answered,
+                needed: inner.quorum,
+                unreachable: inner.nodes.len() - answered,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn refused(url: &str) -> Error {
+        RedlockBackend::open(ConnectUrl::parse(url).expect("parses"))
+            .await
+            .expect_err(url)
+    }
+
+    #[tokio::test]
+    async fn bad_urls_are_refused_before_connecting() {
+        for url in [
+            "redlock://127.0.0.1:1,127.0.0.1:2",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?drift_factor=0.7",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?drift_factor=x",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?retries=-1",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=0s",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?layout=redisson",
+        ] {
+            let e = refused(url).await;
+            assert!(
+                matches!(e, Error::InvalidUrl { .. } | Error::InvalidOption { .. }),
+                "{url}: {e}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn no_majority_at_connect_is_no_quorum() {
+        // Free loopback ports: nothing listens there (connection refused).
+        let ports: Vec<u16> = (0..3).map(|_| dlock_testkit::free_port()).collect();
+        let e = refused(&format!(
+            "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?timeout=1s",
+            ports[0], ports[1], ports[2]
+        ))
+        .await;
+        assert!(
+            matches!(
+                e,
+                Error::NoQuorum {
+                    granted: 0,
+                    needed: 2,
+                    unreachable: 3
+                }
+            ),
+            "{e}"
+        );
+    }
+}

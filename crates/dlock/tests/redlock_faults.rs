@@ -1,0 +1,314 @@
+//! Redlock under node faults, on five independent redis-servers on loopback: a
+//! minority down (locks still work), a majority down (fast `NoQuorum`, no hang), a
+//! paused node, an acquisition slower than the lease (never reported), fencing tokens
+//! across kills and restarts with persistence, and re-seeding a node that restarted
+//! empty.
+#![cfg(feature = "redis")]
+
+use std::time::{Duration, Instant};
+
+use dlock::{Error, Fencing, LockOptions, Locker};
+use dlock_testkit::{Fault, FaultProxy, RedisNodes, RedisOptions, redis_command};
+
+const T: Duration = Duration::from_secs(2);
+
+async fn nodes(persistent: bool) -> Option<RedisNodes> {
+    RedisNodes::start(
+        5,
+        &RedisOptions {
+            persistent,
+            ..RedisOptions::default()
+        },
+    )
+}
+
+/// GET `key` on one node, raw.
+fn raw_get(nodes: &mut RedisNodes, i: usize, key: &str) -> String {
+    let addr = nodes.node(i).addr();
+    String::from_utf8_lossy(&redis_command(addr, &["GET", key], T).expect("GET")).into_owned()
+}
+
+#[tokio::test]
+async fn two_of_five_killed_still_grants_nearly_every_acquire() {
+    let Some(mut nodes) = nodes(false).await else {
+        return;
+    };
+    let locker = Locker::connect(&nodes.url()).await.expect("connect");
+    nodes.node(1).process().kill();
+    nodes.node(3).process().kill();
+    let total = 200;
+    let mut ok = 0;
+    let mut last = 0;
+    for i in 0..total {
+        match locker
+            .lock_timeout(&format!("minority-{}", i % 7), Duration::from_secs(2))
+            .await
+        {
+            Ok(g) => {
+                assert!(g.fencing_token() > 0);
+                last = last.max(g.fencing_token());
+                g.release().await.expect("release on a majority");
+                ok += 1;
+            }
+            Err(e) => eprintln!("acquire {i} failed: {e}"),
+        }
+    }
+    assert!(
+        ok * 100 >= total * 99,
+        "only {ok} of {total} acquires succeeded"
+    );
+}
+
+#[tokio::test]
+async fn three_of_five_down_fails_fast_with_no_quorum() {
+    let Some(mut nodes) = nodes(false).await else {
+        return;
+    };
+    let locker = Locker::connect(&nodes.url()).await.expect("connect");
+    for i in [0, 2, 4] {
+        nodes.node(i).process().kill();
+    }
+    for i in 0..20 {
+        let started = Instant::now();
+        // Waiting forever is asked for: unreachable nodes must still end it, fast.
+        let e = tokio::time::timeout(
+            Duration::from_secs(5),
+            locker.lock(&format!("majority-{i}")),
+        )
+        .await
+        .expect("an attempt hung with a majority down")
+        .expect_err("granted without a majority");
+        assert!(
+            matches!(
+                e,
+                Error::NoQuorum {
+                    needed: 3,
+                    unreachable: 3,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+        let e = locker.try_lock("majority-try").await.expect_err("try_lock");
+        assert!(matches!(e, Error::NoQuorum { .. }), "{e:?}");
+    }
+}
+
+/// A held lock is busy, not "no quorum", even with two nodes down: the three that
+/// answer name another owner.
+#[tokio::test]
+async fn taken_by_another_owner_is_busy_not_no_quorum() {
+    let Some(mut nodes) = nodes(false).await else {
+        return;
+    };
+    let (a, b) = (
+        Locker::connect(&nodes.url()).await.expect("connect"),
+        Locker::connect(&nodes.url()).await.expect("connect"),
+    );
+    let g = a.lock("taken").await.expect("lock");
+    nodes.node(0).process().kill();
+    nodes.node(4).process().kill();
+    assert!(
+        b.try_lock("taken")
+            .await
+            .expect("busy is not an error")
+            .is_none()
+    );
+    let e = b
+        .lock_timeout("taken", Duration::from_millis(300))
+        .await
+        .expect_err("held");
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    g.release().await.expect("release");
+    let g = b.lock_timeout("taken", T).await.expect("free now");
+    g.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_paused_node_neither_blocks_nor_breaks_locking() {
+    let Some(mut nodes) = nodes(false).await else {
+        return;
+    };
+    let (a, b) = (
+        Locker::connect(&nodes.url()).await.expect("connect"),
+        Locker::connect(&nodes.url()).await.expect("connect"),
+    );
+    nodes.node(2).process().pause();
+    let mut last = 0;
+    for i in 0..30 {
+        let (c, other) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let started = Instant::now();
+        let g = c
+            .lock_timeout("paused", T)
+            .await
+            .expect("lock with one node paused");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(g.fencing_token() > last, "token went back");
+        last = g.fencing_token();
+        // Mutual exclusion holds meanwhile.
+        assert!(other.try_lock("paused").await.expect("try").is_none());
+        g.release().await.expect("release");
+    }
+    nodes.node(2).process().resume();
+    let g = a
+        .lock_timeout("paused", T)
+        .await
+        .expect("lock after resume");
+    assert!(g.fencing_token() > last);
+    g.release().await.expect("release");
+}
+
+/// Each round trip to every node takes ~240 ms under a 300 ms lease: a majority grants,
+/// but the validity is gone by the time the token is written back — the grant must be
+/// given back, never reported.
+#[tokio::test]
+async fn an_acquisition_slower_than_the_lease_is_never_reported() {
+    let Some(nodes) = nodes(false).await else {
+        return;
+    };
+    let mut proxies = Vec::new();
+    for i in 0..nodes.len() {
+        let port: u16 = nodes
+            .url()
+            .trim_start_matches("redlock://")
+            .split(',')
+            .nth(i)
+            .and_then(|h| h.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .expect("port");
+        let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        proxies.push(FaultProxy::start(upstream).await.expect("proxy"));
+    }
+    let hosts: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    // Node calls may take up to the lease: only the validity check can refuse the grant.
+    let url = format!("redlock://{}?node_timeout=5s&retries=0", hosts.join(","));
+    let locker = Locker::connect(&url).await.expect("connect");
+    // Load the scripts first, so that each step below is one round trip per node.
+    let warm = locker.lock_timeout("warm-up", T).await.expect("warm-up");
+    warm.release().await.expect("release");
+    for p in &proxies {
+        p.set(Fault::Delay(Duration::from_millis(120)));
+    }
+    let opts = LockOptions::default()
+        .ttl(Duration::from_millis(300))
+        .wait(dlock::Wait::NoWait);
+    let started = Instant::now();
+    let outcome = locker.try_lock_with("slow", &opts).await;
+    match outcome {
+        Ok(Some(_)) => panic!(
+            "a grant that took {:?} under a 300 ms lease was reported",
+            started.elapsed()
+        ),
+        Err(e) => assert!(e.to_string().contains("past the validity"), "{e}"),
+        Ok(None) => panic!("reported busy: nobody else holds it"),
+    }
+    for p in &proxies {
+        p.set(Fault::None);
+    }
+    // Whatever it left behind is owner-checked and expires with its 300 ms lease.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let fresh = Locker::connect(&url).await.expect("connect");
+    let g = fresh.lock_timeout("slow", T).await.expect("free again");
+    g.release().await.expect("release");
+}
+
+/// With `appendfsync always` on every node, tokens strictly increase across holders
+/// while nodes are SIGKILLed and restarted — at most two down at any time.
+#[tokio::test]
+async fn fencing_tokens_increase_across_kills_and_restarts_with_persistence() {
+    let Some(mut nodes) = nodes(true).await else {
+        return;
+    };
+    let clients = [
+        Locker::connect(&nodes.url()).await.expect("connect"),
+        Locker::connect(&nodes.url()).await.expect("connect"),
+        Locker::connect(&nodes.url()).await.expect("connect"),
+    ];
+    assert_eq!(clients[0].capabilities().fencing, Fencing::Durable);
+    let mut last = 0u64;
+    let mut down: Vec<usize> = Vec::new();
+    for i in 0..60usize {
+        if i % 4 == 0 {
+            // Bring one back, take another down: the set of live majorities changes.
+            if down.len() == 2 {
+                let back = down.remove(0);
+                nodes.node(back).restart();
+            }
+            let victim = (i / 4 * 3) % 5;
+            if !down.contains(&victim) {
+                nodes.node(victim).process().kill();
+                down.push(victim);
+            }
+        }
+        let c = &clients[i % clients.len()];
+        // A restarted node may still hold a lease whose release it missed while down,
+        // so with two others down there may be no majority for a moment: that is
+        // `NoQuorum` (availability), retried here; the tokens are what is checked.
+        let opts = LockOptions::default().ttl(Duration::from_millis(400));
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let g = loop {
+            match c.lock_with("fenced", &opts).await {
+                Ok(g) => break g,
+                Err(e @ Error::NoQuorum { .. }) if Instant::now() < give_up => {
+                    eprintln!("round {i}, down {down:?}: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("round {i}, nodes down {down:?}: {e}"),
+            }
+        };
+        let t = g.fencing_token();
+        assert!(
+            t > last,
+            "round {i}: token {t} after {last} (down {down:?})"
+        );
+        last = t;
+        if i % 5 == 4 {
+            // Dropped, not released: the next holder may find it on some nodes until
+            // the keeper's release lands.
+            drop(g);
+        } else {
+            g.release().await.expect("release");
+        }
+    }
+}
+
+/// A node that restarts empty gets the key back on the next renewal, because a
+/// majority still holds the lock — and never when the majority does not.
+#[tokio::test]
+async fn renewal_reseeds_a_node_that_restarted_empty() {
+    let Some(mut nodes) = nodes(false).await else {
+        return;
+    };
+    let locker = Locker::connect(&nodes.url()).await.expect("connect");
+    let opts = LockOptions::default().ttl(Duration::from_millis(600));
+    let g = locker.lock_with("reseed", &opts).await.expect("lock");
+    let owner = g.owner().as_str().to_owned();
+    assert!(raw_get(&mut nodes, 0, "reseed").contains(&owner));
+    nodes.node(0).restart();
+    assert!(
+        !raw_get(&mut nodes, 0, "reseed").contains(&owner),
+        "restarted empty"
+    );
+    let end = Instant::now() + Duration::from_secs(3);
+    while !raw_get(&mut nodes, 0, "reseed").contains(&owner) {
+        assert!(Instant::now() < end, "never re-seeded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(g.is_held());
+    g.release().await.expect("release");
+    for i in 0..5 {
+        assert!(
+            !raw_get(&mut nodes, i, "reseed").contains(&owner),
+            "left on node {i}"
+        );
+    }
+}
