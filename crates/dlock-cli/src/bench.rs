@@ -4,8 +4,9 @@
 //! The floor is what the same backend does with bare commands in the same run: for
 //! SQLite, two autocommitted writes per cycle on the same file with the same durability
 //! settings — insert a lease row (name, 32-character owner, expiry), delete it if the
-//! owner matches — which is the least any lease lock on SQLite must do. Other backends
-//! report no floor yet.
+//! owner matches — which is the least any lease lock on SQLite must do. For Redis, the
+//! same client's bare `SET NX PX` + `EVALSHA` compare-and-delete. For Redlock, the same
+//! cycles on the first node alone (same layout), measured in the same run.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -49,6 +50,52 @@ struct Report {
     handoff: Option<crate::handoff::Handoff>,
     hold: Option<crate::hold::HoldRun>,
     parallel: Option<crate::parallel::Parallel>,
+    single_node: Option<SingleNode>,
+}
+
+/// Redlock only: the same cycles on the first node alone, same layout, same run.
+#[derive(Debug, Serialize)]
+struct SingleNode {
+    url: String,
+    cycles_per_sec: f64,
+    latency: Latency,
+    redlock_ratio: f64,
+}
+
+/// `cycles` acquire+release cycles on `name`, one at a time.
+async fn measure_cycles(
+    locker: &Locker,
+    name: &str,
+    cycles: u32,
+) -> Result<(f64, Latency), Failure> {
+    // Warm up connections (and load scripts), then measure.
+    for _ in 0..20 {
+        locker.lock(name).await?.release().await?;
+    }
+    let mut samples = Vec::with_capacity(cycles as usize);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        let g = locker.lock(name).await?;
+        g.release().await?;
+        samples.push(micros(t.elapsed()));
+    }
+    Ok((
+        f64::from(cycles) / start.elapsed().as_secs_f64(),
+        Latency::of(&samples),
+    ))
+}
+
+/// `redis://[userinfo@]first-host?layout=redis-py` for a `redlock://` URL.
+fn first_node_url(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("redlock://")?;
+    let authority = rest.split(['/', '?']).next()?;
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let first = hosts.split(',').next()?;
+    Some(format!("redis://{userinfo}{first}?layout=redis-py"))
 }
 
 pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
@@ -56,21 +103,20 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     let url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "bench.db");
     let locker = Locker::connect(&url).await?;
     let name = format!("bench:{}", dlock::Owner::random());
-
-    // Warm up connections, then measure.
-    for _ in 0..20 {
-        locker.lock(&name).await?.release().await?;
-    }
-    let mut samples = Vec::with_capacity(args.cycles as usize);
-    let start = Instant::now();
-    for _ in 0..args.cycles {
-        let t = Instant::now();
-        let g = locker.lock(&name).await?;
-        g.release().await?;
-        samples.push(micros(t.elapsed()));
-    }
-    let elapsed = start.elapsed();
-    let cycles_per_sec = f64::from(args.cycles) / elapsed.as_secs_f64();
+    let (cycles_per_sec, latency) = measure_cycles(&locker, &name, args.cycles).await?;
+    let single_node = match first_node_url(&url) {
+        None => None,
+        Some(single) => {
+            let one = Locker::connect(&single).await?;
+            let (rate, lat) = measure_cycles(&one, &format!("{name}:single"), args.cycles).await?;
+            Some(SingleNode {
+                url: one.url().to_owned(),
+                cycles_per_sec: rate,
+                latency: lat,
+                redlock_ratio: cycles_per_sec / rate,
+            })
+        }
+    };
     let floor = match sqlite_floor(&url, args.cycles).await? {
         Some(f) => Some(f),
         None => redis_floor(&url, args.cycles).await?,
@@ -78,7 +124,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     let uncontended = Uncontended {
         cycles: u64::from(args.cycles),
         cycles_per_sec,
-        latency: Latency::of(&samples),
+        latency,
         floor_cycles_per_sec: floor.as_ref().map(|f| f.0),
         floor_latency: floor.as_ref().map(|f| f.1),
         ratio_to_floor: floor.as_ref().map(|f| cycles_per_sec / f.0),
@@ -119,6 +165,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     };
     let report = Report {
         parallel,
+        single_node,
         url: locker.url().to_owned(),
         uncontended,
         contended,
@@ -169,6 +216,16 @@ fn print_report(r: &Report) {
              p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
             show_us(fl.p50_us),
             show_us(fl.p99_us)
+        );
+    }
+    if let Some(s) = &r.single_node {
+        println!(
+            "  one of its nodes alone ({}, same run): {:.0} cycles/s, p50 {}, p99 {} -> redlock at {:.2}x",
+            s.url,
+            s.cycles_per_sec,
+            show_us(s.latency.p50_us),
+            show_us(s.latency.p99_us),
+            s.redlock_ratio
         );
     }
     if let Some(p) = &r.parallel {

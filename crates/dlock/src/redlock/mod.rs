@@ -2,8 +2,8 @@
 //! independent Redis masters (feature `redis`).
 //!
 //! # How a lock works here
-//! An attempt sends the single-node acquire script (the `redis-py` layout: `SET name
-//! <owner> NX PX`, plus dlock's token counter `dlock_token:{name}`) to every node at
+//! An attempt sends a single-node acquire script (the plain layout: `SET name <owner>
+//! NX PX`, plus dlock's token counter `dlock_token:{name}`) to every node at
 //! once, each call bounded by `node_timeout` (far below the TTL). It succeeds iff at
 //! least ⌊N/2⌋+1 nodes granted **and** the validity `TTL − elapsed − drift` (drift =
 //! `drift_factor` × TTL + 2 ms, default 1 %) is still positive after the token write-back
@@ -26,7 +26,8 @@
 //! # Fencing
 //! Each granting node increments its counter in the acquire script; the client takes
 //! T = the maximum of the values returned and writes T back, set-if-greater, to a
-//! majority before the guard is returned. Any two majorities intersect, so every later
+//! majority before the guard is returned (a round it skips when a majority of nodes
+//! returned T itself: their counters already stand at T). Any two majorities intersect, so every later
 //! grant meets a node whose counter is at least T and gets a larger token. That holds
 //! as long as no node loses an acknowledged write: every node must persist each write
 //! before answering (`appendonly yes` + `appendfsync always`), or a node that restarts
@@ -36,7 +37,7 @@
 //!
 //! # Options
 //! `node_timeout=D` (per node call; default 50 ms and at most a tenth of the TTL; a
-//! configured value is capped at the TTL),
+//! configured value is used as given — keep it far below your TTLs),
 //! `drift_factor=F` (default 0.01), `retries=N` (rounds after the first when nodes do
 //! not answer, default 3), `poll=D` (waiting, default 20ms, jittered), `prefix=TEXT`,
 //! `timeout=D` (connecting, default 5s). A password in the URL is used on every node.
@@ -64,6 +65,8 @@ use node::{Job, Node};
 
 const SCHEME: &str = "redlock";
 
+static ACQUIRE: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
 static RAISE: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(include_str!("scripts/raise.lua")));
 static RENEW: std::sync::LazyLock<Script> =
@@ -266,11 +269,12 @@ impl Inner {
     }
 
     /// The per-node bound for a lock of `ttl`: by default 50 ms and at most a tenth of
-    /// the lease; a configured value is honoured up to the lease itself.
+    /// the lease; a configured value is honoured as it is (grants that come back too
+    /// late are refused by the validity check).
     fn node_timeout(&self, ttl: Duration) -> Duration {
         match self.node_timeout {
             None => Duration::from_millis(50).min(ttl / 10),
-            Some(d) => d.min(ttl),
+            Some(d) => d,
         }
         .max(Duration::from_millis(1))
     }
@@ -345,21 +349,15 @@ impl Inner {
         let start = Instant::now();
         let timeout = self.node_timeout(req.ttl);
         let owner = req.owner.as_str();
-        let nonce = format!("{:032x}", fastrand::u128(..));
-        let metadata = serde_json::to_string(&crate::redis::StoredMetadata {
-            metadata: &req.metadata,
-            nonce: &nonce,
-        })
-        .unwrap_or_else(|_| "{}".into());
-        let mut inv = Layout::RedisPy.acquire_script().prepare_invoke();
+        let metadata = serde_json::to_string(&req.metadata).unwrap_or_else(|_| "{}".into());
+        let mut inv = ACQUIRE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.counter)
             .key(&keys.meta)
+            .key(&keys.token)
             .arg(millis(req.ttl))
             .arg(owner)
-            .arg(&metadata)
-            .arg(&nonce)
-            .arg("0");
+            .arg(&metadata);
         let answers = self
             .fan_out::<(i64, i64)>(
                 &self.all(),
@@ -398,15 +396,20 @@ impl Inner {
         let valid = |at: Instant| req.ttl > at.duration_since(start) + drift;
         if granted >= self.quorum && valid(Instant::now()) {
             let token = tokens.iter().copied().max().unwrap_or(0);
-            let mut raise = RAISE.prepare_invoke();
-            raise
-                .key(&keys.counter)
-                .key(&keys.lock)
-                .key(&keys.token)
-                .arg(token)
-                .arg(owner);
-            let acks = self
-                .fan_out::<i64>(
+            // Each granting node's counter now equals the value it returned. When a
+            // majority returned T itself, a majority has seen T already: no write-back
+            // round is needed (the usual case: nodes that saw the same grants agree).
+            let acks = if tokens.iter().filter(|&&t| t == token).count() >= self.quorum {
+                self.quorum
+            } else {
+                let mut raise = RAISE.prepare_invoke();
+                raise
+                    .key(&keys.counter)
+                    .key(&keys.lock)
+                    .key(&keys.token)
+                    .arg(token)
+                    .arg(owner);
+                self.fan_out::<i64>(
                     &self.all(),
                     timeout,
                     Job::Script(raise),
@@ -416,7 +419,8 @@ impl Inner {
                 .await
                 .iter()
                 .filter(|a| matches!(a, Some(Ok(_))))
-                .count();
+                .count()
+            };
             if acks >= self.quorum && valid(Instant::now()) {
                 return Ok(Round::Granted(Box::new(RedlockHeld {
                     inner: Arc::clone(self),
@@ -547,7 +551,14 @@ impl Backend for RedlockBackend {
             .iter()
             .filter(|r| r.0.as_ref() == Some(owner))
             .collect();
-        let token = held.iter().filter_map(|r| r.2).max().unwrap_or(0);
+        // The token the most holding nodes record (a node that granted late may
+        // record its own, different counter value).
+        let recorded: Vec<u64> = held.iter().filter_map(|r| r.2).collect();
+        let token = recorded
+            .iter()
+            .copied()
+            .max_by_key(|t| (recorded.iter().filter(|r| *r == t).count(), *t))
+            .unwrap_or(0);
         let mut info = LockInfo::new(name, owner.clone(), 1, token);
         info.metadata = held
             .iter()
