@@ -25,9 +25,10 @@
 //! | `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:` | embedded SQLite (default) | `sqlite` |
 //! | `memory://`, `memory://STORE` | in-process | always |
 //! | `redis://[user:pass@]host:port[/db]`, `rediss://…?ca_file=PEM`, `redis+cluster://n1:p,n2:p`, `redis+sentinel://s1:p,s2:p/master` | Redis, Redisson-compatible | `redis` |
+//! | `redlock://a:p,b:p,c:p,d:p,e:p` | Redlock over independent Redis masters | `redis` |
 //!
 //! Query parameters carry options (`?ttl=30s`); an unknown parameter is an error.
-//! Redlock, etcd, ZooKeeper, PostgreSQL and MySQL are designed but not in
+//! etcd, ZooKeeper, PostgreSQL and MySQL are designed but not in
 //! this version; their URLs give [`Error::Unsupported`].
 //!
 //! ## What is guaranteed

@@ -342,3 +342,39 @@ async fn token_write_back_survives_the_loss_of_the_nodes_that_were_ahead() {
     assert!(g.fencing_token() > 1001, "token {}", g.fencing_token());
     g.release().await.expect("release");
 }
+
+/// The on-node layout is node-redlock's / redsync's: a foreign client that holds
+/// `SET name <value> NX PX` on a majority excludes dlock, and dlock's hold is such a
+/// key on every node (so `SET NX` by the foreign client fails there).
+#[tokio::test]
+async fn excludes_a_foreign_redlock_client_both_ways() {
+    let Some(mut nodes) = nodes(false).await else {
+        return;
+    };
+    let locker = Locker::connect(&nodes.url()).await.expect("connect");
+    // Foreign client: SET NX PX on nodes 0..3 (a majority).
+    for i in 0..3 {
+        let addr = nodes.node(i).addr();
+        let r = redis_command(addr, &["SET", "shared", "foreign-1", "NX", "PX", "5000"], T)
+            .expect("SET");
+        assert!(String::from_utf8_lossy(&r).starts_with("+OK"));
+    }
+    assert!(locker.try_lock("shared").await.expect("busy").is_none());
+    // The foreign client releases (compare-and-delete, as node-redlock does).
+    for i in 0..3 {
+        let addr = nodes.node(i).addr();
+        redis_command(addr, &["DEL", "shared"], T).expect("DEL");
+    }
+    let g = locker.lock_timeout("shared", T).await.expect("free now");
+    for i in 0..5 {
+        let addr = nodes.node(i).addr();
+        let r = redis_command(addr, &["SET", "shared", "foreign-2", "NX", "PX", "5000"], T)
+            .expect("SET");
+        assert!(
+            String::from_utf8_lossy(&r).starts_with("$-1"),
+            "node {i}: the foreign client got the key while dlock holds it"
+        );
+        assert!(raw_get(&mut nodes, i, "shared").contains(g.owner().as_str()));
+    }
+    g.release().await.expect("release");
+}
