@@ -5,10 +5,12 @@
 //! unless `DLOCK_REQUIRE_SERVERS=1`, in which case it fails: CI never passes by skipping.
 //! No test here touches an address outside 127.0.0.0/8.
 
+mod etcd;
 mod proxy;
 mod server;
 mod tls;
 
+pub use etcd::EtcdServer;
 pub use proxy::{Fault, FaultProxy};
 pub use server::{
     RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess, find_binary,

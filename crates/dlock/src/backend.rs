@@ -63,6 +63,10 @@ pub struct Capabilities {
     pub cross_process: bool,
     /// Longest lease the backend accepts, if it is shorter than dlock's own limit.
     pub max_ttl: Option<Duration>,
+    /// Every busy attempt takes a place in a server-side queue (etcd, ZooKeeper), fair
+    /// or not; the core removes it (`leave_queue`) when the acquisition ends without
+    /// the lock.
+    pub queued_waiting: bool,
 }
 
 impl Capabilities {
@@ -77,6 +81,7 @@ impl Capabilities {
             reentrant: false,
             cross_process: false,
             max_ttl: None,
+            queued_waiting: false,
         }
     }
 }
@@ -213,7 +218,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// and releases the result if the caller has gone.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt>;
 
-    /// Arm a waiter for `name` *before* the next attempt, so no release between the
+    /// Arm a waiter for `owner`'s acquisition of `name` *before* the next attempt, so no release between the
     /// attempt and the wait is missed. The default polls every 20 ms (jittered).
     ///
     /// # Errors
@@ -221,8 +226,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Cancel safety
     /// Must be cancel safe.
-    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Waiter>> {
-        let _ = name;
+    async fn subscribe(&self, name: &LockName, owner: &Owner) -> Result<Box<dyn Waiter>> {
+        let _ = (name, owner);
         Ok(Box::new(PollingWaiter {
             interval: Duration::from_millis(20),
         }))

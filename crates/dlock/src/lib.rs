@@ -46,6 +46,8 @@ pub mod backend;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod guard;
 mod locker;
 pub mod memory;

@@ -179,7 +179,7 @@ impl Locker {
             backend: Arc::clone(&self.backend),
             name: name.clone(),
             owner: req.owner.clone(),
-            armed: opts.fair,
+            armed: opts.fair || self.backend.capabilities().queued_waiting,
         };
         let mut waiter: Option<Box<dyn Waiter>> = None;
         loop {
@@ -210,7 +210,7 @@ impl Locker {
                 None => {
                     // Subscribe, then try again at once: a release that happened between
                     // the attempt and the subscription is seen by that attempt.
-                    waiter = Some(self.backend.subscribe(&name).await?);
+                    waiter = Some(self.backend.subscribe(&name, &req.owner).await?);
                 }
                 Some(w) => {
                     let mut step = retry_after.unwrap_or(MAX_WAIT_STEP).min(remaining);

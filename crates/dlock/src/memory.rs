@@ -128,6 +128,7 @@ impl Backend for MemoryBackend {
             reentrant: true,
             cross_process: false,
             max_ttl: None,
+            queued_waiting: false,
         }
     }
 
@@ -191,7 +192,7 @@ impl Backend for MemoryBackend {
         ))))
     }
 
-    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(MemoryWaiter {
             rx: self.store.changes.subscribe(name),
         }))

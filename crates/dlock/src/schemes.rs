@@ -70,6 +70,21 @@ pub fn schemes() -> Vec<SchemeInfo> {
             capabilities: redis_caps(),
         });
     }
+    for (scheme, description) in [
+        (
+            "etcd",
+            "etcd v3: session lease, queue by create revision, etcdctl-lock layout",
+        ),
+        ("etcds", "etcd over TLS (ca_file, cert_file, key_file)"),
+    ] {
+        out.push(SchemeInfo {
+            scheme,
+            feature: Some("etcd"),
+            available: cfg!(feature = "etcd"),
+            description,
+            capabilities: etcd_caps(),
+        });
+    }
     for (scheme, feature, description) in PLANNED {
         out.push(SchemeInfo {
             scheme,
@@ -83,9 +98,7 @@ pub fn schemes() -> Vec<SchemeInfo> {
 }
 
 /// Schemes whose backends are designed but not implemented in this version.
-const PLANNED: [(&str, &str, &str); 7] = [
-    ("etcd", "etcd", "etcd (not implemented yet)"),
-    ("etcds", "etcd", "etcd over TLS (not implemented yet)"),
+const PLANNED: [(&str, &str, &str); 5] = [
     ("zk", "zookeeper", "ZooKeeper (not implemented yet)"),
     ("postgres", "postgres", "PostgreSQL (not implemented yet)"),
     ("postgresql", "postgres", "PostgreSQL (not implemented yet)"),
@@ -112,6 +125,22 @@ fn redis_caps() -> Option<Capabilities> {
     caps.reentrant = true;
     caps.cross_process = true;
     Some(caps)
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_caps() -> Option<Capabilities> {
+    let mut caps = Capabilities::new(crate::backend::Fencing::Durable);
+    caps.fifo = true;
+    caps.native_wait = true;
+    caps.session_bound = true;
+    caps.cross_process = true;
+    caps.queued_waiting = true;
+    Some(caps)
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_caps() -> Option<Capabilities> {
+    None
 }
 
 #[cfg(not(feature = "redis"))]
@@ -148,6 +177,13 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
                 feature: "redis".into(),
             })
         }
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(crate::etcd::EtcdBackend::open(url).await?),
+        #[cfg(not(feature = "etcd"))]
+        "etcd" | "etcds" => Err(Error::BackendNotEnabled {
+            scheme: url.scheme().to_owned(),
+            feature: "etcd".into(),
+        }),
         other => match PLANNED.iter().find(|(s, _, _)| *s == other) {
             Some((scheme, _, _)) => Err(Error::Unsupported(format!(
                 "the {scheme}:// backend is not implemented in this version of dlock"

@@ -523,6 +523,7 @@ impl Backend for RedisBackend {
             reentrant: self.inner.layout.reentrant(),
             cross_process: true,
             max_ttl: None,
+            queued_waiting: false,
         }
     }
 
@@ -609,7 +610,11 @@ impl Backend for RedisBackend {
         })))
     }
 
-    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(
+        &self,
+        name: &LockName,
+        _owner: &crate::options::Owner,
+    ) -> Result<Box<dyn Waiter>> {
         let inner = &self.inner;
         if !inner.layout.publishes() {
             return Ok(Box::new(PollingWaiter {

@@ -510,7 +510,11 @@ impl Backend for RedlockBackend {
         }
     }
 
-    async fn subscribe(&self, _name: &LockName) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(
+        &self,
+        _name: &LockName,
+        _owner: &crate::options::Owner,
+    ) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(PollingWaiter {
             interval: self.inner.poll,
         }))

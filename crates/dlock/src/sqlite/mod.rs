@@ -383,6 +383,7 @@ impl Backend for SqliteBackend {
             reentrant: true,
             cross_process: self.inner.cross_process,
             max_ttl: None,
+            queued_waiting: false,
         }
     }
 
@@ -428,7 +429,7 @@ impl Backend for SqliteBackend {
         })
     }
 
-    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(SqliteWaiter {
             rx: self.inner.changes.subscribe(name),
             poll: self.inner.poll,

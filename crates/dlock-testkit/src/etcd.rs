@@ -1,0 +1,186 @@
+//! A single-member etcd on free loopback ports (client and peer), data in a temp dir,
+//! with `etcdctl` for raw commands and auth setup.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::server::{ServerProcess, find_binary, free_port, skip};
+
+/// A running `etcd` (killed on Drop).
+#[derive(Debug)]
+pub struct EtcdServer {
+    process: ServerProcess,
+    dir: tempfile::TempDir,
+    port: u16,
+    peer_port: u16,
+    binary: PathBuf,
+}
+
+/// `GET /health` over plain HTTP: whether etcd says it is healthy.
+fn healthy(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
+}
+
+impl EtcdServer {
+    /// Start etcd, or skip when it is not installed (see [`skip`]).
+    ///
+    /// # Panics
+    /// When etcd exists but does not come up after three tries.
+    #[must_use]
+    pub fn start() -> Option<Self> {
+        let Some(binary) = find_binary("etcd") else {
+            return skip("etcd not found on PATH (apt-get install etcd-server)");
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut last = String::new();
+        for _ in 0..3 {
+            let (port, peer_port) = (free_port(), free_port());
+            match Self::launch(&binary, dir.path(), port, peer_port) {
+                Ok(process) => {
+                    return Some(EtcdServer {
+                        process,
+                        dir,
+                        port,
+                        peer_port,
+                        binary,
+                    });
+                }
+                Err(e) => last = e,
+            }
+        }
+        panic!("etcd did not start: {last}");
+    }
+
+    fn launch(
+        binary: &Path,
+        dir: &Path,
+        port: u16,
+        peer_port: u16,
+    ) -> Result<ServerProcess, String> {
+        let client = format!("http://127.0.0.1:{port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let mut cmd = Command::new(binary);
+        cmd.current_dir(dir)
+            .args(["--name", "dlock-test", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("dlock-test={peer}")])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--log-level", "warn"]);
+        let log = dir.join(format!("etcd-{port}.log"));
+        let mut process =
+            ServerProcess::spawn("etcd", cmd, &log).map_err(|e| format!("spawn: {e}"))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if process.has_exited() {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!("etcd exited (port taken?); log:\n{log}"));
+            }
+            if healthy(addr) {
+                // A port taken by someone else makes our etcd exit: look once more.
+                std::thread::sleep(Duration::from_millis(50));
+                if process.has_exited() {
+                    continue;
+                }
+                return Ok(process);
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!("not healthy on port {port}; log:\n{log}"));
+            }
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    /// `127.0.0.1:port` (client).
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `etcd://127.0.0.1:port`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+
+    /// The process (pause, resume, kill).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// SIGKILL and start again on the same ports and data (etcd persists its log).
+    ///
+    /// # Panics
+    /// When it does not come back.
+    pub fn restart(&mut self) {
+        self.process.kill();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match Self::launch(&self.binary, self.dir.path(), self.port, self.peer_port) {
+                Ok(p) => {
+                    self.process = p;
+                    return;
+                }
+                Err(e) if Instant::now() > deadline => panic!("etcd restart failed: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// An `etcdctl` command aimed at this server (API v3), not yet run.
+    ///
+    /// # Panics
+    /// When `etcdctl` is not installed (it comes with the `etcd-client` package).
+    #[must_use]
+    pub fn etcdctl(&self) -> Command {
+        let bin = find_binary("etcdctl").expect("etcdctl on PATH (apt-get install etcd-client)");
+        let mut cmd = Command::new(bin);
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=127.0.0.1:{}", self.port));
+        cmd
+    }
+
+    /// Run `etcdctl ARGS…` and return its stdout.
+    ///
+    /// # Panics
+    /// When it fails.
+    #[must_use]
+    pub fn etcdctl_output(&self, args: &[&str]) -> String {
+        let out = self.etcdctl().args(args).output().expect("run etcdctl");
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// How many keys exist (all of them).
+    #[must_use]
+    pub fn key_count(&self) -> usize {
+        let out = self.etcdctl_output(&["get", "", "--prefix", "--count-only", "-w", "fields"]);
+        out.lines()
+            .find_map(|l| l.strip_prefix("\"Count\" : "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,757 @@
+//! `etcd://h1:2379[,h2:2379…][/prefix]` and `etcds://…` (TLS): locks on etcd v3
+//! (feature `etcd`), in the layout of etcd's own `concurrency.Mutex` and `etcdctl lock`.
+//!
+//! # How a lock works here
+//! Each backend keeps one **session**: an etcd lease (`session_ttl`, default 10 s) kept
+//! alive every third of its TTL. A lock `NAME` is a directory `<prefix><NAME>/`; a
+//! contender puts the key `<prefix><NAME>/<lease id in lowercase hex>` attached to the
+//! session lease, and the holder is the key with the **lowest create revision** under
+//! the directory. That create revision is the **fencing token**: etcd revisions are
+//! global, raft-committed and never reused, so tokens are durable.
+//!
+//! - The first attempt is one transaction: "if nothing is under the directory, put my
+//!   key" — an uncontended acquire+release is exactly two writes (put, delete), and a
+//!   `try_lock` on a held lock writes nothing.
+//! - A waiter puts its key (it is now queued, first come first served), then watches
+//!   **only its predecessor** (the key created just before its own) for deletion: a
+//!   release wakes exactly one waiter, never a herd.
+//! - Within one backend, one owner at a time per name talks to etcd (the key is named
+//!   after the session lease, as in etcd's recipe); other local owners queue in-process
+//!   and are woken one at a time.
+//!
+//! # Names
+//! By default the name is encoded (`/`-free, injective), so `jobs/a` and `jobs/a/x`
+//! are independent locks and the default prefix is `/dlock/`. With `raw_names=true`
+//! the name is used as it is and the prefix is the URL path (empty by default): then
+//! `etcdctl lock NAME` and dlock exclude each other on the same name (with raw names,
+//! as in etcd's recipe, `jobs/a` also sees the keys of `jobs/a/x`).
+//!
+//! # Loss and TTLs
+//! The session is the lease on the server: a holder that dies frees its locks when the
+//! session lease expires (`session_ttl`). While the process lives, `lost()` fires when
+//! no keep-alive has been confirmed before the lease's known expiry, or etcd says the
+//! lease is gone. A lock's own TTL is kept by the live holder (renewal off: the holder
+//! gives the lock back when its TTL ends). A waiter whose session ends stops waiting
+//! with an error.
+//!
+//! # Options
+//! `session_ttl=D` (whole seconds, at least 2 s, default 10 s), `raw_names=true|false`,
+//! `timeout=D` (per request and connecting, default 5 s); `etcds://` takes `ca_file`,
+//! `cert_file`, `key_file`; `user:password@` in the URL authenticates.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::sync::Notify;
+
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, Waiter,
+};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::options::{Metadata, Owner};
+use crate::url::ConnectUrl;
+
+mod session;
+
+use session::Session;
+
+const SCHEME: &str = "etcd";
+
+/// How long a queued waiter waits for its predecessor's deletion before it looks again
+/// (the watch is the wake-up; this only bounds a missed event).
+const RECHECK: Duration = Duration::from_secs(10);
+
+pub(crate) fn map_err(e: &etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    // gRPC codes that mean "try again": CANCELLED 1, DEADLINE_EXCEEDED 4, UNAVAILABLE 14.
+    let retry = match e {
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => true,
+        E::GRpcStatus(s) => matches!(s.code() as i32, 1 | 4 | 14),
+        _ => false,
+    };
+    if retry {
+        Error::connection(SCHEME, e)
+    } else {
+        Error::backend(SCHEME, e)
+    }
+}
+
+/// What a contender stores in its key: its owner token and metadata.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Stored {
+    owner: String,
+    #[serde(flatten)]
+    metadata: Metadata,
+}
+
+/// This backend's own contender for one lock directory.
+struct Slot {
+    owner: String,
+    session: Arc<Session>,
+    key: String,
+    held: bool,
+    /// When queued: the key created just before ours, and the revision at which it
+    /// was seen (its deletion is watched from the next revision).
+    predecessor: Option<(String, i64)>,
+}
+
+struct Inner {
+    client: Client,
+    prefix: String,
+    raw_names: bool,
+    session_ttl: Duration,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// Keepers hold a weak reference: when the backend goes, sessions are revoked.
+    alive: Arc<()>,
+    slots: Mutex<HashMap<String, Slot>>,
+    /// Local owners waiting for a directory that another local owner is using.
+    local: Mutex<HashMap<String, Arc<Notify>>>,
+    shown: String,
+}
+
+/// The etcd backend.
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("url", &self.inner.shown)
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<Duration> {
+    match url.take_param(key) {
+        None => Ok(default),
+        Some(v) => {
+            let d = crate::options::parse_duration(key, &v)?;
+            if d.is_zero() {
+                return Err(url.invalid(&format!("{key} must be above zero")));
+            }
+            Ok(d)
+        }
+    }
+}
+
+impl EtcdBackend {
+    pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
+        let tls = url.scheme() == "etcds";
+        let timeout = duration_param(&mut url, "timeout", Duration::from_secs(5))?;
+        let session_ttl = duration_param(&mut url, "session_ttl", Duration::from_secs(10))?;
+        if session_ttl < Duration::from_secs(2) || session_ttl.subsec_nanos() != 0 {
+            return Err(url.invalid("session_ttl must be whole seconds, at least 2s"));
+        }
+        let raw_names = url.take_bool("raw_names")?.unwrap_or(false);
+        let ca = url.take_param("ca_file");
+        let cert = url.take_param("cert_file");
+        let key = url.take_param("key_file");
+        url.finish(&[
+            "timeout",
+            "session_ttl",
+            "raw_names",
+            "ca_file",
+            "cert_file",
+            "key_file",
+        ])?;
+        if !tls && (ca.is_some() || cert.is_some() || key.is_some()) {
+            return Err(url.invalid("ca_file, cert_file and key_file need TLS: use etcds://"));
+        }
+        if cert.is_some() != key.is_some() {
+            return Err(url.invalid("cert_file and key_file go together (mutual TLS)"));
+        }
+        let mut prefix = url.path().to_owned();
+        if prefix.is_empty() && !raw_names {
+            prefix = "/dlock/".into();
+        } else if !prefix.is_empty() && !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        let scheme = if tls { "https" } else { "http" };
+        let endpoints: Vec<String> = if url.hosts().is_empty() {
+            vec![format!("{scheme}://127.0.0.1:2379")]
+        } else {
+            url.hosts()
+                .iter()
+                .map(|h| {
+                    let host = if h.host.contains(':') {
+                        format!("[{}]", h.host)
+                    } else {
+                        h.host.clone()
+                    };
+                    format!("{scheme}://{host}:{}", h.port.unwrap_or(2379))
+                })
+                .collect()
+        };
+        let mut options = ConnectOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        if let Some(user) = url.username() {
+            let password = url
+                .password()
+                .map(|p| p.expose().to_owned())
+                .unwrap_or_default();
+            options = options.with_user(user, password);
+        }
+        if tls {
+            let read = |param: &str, path: &str| {
+                std::fs::read(path).map_err(|e| {
+                    url.invalid(&format!("cannot read {param} {path:?}: {}", e.kind()))
+                })
+            };
+            let mut t = etcd_client::TlsOptions::new();
+            if let Some(ca) = &ca {
+                t = t.ca_certificate(etcd_client::Certificate::from_pem(read("ca_file", ca)?));
+            }
+            if let (Some(cert), Some(key)) = (&cert, &key) {
+                t = t.identity(etcd_client::Identity::from_pem(
+                    read("cert_file", cert)?,
+                    read("key_file", key)?,
+                ));
+            }
+            options = options.with_tls(t);
+        }
+        let client = tokio::time::timeout(timeout, Client::connect(endpoints, Some(options)))
+            .await
+            .map_err(|_| Error::connection(SCHEME, format!("connecting to {url} timed out")))?
+            .map_err(|e| map_err(&e))?;
+        // Fail now, not on the first lock, when the cluster does not answer.
+        let mut probe = client.clone();
+        tokio::time::timeout(timeout, probe.get("dlock-connect-probe", None))
+            .await
+            .map_err(|_| Error::connection(SCHEME, format!("{url} did not answer")))?
+            .map_err(|e| map_err(&e))?;
+        Ok(Arc::new(EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                prefix,
+                raw_names,
+                session_ttl,
+                session: tokio::sync::Mutex::new(None),
+                alive: Arc::new(()),
+                slots: Mutex::new(HashMap::new()),
+                local: Mutex::new(HashMap::new()),
+                shown: url.to_string(),
+            }),
+        }))
+    }
+}
+
+impl Inner {
+    fn dir(&self, name: &LockName) -> String {
+        if self.raw_names {
+            format!("{}{}/", self.prefix, name.as_str())
+        } else {
+            format!("{}{}/", self.prefix, name.encoded())
+        }
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn local_notify(&self, dir: &str) -> Arc<Notify> {
+        let mut local = self
+            .local
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(local.entry(dir.to_owned()).or_default())
+    }
+
+    /// The slot for `dir` is free again: wake one local owner waiting for it.
+    fn free_slot(&self, dir: &str, owner: &str) {
+        let removed = {
+            let mut slots = self.slots();
+            match slots.get(dir) {
+                Some(s) if s.owner == owner => slots.remove(dir).is_some(),
+                _ => false,
+            }
+        };
+        if removed {
+            let mut local = self
+                .local
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(n) = local.get(dir) {
+                n.notify_one();
+                if Arc::strong_count(n) == 1 {
+                    local.remove(dir);
+                }
+            }
+        }
+    }
+
+    /// The live session, opening a new one if there is none or it was lost.
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut current = self.session.lock().await;
+        if let Some(s) = current.as_ref()
+            && s.check().is_ok()
+        {
+            return Ok(Arc::clone(s));
+        }
+        let s = Session::open(&self.client, self.session_ttl, Arc::downgrade(&self.alive)).await?;
+        *current = Some(Arc::clone(&s));
+        Ok(s)
+    }
+
+    fn first_created() -> GetOptions {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1)
+    }
+
+    fn value(req: &AcquireRequest) -> String {
+        serde_json::to_string(&Stored {
+            owner: req.owner.as_str().to_owned(),
+            metadata: req.metadata.clone(),
+        })
+        .unwrap_or_default()
+    }
+
+    /// Take the local slot for `dir` for `owner`, or say who has it.
+    async fn claim_slot(&self, dir: &str, owner: &str) -> Result<Option<(Arc<Session>, String)>> {
+        {
+            let slots = self.slots();
+            if let Some(s) = slots.get(dir) {
+                if s.owner != owner || s.held {
+                    return Ok(None);
+                }
+                return Ok(Some((Arc::clone(&s.session), s.key.clone())));
+            }
+        }
+        let session = self.session().await?;
+        let key = format!("{dir}{:x}", session.id);
+        let mut slots = self.slots();
+        match slots.get(dir) {
+            Some(s) if s.owner != owner || s.held => Ok(None),
+            Some(s) => Ok(Some((Arc::clone(&s.session), s.key.clone()))),
+            None => {
+                slots.insert(
+                    dir.to_owned(),
+                    Slot {
+                        owner: owner.to_owned(),
+                        session: Arc::clone(&session),
+                        key: key.clone(),
+                        held: false,
+                        predecessor: None,
+                    },
+                );
+                Ok(Some((session, key)))
+            }
+        }
+    }
+
+    fn granted(
+        self: &Arc<Self>,
+        dir: &str,
+        key: String,
+        owner: &str,
+        session: Arc<Session>,
+        token: i64,
+    ) -> Attempt {
+        if let Some(s) = self.slots().get_mut(dir) {
+            s.held = true;
+            s.predecessor = None;
+        }
+        Attempt::Acquired(Box::new(EtcdHeld {
+            inner: Arc::clone(self),
+            dir: dir.to_owned(),
+            key,
+            owner: owner.to_owned(),
+            session,
+            token: u64::try_from(token).unwrap_or(0),
+            released: AtomicBool::new(false),
+        }))
+    }
+
+    /// First attempt: put the key only if the directory is empty (no holder, nobody
+    /// queued). Writes nothing when the lock is taken.
+    async fn try_empty(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        dir: &str,
+        session: Arc<Session>,
+        key: String,
+    ) -> Result<Attempt> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                Self::value(req),
+                Some(PutOptions::new().with_lease(session.id)),
+            )])
+            .or_else([TxnOp::get(dir, Some(Self::first_created()))]);
+        let resp = self
+            .client
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| map_err(&e))?;
+        if resp.succeeded() {
+            let rev = resp
+                .header()
+                .map_or(0, etcd_client::ResponseHeader::revision);
+            return Ok(self.granted(dir, key, req.owner.as_str(), session, rev));
+        }
+        // Not queued: the slot is given back for other local owners.
+        self.free_slot(dir, req.owner.as_str());
+        Ok(Attempt::Busy {
+            retry_after: Some(RECHECK),
+        })
+    }
+
+    /// Later attempts: be queued (put the key if it is not there), then either hold
+    /// the lowest create revision or learn the predecessor to watch.
+    async fn try_queued(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        dir: &str,
+        session: Arc<Session>,
+        key: String,
+    ) -> Result<Attempt> {
+        let mut client = self.client.clone();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key.as_str(),
+                    Self::value(req),
+                    Some(PutOptions::new().with_lease(session.id)),
+                ),
+                TxnOp::get(dir, Some(Self::first_created())),
+            ])
+            .or_else([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(dir, Some(Self::first_created())),
+            ]);
+        let resp = client.txn(txn).await.map_err(|e| map_err(&e))?;
+        let responses = resp.op_responses();
+        let my_rev = if resp.succeeded() {
+            resp.header()
+                .map_or(0, etcd_client::ResponseHeader::revision)
+        } else {
+            match responses.first() {
+                Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty() => g.kvs()[0].create_revision(),
+                _ => {
+                    // Our key is gone although the slot says queued: the session lease
+                    // ended under us.
+                    self.free_slot(dir, req.owner.as_str());
+                    session.lost.cancel();
+                    return Err(Error::connection(
+                        SCHEME,
+                        "the etcd session ended while waiting (its lease expired)",
+                    ));
+                }
+            }
+        };
+        let holder_rev = match responses.get(1) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.create_revision()),
+            _ => 0,
+        };
+        if holder_rev == my_rev {
+            return Ok(self.granted(dir, key, req.owner.as_str(), session, my_rev));
+        }
+        // The key created just before ours: only its deletion can make us the holder.
+        let before = client
+            .get(
+                dir,
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_max_create_revision(my_rev - 1)
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1)
+                        .with_keys_only(),
+                ),
+            )
+            .await
+            .map_err(|e| map_err(&e))?;
+        let seen_at = before
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
+        let predecessor = before
+            .kvs()
+            .first()
+            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), seen_at));
+        let retry_now = predecessor.is_none();
+        if let Some(s) = self.slots().get_mut(dir)
+            && s.owner == req.owner.as_str()
+        {
+            s.predecessor = predecessor;
+        }
+        Ok(Attempt::Busy {
+            retry_after: Some(if retry_now { Duration::ZERO } else { RECHECK }),
+        })
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn scheme(&self) -> &'static str {
+        if self.inner.shown.starts_with("etcds:") {
+            "etcds"
+        } else {
+            SCHEME
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(Fencing::Durable);
+        caps.fifo = true;
+        caps.native_wait = true;
+        caps.session_bound = true;
+        caps.cross_process = true;
+        caps.queued_waiting = true;
+        caps
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let inner = &self.inner;
+        let dir = inner.dir(&req.name);
+        let Some((session, key)) = inner.claim_slot(&dir, req.owner.as_str()).await? else {
+            return Ok(Attempt::Busy { retry_after: None });
+        };
+        if let Err(e) = session.check() {
+            inner.free_slot(&dir, req.owner.as_str());
+            return Err(e);
+        }
+        let queued = inner
+            .slots()
+            .get(&dir)
+            .is_some_and(|s| s.predecessor.is_some());
+        let outcome = if req.attempt == 0 && !queued {
+            inner.try_empty(req, &dir, session, key).await
+        } else {
+            inner.try_queued(req, &dir, session, key).await
+        };
+        if outcome.is_err() {
+            // Whether the key exists is unknown: the core calls `leave_queue`, which
+            // deletes it and frees the slot.
+            tracing::debug!(lock = %req.name, "etcd attempt failed; leave_queue will clean up");
+        }
+        outcome
+    }
+
+    async fn subscribe(&self, name: &LockName, owner: &Owner) -> Result<Box<dyn Waiter>> {
+        let dir = self.inner.dir(name);
+        Ok(Box::new(EtcdWaiter {
+            local: self.inner.local_notify(&dir),
+            inner: Arc::clone(&self.inner),
+            dir,
+            owner: owner.as_str().to_owned(),
+        }))
+    }
+
+    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
+        let inner = &self.inner;
+        let dir = inner.dir(name);
+        let key = {
+            let slots = inner.slots();
+            match slots.get(&dir) {
+                Some(s) if s.owner == owner.as_str() && !s.held => Some(s.key.clone()),
+                _ => None,
+            }
+        };
+        let Some(key) = key else {
+            return Ok(());
+        };
+        let deleted = inner.client.clone().delete(key, None).await;
+        inner.free_slot(&dir, owner.as_str());
+        deleted.map(|_| ()).map_err(|e| map_err(&e))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let dir = self.inner.dir(name);
+        let resp = self
+            .inner
+            .client
+            .clone()
+            .get(
+                dir.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend),
+                ),
+            )
+            .await
+            .map_err(|e| map_err(&e))?;
+        let Some(first) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let stored = serde_json::from_slice::<Stored>(first.value()).ok();
+        // A foreign holder (etcdctl) stores nothing: show its key's last part.
+        let owner = stored.as_ref().map_or_else(
+            || {
+                String::from_utf8_lossy(first.key())
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            },
+            |s| s.owner.clone(),
+        );
+        let mut info = LockInfo::new(
+            name,
+            owner,
+            1,
+            u64::try_from(first.create_revision()).unwrap_or(0),
+        );
+        if let Some(s) = stored {
+            info.metadata = s.metadata;
+        }
+        info.waiters = Some(resp.kvs().len() - 1);
+        Ok(Some(info))
+    }
+}
+
+/// Waits for the predecessor's deletion (queued in etcd) or for the local slot.
+struct EtcdWaiter {
+    inner: Arc<Inner>,
+    dir: String,
+    owner: String,
+    local: Arc<Notify>,
+}
+
+impl std::fmt::Debug for EtcdWaiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdWaiter")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Waiter for EtcdWaiter {
+    async fn changed(&mut self, max: Duration) -> Result<()> {
+        let ours = {
+            let slots = self.inner.slots();
+            slots
+                .get(&self.dir)
+                .filter(|s| s.owner == self.owner)
+                .map(|s| (s.predecessor.clone(), s.session.lost.clone()))
+        };
+        let Some((predecessor, lost)) = ours else {
+            // Another local owner is using this lock: wait for it to let go.
+            let _ = tokio::time::timeout(max, self.local.notified()).await;
+            return Ok(());
+        };
+        let Some((key, seen_at)) = predecessor else {
+            return Ok(());
+        };
+        let deleted = async {
+            let mut stream = self
+                .inner
+                .client
+                .clone()
+                .watch(
+                    key.as_str(),
+                    Some(WatchOptions::new().with_start_revision(seen_at + 1)),
+                )
+                .await?;
+            while let Some(resp) = stream.message().await? {
+                if resp.canceled()
+                    || resp
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == etcd_client::EventType::Delete)
+                {
+                    break;
+                }
+            }
+            Ok::<(), etcd_client::Error>(())
+        };
+        tokio::select! {
+            () = lost.cancelled() => Err(Error::connection(
+                SCHEME,
+                "the etcd session ended while waiting (its lease expired)",
+            )),
+            () = tokio::time::sleep(max) => Ok(()),
+            r = deleted => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "etcd watch failed; looking again");
+                    // Do not spin on a failing watch.
+                    tokio::time::sleep(Duration::from_millis(50).min(max)).await;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+struct EtcdHeld {
+    inner: Arc<Inner>,
+    dir: String,
+    key: String,
+    owner: String,
+    session: Arc<Session>,
+    token: u64,
+    released: AtomicBool,
+}
+
+impl std::fmt::Debug for EtcdHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdHeld")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl HeldLock for EtcdHeld {
+    fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    async fn renew(&self, _ttl: Duration) -> Result<()> {
+        // The session's keep-alive is the renewal; this only reports whether it holds.
+        self.session.check().map_err(|_| Error::NotOwner {
+            name: self.dir.clone(),
+        })
+    }
+
+    async fn release(&self) -> Result<()> {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        if self.session.lost.is_cancelled() {
+            // The key went (or goes) with the lease; nothing of ours is left to delete.
+            self.inner.free_slot(&self.dir, &self.owner);
+            return Ok(());
+        }
+        match self
+            .inner
+            .client
+            .clone()
+            .delete(self.key.as_str(), None)
+            .await
+        {
+            Ok(_) => {
+                self.inner.free_slot(&self.dir, &self.owner);
+                Ok(())
+            }
+            Err(e) => {
+                self.released.store(false, Ordering::SeqCst);
+                Err(map_err(&e))
+            }
+        }
+    }
+
+    fn loss_signal(&self) -> Option<tokio_util::sync::CancellationToken> {
+        Some(self.session.lost.clone())
+    }
+}

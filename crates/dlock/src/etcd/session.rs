@@ -1,0 +1,142 @@
+//! The session: one etcd lease per backend, kept alive by a task, that every lock key
+//! of this process is attached to. When the lease cannot be confirmed alive before
+//! its known expiry (minus the drift margin), or etcd says it is gone, the session is
+//! lost: every lock under it fires `lost()`, and the next acquisition opens a new one.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use etcd_client::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+
+/// One lease.
+#[derive(Debug)]
+pub(crate) struct Session {
+    /// The lease id (keys are named after it in lowercase hex).
+    pub(crate) id: i64,
+    /// Cancelled when the lease is (or may be) gone.
+    pub(crate) lost: CancellationToken,
+    /// When the lease ends on the server at the earliest, as far as we know.
+    expires: Mutex<Instant>,
+}
+
+impl Session {
+    /// Grant a lease of `ttl` and start keeping it alive. The keeper stops when the
+    /// session is lost or `alive` is dropped.
+    pub(crate) async fn open(
+        client: &Client,
+        ttl: Duration,
+        alive: Weak<()>,
+    ) -> Result<Arc<Session>> {
+        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let sent = Instant::now();
+        let granted = client
+            .clone()
+            .lease_grant(secs, None)
+            .await
+            .map_err(|e| super::map_err(&e))?;
+        let lease_ttl = Duration::from_secs(u64::try_from(granted.ttl().max(1)).unwrap_or(1));
+        let session = Arc::new(Session {
+            id: granted.id(),
+            lost: CancellationToken::new(),
+            expires: Mutex::new(sent + lease_ttl),
+        });
+        tokio::spawn(keep_alive(
+            client.clone(),
+            Arc::clone(&session),
+            lease_ttl,
+            alive,
+        ));
+        Ok(session)
+    }
+
+    /// When the lease may end, minus the drift margin: `lost` fires then at the latest.
+    fn trusted_until(&self) -> Instant {
+        let expires = *self
+            .expires
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        expires - Duration::from_millis(50)
+    }
+
+    /// An error when the session is lost.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.lost.is_cancelled() || Instant::now() >= self.trusted_until() {
+            self.lost.cancel();
+            return Err(Error::connection(
+                "etcd",
+                format!(
+                    "the etcd session (lease {:x}) expired or could not be kept alive",
+                    self.id
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Keep the lease alive every third of its TTL; declare it lost when a keep-alive
+/// says it is gone or none succeeds before the known expiry.
+async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive: Weak<()>) {
+    let every = ttl / 3;
+    let mut delay = every;
+    let mut stream: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+    loop {
+        let next = Instant::now() + delay;
+        tokio::select! {
+            () = session.lost.cancelled() => return,
+            () = tokio::time::sleep_until(next.min(session.trusted_until()).into()) => {}
+        }
+        if alive.strong_count() == 0 {
+            // The backend is gone: give the lease back so its keys go at once.
+            let _ = client.clone().lease_revoke(session.id).await;
+            session.lost.cancel();
+            return;
+        }
+        if Instant::now() >= session.trusted_until() {
+            tracing::warn!(
+                lease = session.id,
+                "etcd session lost: no keep-alive succeeded before the lease could expire"
+            );
+            session.lost.cancel();
+            return;
+        }
+        let sent = Instant::now();
+        let attempt = async {
+            if stream.is_none() {
+                stream = Some(client.clone().lease_keep_alive(session.id).await?);
+            }
+            let Some((keeper, responses)) = stream.as_mut() else {
+                return Ok(None);
+            };
+            keeper.keep_alive().await?;
+            responses.message().await
+        };
+        let budget = session.trusted_until().saturating_duration_since(sent);
+        match tokio::time::timeout(budget, attempt).await {
+            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                let granted = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(1));
+                *session
+                    .expires
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = sent + granted;
+                delay = every;
+            }
+            Ok(Ok(Some(_))) => {
+                tracing::warn!(
+                    lease = session.id,
+                    "etcd session lost: the lease is gone on the server"
+                );
+                session.lost.cancel();
+                return;
+            }
+            Ok(Ok(None) | Err(_)) | Err(_) => {
+                // Stream ended or failed: open a new one soon.
+                stream = None;
+                delay = every.min(Duration::from_millis(250));
+            }
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! The conformance suite on a real etcd (started from PATH on free loopback ports),
+//! with default (encoded) names and with raw names under a path prefix.
+#![cfg(feature = "etcd")]
+
+use dlock::conformance::Harness;
+use dlock_testkit::EtcdServer;
+
+async fn harness(query: &'static str) -> Option<Harness> {
+    let etcd = EtcdServer::start()?;
+    let url = format!("{}{query}", etcd.url());
+    Some(Harness::new(url).keep(etcd))
+}
+
+mod encoded {
+    use super::*;
+    dlock::conformance_suite!(harness("?session_ttl=3s"));
+}
+
+mod raw_names {
+    use super::*;
+    dlock::conformance_suite!(harness("/locks?raw_names=true&session_ttl=3s"));
+}
