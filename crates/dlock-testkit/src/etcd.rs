@@ -177,10 +177,28 @@ impl EtcdServer {
     /// How many keys exist (all of them).
     #[must_use]
     pub fn key_count(&self) -> usize {
-        let out = self.etcdctl_output(&["get", "", "--prefix", "--count-only", "-w", "fields"]);
-        out.lines()
-            .find_map(|l| l.strip_prefix("\"Count\" : "))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0)
+        self.etcdctl_output(&["get", "", "--from-key", "--keys-only"])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .count()
+    }
+}
+
+impl EtcdServer {
+    /// Sum of the Prometheus samples on `/metrics` whose line starts with `metric`
+    /// and contains every one of `labels` (e.g. `grpc_method="Txn"`).
+    #[must_use]
+    pub fn metric(&self, metric: &str, labels: &[&str]) -> f64 {
+        let Ok(mut s) = TcpStream::connect_timeout(&self.addr(), Duration::from_secs(1)) else {
+            return 0.0;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        body.lines()
+            .filter(|l| l.starts_with(metric) && labels.iter().all(|lab| l.contains(lab)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 }

@@ -225,9 +225,12 @@ impl EtcdBackend {
             .await
             .map_err(|_| Error::connection(SCHEME, format!("connecting to {url} timed out")))?
             .map_err(|e| map_err(&e))?;
-        // Fail now, not on the first lock, when the cluster does not answer.
+        // Fail now, not on the first lock, when the cluster does not answer (a read
+        // under the prefix: a role limited to the prefix may read nothing else).
         let mut probe = client.clone();
-        tokio::time::timeout(timeout, probe.get("dlock-connect-probe", None))
+        let probe_key = format!("{prefix}dlock-connect-probe");
+        let probe_opts = GetOptions::new().with_count_only();
+        tokio::time::timeout(timeout, probe.get(probe_key, Some(probe_opts)))
             .await
             .map_err(|_| Error::connection(SCHEME, format!("{url} did not answer")))?
             .map_err(|e| map_err(&e))?;

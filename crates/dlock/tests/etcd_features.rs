@@ -1,0 +1,293 @@
+//! etcd beyond the conformance suite: the real `etcdctl lock` against dlock in both
+//! directions, 1,000 queued waiters woken one at a time, session loss (keep-alives cut
+//! off through the fault proxy), and a user whose role is limited to the lock prefix.
+#![cfg(feature = "etcd")]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock::{Error, LockOptions, Locker};
+use dlock_testkit::{EtcdServer, Fault, FaultProxy};
+
+const T: Duration = Duration::from_secs(5);
+
+/// `etcdctl lock NAME sh -c 'echo held; sleep S'`, returned once it holds the lock.
+fn etcdctl_holding(etcd: &EtcdServer, name: &str, secs: u32) -> Child {
+    let mut child = etcd
+        .etcdctl()
+        .args([
+            "lock",
+            name,
+            "--",
+            "sh",
+            "-c",
+            &format!("echo held; sleep {secs}"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl lock");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line.trim(), "held");
+    child
+}
+
+#[tokio::test]
+async fn etcdctl_lock_and_dlock_exclude_each_other() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let url = format!("{}?raw_names=true", etcd.url());
+    let locker = Locker::connect(&url).await.expect("connect");
+
+    // etcdctl holds: dlock waits until it lets go.
+    let mut foreign = etcdctl_holding(&etcd, "shared", 2);
+    let started = Instant::now();
+    assert!(locker.try_lock("shared").await.expect("try").is_none());
+    let g = locker
+        .lock_timeout("shared", T)
+        .await
+        .expect("after etcdctl");
+    assert!(
+        started.elapsed() > Duration::from_millis(1200),
+        "granted while etcdctl held it ({:?})",
+        started.elapsed()
+    );
+    let _ = foreign.wait();
+    // dlock's key is etcd's recipe key: NAME/<lease id in hex>.
+    let keys = etcd.etcdctl_output(&["get", "shared/", "--prefix", "--keys-only"]);
+    let key = keys.lines().find(|l| !l.is_empty()).expect("dlock's key");
+    assert!(
+        key.strip_prefix("shared/")
+            .is_some_and(|hex| u64::from_str_radix(hex, 16).is_ok()),
+        "{key:?}"
+    );
+
+    // dlock holds: etcdctl waits until dlock releases.
+    let mut waiting = etcd
+        .etcdctl()
+        .args(["lock", "shared", "--", "echo", "got it"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl lock");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        waiting.try_wait().expect("try_wait").is_none(),
+        "etcdctl got the lock while dlock held it"
+    );
+    let released_at = Instant::now();
+    g.release().await.expect("release");
+    let out = tokio::task::spawn_blocking(move || waiting.wait_with_output())
+        .await
+        .expect("join")
+        .expect("etcdctl output");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("got it"));
+    assert!(released_at.elapsed() < Duration::from_secs(3));
+}
+
+/// 1,000 waiters, each with its own session, queue on one lock. Every release wakes
+/// exactly the next one (each watches only its predecessor), so the requests per grant
+/// stay constant instead of growing with the queue; afterwards etcd holds no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_are_woken_one_at_a_time() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let url = etcd.url();
+    let baseline_keys = etcd.key_count();
+    let holder = Locker::connect(&url).await.expect("connect");
+    let g = holder.lock("crowd").await.expect("lock");
+    let n = 1000;
+    let mut lockers = Vec::with_capacity(n);
+    for _ in 0..n {
+        lockers.push(Locker::connect(&url).await.expect("connect"));
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for l in lockers {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let g = l
+                .lock_timeout("crowd", Duration::from_secs(120))
+                .await
+                .expect("waiter");
+            let token = g.fencing_token();
+            g.release().await.expect("release");
+            let _ = tx.send(token);
+            drop(l);
+        });
+    }
+    drop(tx);
+    // Everyone queued: 1,000 keys besides the holder's.
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = holder
+            .inspect("crowd")
+            .await
+            .expect("inspect")
+            .expect("held");
+        if info.waiters == Some(n) {
+            break;
+        }
+        assert!(Instant::now() < end, "only {:?} queued", info.waiters);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let txn = |e: &EtcdServer| e.metric("grpc_server_handled_total", &["grpc_method=\"Txn\""]);
+    let watches =
+        |e: &EtcdServer| e.metric("grpc_server_started_total", &["grpc_method=\"Watch\""]);
+    let (txn0, watch0) = (txn(&etcd), watches(&etcd));
+    let started = Instant::now();
+    g.release().await.expect("release");
+    let mut tokens = Vec::with_capacity(n);
+    while let Some(t) = rx.recv().await {
+        tokens.push(t);
+    }
+    let took = started.elapsed();
+    assert_eq!(tokens.len(), n);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "grants out of queue order"
+    );
+    let (txns, watch_streams) = (txn(&etcd) - txn0, watches(&etcd) - watch0);
+    eprintln!(
+        "figure: {n} queued waiters granted in {took:?} ({:.0}/s); {txns} transactions and {watch_streams} watch streams for {n} grants",
+        n as f64 / took.as_secs_f64()
+    );
+    // A herd would cost O(n) requests per grant (~n²/2 in all); one wake per grant
+    // costs a small constant: the queued re-attempt, and at most a few spurious ones.
+    assert!(txns <= 3.0 * n as f64, "{txns} transactions for {n} grants");
+    assert!(
+        watch_streams <= 3.0 * n as f64,
+        "{watch_streams} watches for {n} grants"
+    );
+    drop(holder);
+    let end = Instant::now() + Duration::from_secs(15);
+    while etcd.key_count() != baseline_keys {
+        assert!(
+            Instant::now() < end,
+            "{} keys left (baseline {baseline_keys})",
+            etcd.key_count()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Keep-alives cut off (blackhole through the fault proxy): the holder's `lost()` fires
+/// before the lease can expire on the server, a waiter on the same cut-off session stops
+/// with an error instead of waiting forever, and another client gets the lock once the
+/// lease is gone.
+#[tokio::test]
+async fn a_cut_off_session_fires_lost_and_frees_the_lock_after_its_ttl() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(etcd.addr()).await.expect("proxy");
+    let cut_url = format!("etcd://{}?session_ttl=2s&timeout=1s", proxy.addr());
+    let cut = Locker::connect(&cut_url)
+        .await
+        .expect("connect through proxy");
+    let other = Locker::connect(&etcd.url()).await.expect("connect");
+    let g = cut.lock("cutoff").await.expect("lock");
+    let blocker = other.lock("second").await.expect("lock second");
+    let waiter = {
+        let cut = cut.clone();
+        tokio::spawn(async move { cut.lock_timeout("second", Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cut_at = Instant::now();
+    proxy.set(Fault::Blackhole);
+    tokio::time::timeout(Duration::from_secs(4), g.lost())
+        .await
+        .expect("lost() never fired");
+    let noticed = cut_at.elapsed();
+    let e = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter kept waiting on a dead session")
+        .expect("join")
+        .expect_err("granted on a dead session");
+    assert!(e.is_retryable(), "{e:?}");
+    let freed = other
+        .lock_timeout("cutoff", Duration::from_secs(10))
+        .await
+        .expect("the lease must free the lock");
+    let recovered = cut_at.elapsed();
+    eprintln!(
+        "figure: etcd session 2 s cut off: holder lost() after {noticed:?}, lock free for others after {recovered:?}"
+    );
+    assert!(noticed < recovered, "lost() fired after the lock was free");
+    freed.release().await.expect("release");
+    blocker.release().await.expect("release");
+}
+
+/// A user whose role may only read and write under `/dlock/` can lock; the same user
+/// cannot touch keys outside it (etcd refuses), and no password shows in errors.
+#[tokio::test]
+async fn a_user_limited_to_the_prefix_is_enough() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["user", "grant-role", "root", "root"],
+        &["role", "add", "dlock"],
+        &[
+            "role",
+            "grant-permission",
+            "dlock",
+            "--prefix=true",
+            "readwrite",
+            "/dlock/",
+        ],
+        &["user", "add", "locker:s3cret-pw"],
+        &["user", "grant-role", "locker", "dlock"],
+        &["auth", "enable"],
+    ] {
+        let _ = etcd.etcdctl_output(args);
+    }
+    let url = format!("etcd://locker:s3cret-pw@{}", etcd.addr());
+    let locker = Locker::connect(&url)
+        .await
+        .expect("connect as a limited user");
+    let g = locker.lock("jobs/nightly").await.expect("lock");
+    assert!(g.fencing_token() > 0);
+    let b = Locker::connect(&url).await.expect("connect");
+    assert!(b.try_lock("jobs/nightly").await.expect("try").is_none());
+    g.release().await.expect("release");
+    // Outside its prefix the role may do nothing.
+    let outside = format!(
+        "etcd://locker:s3cret-pw@{}/elsewhere?raw_names=true",
+        etcd.addr()
+    );
+    let e = Locker::connect(&outside)
+        .await
+        .expect_err("outside the prefix");
+    let shown = format!("{e} {e:?}");
+    assert!(shown.contains("permission denied"), "{shown}");
+    assert!(!shown.contains("s3cret-pw"), "password shown: {shown}");
+    let wrong = format!("etcd://locker:wrong@{}", etcd.addr());
+    let e = Locker::connect(&wrong).await.expect_err("wrong password");
+    assert!(!format!("{e} {e:?}").contains("wrong@"), "{e:?}");
+}
+
+#[tokio::test]
+async fn bad_etcd_urls_are_typed_errors() {
+    for url in [
+        "etcd://127.0.0.1:1?session_ttl=1s",
+        "etcd://127.0.0.1:1?session_ttl=2500ms",
+        "etcd://127.0.0.1:1?ca_file=/x",
+        "etcds://127.0.0.1:1?cert_file=/x",
+        "etcd://127.0.0.1:1?raw_names=maybe",
+        "etcd://127.0.0.1:1?layout=redisson",
+    ] {
+        let e = Locker::connect(url).await.expect_err(url);
+        assert!(
+            matches!(e, Error::InvalidUrl { .. } | Error::InvalidOption { .. }),
+            "{url}: {e:?}"
+        );
+    }
+    let _ = LockOptions::default();
+}
