@@ -513,3 +513,67 @@ fn many_processes_can_create_the_database_at_once() {
         }
     }
 }
+
+/// Wait until `dlock status --url URL NAME` reports the lock held.
+fn wait_held_at(env: &Env, url: &str, name: &str) {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = env.run(&["status", "--url", url, "--json", name]);
+        let v: serde_json::Value = serde_json::from_slice(&st.stdout)
+            .unwrap_or_else(|e| panic!("status JSON: {e}; stderr: {}", text(&st.stderr)));
+        if v[0]["held"] == true {
+            return;
+        }
+        assert!(Instant::now() < end, "{name} never became held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// On etcd the session lease is what frees a dead holder's lock: a SIGKILLed holder's
+/// lock is free after about `session_ttl`; a holder SIGSTOPped past it loses the lock
+/// to the next one and, once resumed, stops its command and exits 76.
+#[test]
+fn etcd_killed_or_paused_holder_frees_the_lock_after_the_session_ttl() {
+    let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+        return;
+    };
+    let env = Env::new();
+    let url = format!("{}?session_ttl=2s", etcd.url());
+
+    let mut holder = env.spawn(&["run", "--url", &url, "e:crash", "--", "sleep", "30"]);
+    wait_held_at(&env, &url, "e:crash");
+    let killed_at = Instant::now();
+    kill_group(&holder, nix::sys::signal::Signal::SIGKILL);
+    let _ = wait_timeout(&mut holder, Duration::from_secs(5));
+    let out = env.run(&[
+        "run", "--url", &url, "--wait", "15s", "e:crash", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let killed = killed_at.elapsed();
+
+    let mut paused = env.spawn(&[
+        "run", "--url", &url, "--grace", "300ms", "e:pause", "--", "sleep", "30",
+    ]);
+    wait_held_at(&env, &url, "e:pause");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(paused.id()).expect("pid"));
+    let paused_at = Instant::now();
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+    let out = env.run(&[
+        "run", "--url", &url, "--wait", "15s", "e:pause", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let taken_over = paused_at.elapsed();
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    let resumed_at = Instant::now();
+    let status = wait_timeout(&mut paused, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(76), "{}", stderr_of(&mut paused));
+    eprintln!(
+        "figure: etcd session_ttl 2 s: SIGKILLed holder -> next holder (incl. process start) after {killed:?}; \
+         SIGSTOPped holder -> next holder after {taken_over:?}; resumed holder exited 76 after {:?}",
+        resumed_at.elapsed()
+    );
+    // Session TTL (2 s, etcd may round up by a second) plus start-up.
+    assert!(killed < Duration::from_secs(5), "{killed:?}");
+    assert!(taken_over < Duration::from_secs(5), "{taken_over:?}");
+    kill_group(&paused, nix::sys::signal::Signal::SIGKILL);
+}
