@@ -6,7 +6,8 @@
 //! settings — insert a lease row (name, 32-character owner, expiry), delete it if the
 //! owner matches — which is the least any lease lock on SQLite must do. For Redis, the
 //! same client's bare `SET NX PX` + `EVALSHA` compare-and-delete. For Redlock, the same
-//! cycles on the first node alone (same layout), measured in the same run.
+//! cycles on the first node alone (same layout), measured in the same run. For etcd,
+//! the same client crate's bare put-with-lease + delete.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -119,7 +120,10 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     };
     let floor = match sqlite_floor(&url, args.cycles).await? {
         Some(f) => Some(f),
-        None => redis_floor(&url, args.cycles).await?,
+        None => match redis_floor(&url, args.cycles).await? {
+            Some(f) => Some(f),
+            None => etcd_floor(&url, args.cycles).await?,
+        },
     };
     let uncontended = Uncontended {
         cycles: u64::from(args.cycles),
@@ -437,4 +441,49 @@ pub async fn worker(args: BenchWorkerArgs) -> Result<i32, Failure> {
         "waits_us": waits,
     }));
     Ok(0)
+}
+
+/// The bare-request floor for a plain `etcd://` URL: the same client crate putting a
+/// key attached to a lease and deleting it, nothing else (the lease granted once).
+async fn etcd_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
+    let Some(rest) = url.strip_prefix("etcd://") else {
+        return Ok(None);
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Ok(None);
+    }
+    let endpoints: Vec<String> = authority
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("http://{h}"))
+        .collect();
+    let err = |e: etcd_client::Error| Failure::internal(format!("bench's bare etcd client: {e}"));
+    let mut client = etcd_client::Client::connect(endpoints, None)
+        .await
+        .map_err(err)?;
+    let lease = client.lease_grant(10, None).await.map_err(err)?.id();
+    let key = format!("dlock-bench-floor/{lease:x}");
+    let put = etcd_client::PutOptions::new().with_lease(lease);
+    let cycle = async |client: &mut etcd_client::Client| -> Result<(), Failure> {
+        client
+            .put(key.as_str(), "", Some(put.clone()))
+            .await
+            .map_err(err)?;
+        client.delete(key.as_str(), None).await.map_err(err)?;
+        Ok(())
+    };
+    for _ in 0..20 {
+        cycle(&mut client).await?;
+    }
+    let mut samples = Vec::with_capacity(cycles as usize);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        cycle(&mut client).await?;
+        samples.push(micros(t.elapsed()));
+    }
+    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
+    let _ = client.lease_revoke(lease).await;
+    Ok(Some((per_sec, Latency::of(&samples))))
 }

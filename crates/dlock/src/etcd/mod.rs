@@ -47,7 +47,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, WatchOptions,
+    TxnOp, TxnOpResponse,
 };
 use tokio::sync::Notify;
 
@@ -98,9 +98,8 @@ struct Slot {
     session: Arc<Session>,
     key: String,
     held: bool,
-    /// When queued: the key created just before ours, and the revision at which it
-    /// was seen (its deletion is watched from the next revision).
-    predecessor: Option<(String, i64)>,
+    /// When queued: the key created just before ours (its deletion is watched).
+    predecessor: Option<String>,
 }
 
 struct Inner {
@@ -482,13 +481,10 @@ impl Inner {
             )
             .await
             .map_err(|e| map_err(&e))?;
-        let seen_at = before
-            .header()
-            .map_or(0, etcd_client::ResponseHeader::revision);
         let predecessor = before
             .kvs()
             .first()
-            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), seen_at));
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
         let retry_now = predecessor.is_none();
         if let Some(s) = self.slots().get_mut(dir)
             && s.owner == req.owner.as_str()
@@ -652,19 +648,35 @@ impl Waiter for EtcdWaiter {
             let _ = tokio::time::timeout(max, self.local.notified()).await;
             return Ok(());
         };
-        let Some((key, seen_at)) = predecessor else {
+        let Some(key) = predecessor else {
             return Ok(());
         };
+        // Watch from "now" (a watch that starts at an older revision is caught up by
+        // etcd's background sync, up to 100 ms late), then check the key still exists:
+        // a deletion before the watch was created shows there, one after it in the watch.
+        let inner = &self.inner;
         let deleted = async {
-            let mut stream = self
-                .inner
+            let mut stream = inner.client.clone().watch(key.as_str(), None).await?;
+            while let Some(resp) = stream.message().await? {
+                let gone = resp
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == etcd_client::EventType::Delete);
+                if resp.canceled() || gone {
+                    return Ok(());
+                }
+                if resp.created() {
+                    break;
+                }
+            }
+            let still = inner
                 .client
                 .clone()
-                .watch(
-                    key.as_str(),
-                    Some(WatchOptions::new().with_start_revision(seen_at + 1)),
-                )
+                .get(key.as_str(), Some(GetOptions::new().with_count_only()))
                 .await?;
+            if still.count() == 0 {
+                return Ok(());
+            }
             while let Some(resp) = stream.message().await? {
                 if resp.canceled()
                     || resp
