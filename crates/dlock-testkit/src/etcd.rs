@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::server::{ServerProcess, find_binary, free_port, skip};
+use crate::tls::TestCerts;
 
 /// A running `etcd` (killed on Drop).
 #[derive(Debug)]
@@ -17,6 +18,8 @@ pub struct EtcdServer {
     port: u16,
     peer_port: u16,
     binary: PathBuf,
+    /// With TLS: the HTTPS client port (client certificates required) and the certs.
+    tls: Option<(u16, TestCerts)>,
 }
 
 /// `GET /health` over plain HTTP: whether etcd says it is healthy.
@@ -42,14 +45,29 @@ impl EtcdServer {
     /// When etcd exists but does not come up after three tries.
     #[must_use]
     pub fn start() -> Option<Self> {
+        Self::start_inner(false)
+    }
+
+    /// Start etcd with a second, HTTPS client port that requires client certificates
+    /// (see [`EtcdServer::tls`]); the plain port stays for readiness and etcdctl.
+    ///
+    /// # Panics
+    /// As [`EtcdServer::start`].
+    #[must_use]
+    pub fn start_tls() -> Option<Self> {
+        Self::start_inner(true)
+    }
+
+    fn start_inner(tls: bool) -> Option<Self> {
         let Some(binary) = find_binary("etcd") else {
             return skip("etcd not found on PATH (apt-get install etcd-server)");
         };
         let dir = tempfile::tempdir().expect("temp dir");
+        let tls = tls.then(|| (free_port(), TestCerts::generate(dir.path())));
         let mut last = String::new();
         for _ in 0..3 {
             let (port, peer_port) = (free_port(), free_port());
-            match Self::launch(&binary, dir.path(), port, peer_port) {
+            match Self::launch(&binary, dir.path(), port, peer_port, tls.as_ref()) {
                 Ok(process) => {
                     return Some(EtcdServer {
                         process,
@@ -57,6 +75,7 @@ impl EtcdServer {
                         port,
                         peer_port,
                         binary,
+                        tls,
                     });
                 }
                 Err(e) => last = e,
@@ -70,8 +89,12 @@ impl EtcdServer {
         dir: &Path,
         port: u16,
         peer_port: u16,
+        tls: Option<&(u16, TestCerts)>,
     ) -> Result<ServerProcess, String> {
-        let client = format!("http://127.0.0.1:{port}");
+        let mut client = format!("http://127.0.0.1:{port}");
+        if let Some((tls_port, _)) = tls {
+            client.push_str(&format!(",https://127.0.0.1:{tls_port}"));
+        }
         let peer = format!("http://127.0.0.1:{peer_port}");
         let mut cmd = Command::new(binary);
         cmd.current_dir(dir)
@@ -84,6 +107,15 @@ impl EtcdServer {
             .args(["--initial-cluster", &format!("dlock-test={peer}")])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--log-level", "warn"]);
+        if let Some((_, certs)) = tls {
+            cmd.arg("--cert-file")
+                .arg(&certs.server_cert)
+                .arg("--key-file")
+                .arg(&certs.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&certs.ca)
+                .arg("--client-cert-auth");
+        }
         let log = dir.join(format!("etcd-{port}.log"));
         let mut process =
             ServerProcess::spawn("etcd", cmd, &log).map_err(|e| format!("spawn: {e}"))?;
@@ -116,6 +148,12 @@ impl EtcdServer {
         SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
+    /// With [`EtcdServer::start_tls`]: the HTTPS port and the certificates.
+    #[must_use]
+    pub fn tls(&self) -> Option<(u16, &TestCerts)> {
+        self.tls.as_ref().map(|(p, c)| (*p, c))
+    }
+
     /// `etcd://127.0.0.1:port`.
     #[must_use]
     pub fn url(&self) -> String {
@@ -135,7 +173,13 @@ impl EtcdServer {
         self.process.kill();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            match Self::launch(&self.binary, self.dir.path(), self.port, self.peer_port) {
+            match Self::launch(
+                &self.binary,
+                self.dir.path(),
+                self.port,
+                self.peer_port,
+                self.tls.as_ref(),
+            ) {
                 Ok(p) => {
                     self.process = p;
                     return;

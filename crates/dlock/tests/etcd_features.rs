@@ -291,3 +291,46 @@ async fn bad_etcd_urls_are_typed_errors() {
     }
     let _ = LockOptions::default();
 }
+
+/// `etcds://`: the server is verified against `ca_file`, and a server that requires
+/// client certificates admits only a client that presents one.
+#[tokio::test]
+async fn etcds_verifies_the_server_and_presents_a_client_certificate() {
+    let Some(etcd) = EtcdServer::start_tls() else {
+        return;
+    };
+    let (port, certs) = etcd.tls().expect("TLS port");
+    let p = |p: &std::path::Path| p.display().to_string();
+    let base = format!("etcds://127.0.0.1:{port}?timeout=2s");
+    let good = format!(
+        "{base}&ca_file={}&cert_file={}&key_file={}",
+        p(&certs.ca),
+        p(&certs.client_cert),
+        p(&certs.client_key)
+    );
+    let locker = Locker::connect(&good).await.expect("TLS connect");
+    let g = locker.lock("over-tls").await.expect("lock over TLS");
+    assert!(g.fencing_token() > 0);
+    let plain = Locker::connect(&etcd.url()).await.expect("plain port");
+    assert!(
+        plain.try_lock("over-tls").await.expect("try").is_none(),
+        "same server"
+    );
+    g.release().await.expect("release");
+
+    let no_cert = format!("{base}&ca_file={}", p(&certs.ca));
+    assert!(
+        Locker::connect(&no_cert).await.is_err(),
+        "admitted without a client cert"
+    );
+    let wrong_ca = format!(
+        "{base}&ca_file={}&cert_file={}&key_file={}",
+        p(&certs.other_ca),
+        p(&certs.client_cert),
+        p(&certs.client_key)
+    );
+    assert!(
+        Locker::connect(&wrong_ca).await.is_err(),
+        "trusted an unknown CA"
+    );
+}
