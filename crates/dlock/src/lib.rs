@@ -26,9 +26,10 @@
 //! | `memory://`, `memory://STORE` | in-process | always |
 //! | `redis://[user:pass@]host:port[/db]`, `rediss://…?ca_file=PEM`, `redis+cluster://n1:p,n2:p`, `redis+sentinel://s1:p,s2:p/master` | Redis, Redisson-compatible | `redis` |
 //! | `redlock://a:p,b:p,c:p,d:p,e:p` | Redlock over independent Redis masters | `redis` |
+//! | `etcd://h1:p,h2:p[/prefix]`, `etcds://…` | etcd v3, `etcdctl lock` layout | `etcd` |
 //!
 //! Query parameters carry options (`?ttl=30s`); an unknown parameter is an error.
-//! etcd, ZooKeeper, PostgreSQL and MySQL are designed but not in
+//! ZooKeeper, PostgreSQL and MySQL are designed but not in
 //! this version; their URLs give [`Error::Unsupported`].
 //!
 //! ## What is guaranteed
