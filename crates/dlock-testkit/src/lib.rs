@@ -9,6 +9,7 @@ mod etcd;
 mod proxy;
 mod server;
 mod tls;
+mod zookeeper;
 
 pub use etcd::EtcdServer;
 pub use proxy::{Fault, FaultProxy};
@@ -17,3 +18,4 @@ pub use server::{
     free_port, redis_command, redis_ping, servers_required, skip,
 };
 pub use tls::TestCerts;
+pub use zookeeper::{ZkServer, zk_four_letters};

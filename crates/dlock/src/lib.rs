@@ -27,9 +27,10 @@
 //! | `redis://[user:pass@]host:port[/db]`, `rediss://…?ca_file=PEM`, `redis+cluster://n1:p,n2:p`, `redis+sentinel://s1:p,s2:p/master` | Redis, Redisson-compatible | `redis` |
 //! | `redlock://a:p,b:p,c:p,d:p,e:p` | Redlock over independent Redis masters | `redis` |
 //! | `etcd://h1:p,h2:p[/prefix]`, `etcds://…` | etcd v3, `etcdctl lock` layout | `etcd` |
+//! | `zk://h1:p,h2:p[/root]` | ZooKeeper, Curator `InterProcessMutex` layout | `zookeeper` |
 //!
 //! Query parameters carry options (`?ttl=30s`); an unknown parameter is an error.
-//! ZooKeeper, PostgreSQL and MySQL are designed but not in
+//! PostgreSQL and MySQL are designed but not in
 //! this version; their URLs give [`Error::Unsupported`].
 //!
 //! ## What is guaranteed
@@ -63,6 +64,8 @@ mod schemes;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod url;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 pub use backend::{Capabilities, Fencing, LockInfo};
 pub use error::{Error, LossReason, Result, redact_secrets};

@@ -85,6 +85,13 @@ pub fn schemes() -> Vec<SchemeInfo> {
             capabilities: etcd_caps(),
         });
     }
+    out.push(SchemeInfo {
+        scheme: "zk",
+        feature: Some("zookeeper"),
+        available: cfg!(feature = "zookeeper"),
+        description: "ZooKeeper: ephemeral sequential nodes, Curator InterProcessMutex layout",
+        capabilities: cfg!(feature = "zookeeper").then(queue_watch_caps),
+    });
     for (scheme, feature, description) in PLANNED {
         out.push(SchemeInfo {
             scheme,
@@ -98,8 +105,7 @@ pub fn schemes() -> Vec<SchemeInfo> {
 }
 
 /// Schemes whose backends are designed but not implemented in this version.
-const PLANNED: [(&str, &str, &str); 5] = [
-    ("zk", "zookeeper", "ZooKeeper (not implemented yet)"),
+const PLANNED: [(&str, &str, &str); 4] = [
     ("postgres", "postgres", "PostgreSQL (not implemented yet)"),
     ("postgresql", "postgres", "PostgreSQL (not implemented yet)"),
     ("mysql", "mysql", "MySQL (not implemented yet)"),
@@ -129,13 +135,19 @@ fn redis_caps() -> Option<Capabilities> {
 
 #[cfg(feature = "etcd")]
 fn etcd_caps() -> Option<Capabilities> {
+    Some(queue_watch_caps())
+}
+
+/// etcd's and ZooKeeper's capabilities: a server-side queue, a watch on the
+/// predecessor, a session, durable tokens (revision / zxid).
+fn queue_watch_caps() -> Capabilities {
     let mut caps = Capabilities::new(crate::backend::Fencing::Durable);
     caps.fifo = true;
     caps.native_wait = true;
     caps.session_bound = true;
     caps.cross_process = true;
     caps.queued_waiting = true;
-    Some(caps)
+    caps
 }
 
 #[cfg(not(feature = "etcd"))]
@@ -183,6 +195,13 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         "etcd" | "etcds" => Err(Error::BackendNotEnabled {
             scheme: url.scheme().to_owned(),
             feature: "etcd".into(),
+        }),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Ok(crate::zookeeper::ZkBackend::open(url).await?),
+        #[cfg(not(feature = "zookeeper"))]
+        "zk" => Err(Error::BackendNotEnabled {
+            scheme: "zk".into(),
+            feature: "zookeeper".into(),
         }),
         other => match PLANNED.iter().find(|(s, _, _)| *s == other) {
             Some((scheme, _, _)) => Err(Error::Unsupported(format!(

@@ -1,0 +1,659 @@
+//! `zk://h1:2181[,h2:2181…][/root]`: locks on ZooKeeper (feature `zookeeper`), in the
+//! layout of Curator's `InterProcessMutex`.
+//!
+//! # How a lock works here
+//! The lock `NAME` is the node `<root>/<encoded NAME>` (root: the URL path, default
+//! `/dlock`): `zk://h:2181/locks` + `orders` is `/locks/orders`, the same lock as
+//! Curator's `new InterProcessMutex(client, "/locks/orders")`. A contender creates an
+//! ephemeral sequential child `_c_<uuid>-lock-<sequence>` (Curator's protected name);
+//! the holder is the child with the lowest sequence (the text after the last `lock-`,
+//! as Curator sorts; kazoo's `__lock__` children are ordered the same way), and each
+//! waiter watches **only its predecessor**. The fencing token is the `czxid` of the
+//! holder's own node: zxids are global, persistent and increase with every write.
+//!
+//! - A first attempt reads the children first: a `try_lock` on a held lock writes
+//!   nothing; a free lock costs a create and a delete.
+//! - Protected creation: when the connection drops during a create, the contender looks
+//!   for its node by its uuid instead of leaving an orphan.
+//! - Lock nodes (and the root) are created as containers, which ZooKeeper deletes once
+//!   their last child is gone: no empty lock nodes pile up.
+//!
+//! # Sessions
+//! One ZooKeeper session per backend (`session_timeout`, default 10 s). A holder that
+//! dies frees its locks when the server expires its session. While the process lives:
+//! a disconnection makes every lock *suspect* (logged); if the session is not back
+//! before `session_timeout` minus the drift margin — before the server can expire it —
+//! or the server reports it expired, `lost()` fires and the next acquisition opens a new
+//! session. A lock's own TTL is kept by the live holder.
+//!
+//! # Options
+//! `session_timeout=D` (default 10s; the server clamps it to 2–20 ticks),
+//! `timeout=D` (connecting, default 5s). `user:password@` authenticates with the
+//! `digest` scheme, and nodes are then created with the creator-only ACL (others
+//! cannot delete them).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, Waiter,
+};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::options::{Metadata, Owner};
+use crate::url::ConnectUrl;
+
+const SCHEME: &str = "zk";
+
+/// How long a queued waiter waits for its predecessor's deletion before it looks again.
+const RECHECK: Duration = Duration::from_secs(10);
+
+fn map_err(e: &zk::Error) -> Error {
+    match e {
+        zk::Error::ConnectionLoss
+        | zk::Error::Timeout
+        | zk::Error::SessionExpired
+        | zk::Error::ClientClosed
+        | zk::Error::NoHosts => Error::connection(SCHEME, e),
+        _ => Error::backend(SCHEME, e),
+    }
+}
+
+/// What a contender stores in its node.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Stored {
+    owner: String,
+    #[serde(flatten)]
+    metadata: Metadata,
+}
+
+/// One ZooKeeper session and what is known of its health.
+struct Session {
+    client: zk::Client,
+    lost: CancellationToken,
+    suspect: Arc<AtomicBool>,
+}
+
+impl Session {
+    fn check(&self) -> Result<()> {
+        if self.lost.is_cancelled() {
+            return Err(Error::connection(
+                SCHEME,
+                "the ZooKeeper session expired (or could not be resumed in time)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Follow the session's state: suspect while disconnected, lost once it expires or has
+/// been disconnected for longer than it can be trusted.
+async fn watch_session(
+    mut states: zk::StateWatcher,
+    lost: CancellationToken,
+    suspect: Arc<AtomicBool>,
+    trust: Duration,
+) {
+    let mut disconnected_at: Option<Instant> = None;
+    loop {
+        let deadline = disconnected_at.map(|t| t + trust);
+        let next = tokio::select! {
+            s = states.changed() => Some(s),
+            () = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => None,
+        };
+        match next {
+            None => {
+                tracing::warn!(
+                    "ZooKeeper session disconnected past its timeout: its locks are lost"
+                );
+                lost.cancel();
+                return;
+            }
+            Some(zk::SessionState::Disconnected) => {
+                tracing::warn!("ZooKeeper session disconnected: its locks are suspect");
+                suspect.store(true, Ordering::SeqCst);
+                disconnected_at.get_or_insert_with(Instant::now);
+            }
+            Some(zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly) => {
+                suspect.store(false, Ordering::SeqCst);
+                disconnected_at = None;
+            }
+            Some(state) => {
+                tracing::warn!(%state, "ZooKeeper session ended: its locks are lost");
+                lost.cancel();
+                return;
+            }
+        }
+    }
+}
+
+/// A contender queued in ZooKeeper (this backend's own).
+struct Queued {
+    node: String,
+    token: u64,
+    session: Arc<Session>,
+    predecessor: Option<String>,
+}
+
+struct Inner {
+    cluster: String,
+    session_timeout: Duration,
+    timeout: Duration,
+    auth: Option<String>,
+    root: String,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    queued: Mutex<HashMap<(String, String), Queued>>,
+    shown: String,
+}
+
+/// The ZooKeeper backend.
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("url", &self.inner.shown)
+            .field("root", &self.inner.root)
+            .finish_non_exhaustive()
+    }
+}
+
+fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<Duration> {
+    match url.take_param(key) {
+        None => Ok(default),
+        Some(v) => {
+            let d = crate::options::parse_duration(key, &v)?;
+            if d.is_zero() {
+                return Err(url.invalid(&format!("{key} must be above zero")));
+            }
+            Ok(d)
+        }
+    }
+}
+
+/// The sequence number of a lock child: the text after the last `lock-` (Curator),
+/// else after the last `__lock__` (kazoo), else its last ten characters.
+fn sequence(child: &str) -> Option<u64> {
+    let tail = if let Some(i) = child.rfind("lock-") {
+        &child[i + 5..]
+    } else if let Some(i) = child.rfind("__lock__") {
+        &child[i + 8..]
+    } else {
+        &child[child.len().saturating_sub(10)..]
+    };
+    tail.parse().ok()
+}
+
+/// Children that are lock contenders, lowest sequence first.
+fn contenders(mut children: Vec<String>) -> Vec<String> {
+    children.retain(|c| sequence(c).is_some());
+    children.sort_by_key(|c| sequence(c).unwrap_or(u64::MAX));
+    children
+}
+
+/// A fresh uuid in the usual 8-4-4-4-12 form (version 4 bits set).
+fn uuid() -> String {
+    let r = fastrand::u128(..);
+    let hex = format!("{r:032x}");
+    format!(
+        "{}-{}-4{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[13..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+impl ZkBackend {
+    pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
+        let session_timeout = duration_param(&mut url, "session_timeout", Duration::from_secs(10))?;
+        let timeout = duration_param(&mut url, "timeout", Duration::from_secs(5))?;
+        url.finish(&["session_timeout", "timeout"])?;
+        let mut root = url.path().trim_end_matches('/').to_owned();
+        if root.is_empty() {
+            root = "/dlock".into();
+        }
+        if root
+            .split('/')
+            .skip(1)
+            .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        {
+            return Err(url.invalid("the path must be a ZooKeeper path such as /locks"));
+        }
+        let hosts: Vec<String> = if url.hosts().is_empty() {
+            vec!["127.0.0.1:2181".into()]
+        } else {
+            url.hosts()
+                .iter()
+                .map(|h| format!("{}:{}", h.host, h.port.unwrap_or(2181)))
+                .collect()
+        };
+        let auth = url.username().map(|u| {
+            format!(
+                "{u}:{}",
+                url.password()
+                    .map(|p| p.expose().to_owned())
+                    .unwrap_or_default()
+            )
+        });
+        let backend = ZkBackend {
+            inner: Arc::new(Inner {
+                cluster: hosts.join(","),
+                session_timeout,
+                timeout,
+                auth,
+                root,
+                session: tokio::sync::Mutex::new(None),
+                queued: Mutex::new(HashMap::new()),
+                shown: url.to_string(),
+            }),
+        };
+        // Fail now, not on the first lock, when nothing answers.
+        backend.inner.session().await?;
+        Ok(Arc::new(backend))
+    }
+}
+
+impl Inner {
+    fn dir(&self, name: &LockName) -> String {
+        format!("{}/{}", self.root, name.encoded())
+    }
+
+    fn queued(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Queued>> {
+        self.queued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn acls(&self) -> zk::Acls<'static> {
+        if self.auth.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut current = self.session.lock().await;
+        if let Some(s) = current.as_ref()
+            && !s.lost.is_cancelled()
+        {
+            return Ok(Arc::clone(s));
+        }
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(self.session_timeout)
+            .with_connection_timeout(self.timeout);
+        if let Some(auth) = &self.auth {
+            connector = connector.with_auth("digest", auth.as_bytes());
+        }
+        let client = tokio::time::timeout(self.timeout, connector.connect(&self.cluster))
+            .await
+            .map_err(|_| {
+                Error::connection(SCHEME, format!("connecting to {} timed out", self.shown))
+            })?
+            .map_err(|e| map_err(&e))?;
+        let lost = CancellationToken::new();
+        let suspect = Arc::new(AtomicBool::new(false));
+        // Trust a disconnected session for its negotiated timeout minus the margin.
+        let negotiated = client.session_timeout();
+        let trust =
+            negotiated.saturating_sub(crate::drift_margin(negotiated) + Duration::from_millis(50));
+        tokio::spawn(watch_session(
+            client.state_watcher(),
+            lost.clone(),
+            Arc::clone(&suspect),
+            trust,
+        ));
+        let s = Arc::new(Session {
+            client,
+            lost,
+            suspect,
+        });
+        *current = Some(Arc::clone(&s));
+        Ok(s)
+    }
+
+    fn value(req: &AcquireRequest) -> Vec<u8> {
+        serde_json::to_vec(&Stored {
+            owner: req.owner.as_str().to_owned(),
+            metadata: req.metadata.clone(),
+        })
+        .unwrap_or_default()
+    }
+
+    /// The lock's children, or none when the lock node does not exist.
+    async fn children(session: &Session, dir: &str) -> Result<Vec<String>> {
+        match session.client.list_children(dir).await {
+            Ok(c) => Ok(contenders(c)),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(map_err(&e)),
+        }
+    }
+
+    /// Create this contender's node (the lock node and root as containers if needed),
+    /// finding it by its uuid if the connection dropped mid-create.
+    async fn create(&self, session: &Session, dir: &str, data: &[u8]) -> Result<(String, u64)> {
+        let prefix = format!("{dir}/_c_{}-lock-", uuid());
+        let acls = self.acls();
+        let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
+        for round in 0..4 {
+            match session.client.create(&prefix, data, &options).await {
+                Ok((stat, seq)) => {
+                    return Ok((format!("{prefix}{seq}"), stat.czxid.unsigned_abs()));
+                }
+                Err(zk::Error::NoNode) if round < 3 => {
+                    let parents = zk::CreateMode::Container.with_acls(acls);
+                    match session.client.mkdir(dir, &parents).await {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(map_err(&e)),
+                    }
+                }
+                Err(zk::Error::ConnectionLoss) if round < 3 => {
+                    // Protected creation: did the create happen before the drop?
+                    let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
+                    if let Ok(children) = session.client.list_children(dir).await
+                        && let Some(found) = children.iter().find(|c| c.starts_with(&mine))
+                    {
+                        let node = format!("{dir}/{found}");
+                        let stat = session
+                            .client
+                            .check_stat(&node)
+                            .await
+                            .map_err(|e| map_err(&e))?
+                            .ok_or_else(|| Error::connection(SCHEME, "node vanished"))?;
+                        return Ok((node, stat.czxid.unsigned_abs()));
+                    }
+                }
+                Err(e) => return Err(map_err(&e)),
+            }
+        }
+        Err(Error::connection(
+            SCHEME,
+            format!("could not create a node under {dir}"),
+        ))
+    }
+
+    fn granted(dir: &str, q: Queued) -> Attempt {
+        Attempt::Acquired(Box::new(ZkHeld {
+            dir: dir.to_owned(),
+            node: q.node,
+            token: q.token,
+            session: q.session,
+            released: AtomicBool::new(false),
+        }))
+    }
+}
+
+#[async_trait]
+impl Backend for ZkBackend {
+    fn scheme(&self) -> &'static str {
+        SCHEME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(Fencing::Durable);
+        caps.fifo = true;
+        caps.native_wait = true;
+        caps.session_bound = true;
+        caps.cross_process = true;
+        caps.queued_waiting = true;
+        caps
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let inner = &self.inner;
+        let dir = inner.dir(&req.name);
+        let slot = (dir.clone(), req.owner.as_str().to_owned());
+        let existing = inner.queued().remove(&slot);
+        let mut q = match existing {
+            Some(q) => {
+                q.session.check()?;
+                q
+            }
+            None => {
+                let session = inner.session().await?;
+                if req.attempt == 0 && !Inner::children(&session, &dir).await?.is_empty() {
+                    // Held or queued: a first attempt writes nothing.
+                    return Ok(Attempt::Busy {
+                        retry_after: Some(RECHECK),
+                    });
+                }
+                let (node, token) = inner.create(&session, &dir, &Inner::value(req)).await?;
+                Queued {
+                    node,
+                    token,
+                    session,
+                    predecessor: None,
+                }
+            }
+        };
+        let children = match Inner::children(&q.session, &dir).await {
+            Ok(c) => c,
+            Err(e) => {
+                // Keep the entry: `leave_queue` deletes the node.
+                inner.queued().insert(slot, q);
+                return Err(e);
+            }
+        };
+        let mine = q.node.rsplit('/').next().unwrap_or_default();
+        let Some(pos) = children.iter().position(|c| c == mine) else {
+            return Err(Error::connection(
+                SCHEME,
+                "our lock node is gone (the session expired while waiting)",
+            ));
+        };
+        if pos == 0 {
+            return Ok(Inner::granted(&dir, q));
+        }
+        if req.attempt == 0 {
+            // Lost a race on a first attempt: do not stay queued.
+            let _ = q.session.client.delete(&q.node, None).await;
+            return Ok(Attempt::Busy {
+                retry_after: Some(RECHECK),
+            });
+        }
+        q.predecessor = Some(format!("{dir}/{}", children[pos - 1]));
+        inner.queued().insert(slot, q);
+        Ok(Attempt::Busy {
+            retry_after: Some(RECHECK),
+        })
+    }
+
+    async fn subscribe(&self, name: &LockName, owner: &Owner) -> Result<Box<dyn Waiter>> {
+        Ok(Box::new(ZkWaiter {
+            inner: Arc::clone(&self.inner),
+            slot: (self.inner.dir(name), owner.as_str().to_owned()),
+        }))
+    }
+
+    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
+        let slot = (self.inner.dir(name), owner.as_str().to_owned());
+        let Some(q) = self.inner.queued().remove(&slot) else {
+            return Ok(());
+        };
+        match q.session.client.delete(&q.node, None).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(map_err(&e)),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let session = self.inner.session().await?;
+        let dir = self.inner.dir(name);
+        let children = Inner::children(&session, &dir).await?;
+        for (i, child) in children.iter().enumerate() {
+            let node = format!("{dir}/{child}");
+            let (data, stat) = match session.client.get_data(&node).await {
+                Ok(d) => d,
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(map_err(&e)),
+            };
+            let stored = serde_json::from_slice::<Stored>(&data).ok();
+            let owner = stored
+                .as_ref()
+                .map_or_else(|| child.clone(), |s| s.owner.clone());
+            let mut info = LockInfo::new(name, owner, 1, stat.czxid.unsigned_abs());
+            if let Some(s) = stored {
+                info.metadata = s.metadata;
+            }
+            info.waiters = Some(children.len() - i - 1);
+            return Ok(Some(info));
+        }
+        Ok(None)
+    }
+}
+
+/// Waits for the predecessor's deletion.
+struct ZkWaiter {
+    inner: Arc<Inner>,
+    slot: (String, String),
+}
+
+impl std::fmt::Debug for ZkWaiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkWaiter")
+            .field("lock", &self.slot.0)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Waiter for ZkWaiter {
+    async fn changed(&mut self, max: Duration) -> Result<()> {
+        let ours = self
+            .inner
+            .queued()
+            .get(&self.slot)
+            .map(|q| (q.predecessor.clone(), Arc::clone(&q.session)));
+        let Some((Some(predecessor), session)) = ours else {
+            // Not queued (yet): a first attempt found the lock busy; look again soon.
+            tokio::time::sleep(max.min(Duration::from_millis(20))).await;
+            return Ok(());
+        };
+        let watched = async {
+            match session.client.check_and_watch_stat(&predecessor).await {
+                Ok((None, _)) | Err(_) => {}
+                Ok((Some(_), watcher)) => {
+                    let _ = watcher.changed().await;
+                }
+            }
+        };
+        tokio::select! {
+            () = session.lost.cancelled() => Err(Error::connection(
+                SCHEME,
+                "the ZooKeeper session expired while waiting",
+            )),
+            () = tokio::time::sleep(max) => Ok(()),
+            () = watched => Ok(()),
+        }
+    }
+}
+
+struct ZkHeld {
+    dir: String,
+    node: String,
+    token: u64,
+    session: Arc<Session>,
+    released: AtomicBool,
+}
+
+impl std::fmt::Debug for ZkHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkHeld")
+            .field("node", &self.node)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl HeldLock for ZkHeld {
+    fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    async fn renew(&self, _ttl: Duration) -> Result<()> {
+        // The session is the lease; this only reports whether it still holds.
+        if self.session.check().is_err() {
+            return Err(Error::NotOwner {
+                name: self.dir.clone(),
+            });
+        }
+        if self.session.suspect.load(Ordering::SeqCst) {
+            tracing::warn!(node = %self.node, "ZooKeeper disconnected: lock suspect");
+        }
+        Ok(())
+    }
+
+    async fn release(&self) -> Result<()> {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        if self.session.lost.is_cancelled() {
+            return Ok(());
+        }
+        match self.session.client.delete(&self.node, None).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => {
+                self.released.store(false, Ordering::SeqCst);
+                Err(map_err(&e))
+            }
+        }
+    }
+
+    fn loss_signal(&self) -> Option<CancellationToken> {
+        Some(self.session.lost.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequence_follows_curator_and_kazoo_names() {
+        assert_eq!(sequence("_c_8d9f-lock-0000000012"), Some(12));
+        assert_eq!(sequence("4f1e0c__lock__0000000003"), Some(3));
+        assert_eq!(sequence("lock-0000000007"), Some(7));
+        assert_eq!(sequence("not a lock"), None);
+        let sorted = contenders(vec![
+            "_c_a-lock-0000000005".into(),
+            "b7__lock__0000000002".into(),
+            "junk".into(),
+            "_c_c-lock-0000000009".into(),
+        ]);
+        assert_eq!(
+            sorted,
+            [
+                "b7__lock__0000000002",
+                "_c_a-lock-0000000005",
+                "_c_c-lock-0000000009"
+            ]
+        );
+    }
+
+    #[test]
+    fn uuids_have_the_usual_shape() {
+        let u = uuid();
+        let parts: Vec<&str> = u.split('-').collect();
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12]
+        );
+        assert!(parts[2].starts_with('4'));
+    }
+}
