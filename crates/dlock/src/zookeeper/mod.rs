@@ -92,48 +92,57 @@ impl Session {
     }
 }
 
-/// Follow the session's state: suspect while disconnected, lost once it expires or has
-/// been disconnected for longer than it can be trusted.
+/// Follow the session: suspect while disconnected; lost once the server reports it
+/// expired, or when no probe has been answered for so long that the server may have
+/// expired it. The server expires a session `timeout` after the last request it
+/// received; a probe's send time is a lower bound for that, so the session is trusted
+/// until `last answered probe's send time + timeout − margin`.
 async fn watch_session(
-    mut states: zk::StateWatcher,
+    client: zk::Client,
     lost: CancellationToken,
     suspect: Arc<AtomicBool>,
-    trust: Duration,
+    timeout: Duration,
 ) {
-    let mut disconnected_at: Option<Instant> = None;
+    let mut states = client.state_watcher();
+    let margin = crate::drift_margin(timeout) + Duration::from_millis(50);
+    let every = timeout / 4;
+    let mut trusted_until = Instant::now() + timeout.saturating_sub(margin);
     loop {
-        let deadline = disconnected_at.map(|t| t + trust);
-        let next = tokio::select! {
-            s = states.changed() => Some(s),
-            () = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
-                    None => std::future::pending().await,
+        let sent = Instant::now();
+        let probe = tokio::time::timeout(
+            trusted_until.saturating_duration_since(sent),
+            client.check_stat("/"),
+        );
+        tokio::select! {
+            state = states.changed() => match state {
+                zk::SessionState::Disconnected => {
+                    tracing::warn!("ZooKeeper session disconnected: its locks are suspect");
+                    suspect.store(true, Ordering::SeqCst);
                 }
-            } => None,
-        };
-        match next {
-            None => {
-                tracing::warn!(
-                    "ZooKeeper session disconnected past its timeout: its locks are lost"
-                );
-                lost.cancel();
-                return;
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    suspect.store(false, Ordering::SeqCst);
+                }
+                state => {
+                    tracing::warn!(%state, "ZooKeeper session ended: its locks are lost");
+                    lost.cancel();
+                    return;
+                }
+            },
+            answer = probe => {
+                if matches!(answer, Ok(Ok(_))) {
+                    trusted_until = sent + timeout.saturating_sub(margin);
+                    suspect.store(false, Ordering::SeqCst);
+                    tokio::time::sleep(every).await;
+                } else {
+                    suspect.store(true, Ordering::SeqCst);
+                    tokio::time::sleep(every.min(Duration::from_millis(100))).await;
+                }
             }
-            Some(zk::SessionState::Disconnected) => {
-                tracing::warn!("ZooKeeper session disconnected: its locks are suspect");
-                suspect.store(true, Ordering::SeqCst);
-                disconnected_at.get_or_insert_with(Instant::now);
-            }
-            Some(zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly) => {
-                suspect.store(false, Ordering::SeqCst);
-                disconnected_at = None;
-            }
-            Some(state) => {
-                tracing::warn!(%state, "ZooKeeper session ended: its locks are lost");
-                lost.cancel();
-                return;
-            }
+        }
+        if Instant::now() >= trusted_until {
+            tracing::warn!("ZooKeeper session unanswered past its timeout: its locks are lost");
+            lost.cancel();
+            return;
         }
     }
 }
@@ -308,15 +317,11 @@ impl Inner {
             .map_err(|e| map_err(&e))?;
         let lost = CancellationToken::new();
         let suspect = Arc::new(AtomicBool::new(false));
-        // Trust a disconnected session for its negotiated timeout minus the margin.
-        let negotiated = client.session_timeout();
-        let trust =
-            negotiated.saturating_sub(crate::drift_margin(negotiated) + Duration::from_millis(50));
         tokio::spawn(watch_session(
-            client.state_watcher(),
+            client.clone(),
             lost.clone(),
             Arc::clone(&suspect),
-            trust,
+            client.session_timeout(),
         ));
         let s = Arc::new(Session {
             client,

@@ -1,0 +1,288 @@
+//! ZooKeeper beyond the conformance suite: the real kazoo `Lock` (the Python client,
+//! which recognises Curator-style `-lock-` nodes) against dlock in both directions,
+//! ACLs, hostile names, 1,000 queued waiters, and a session cut off through the proxy.
+#![cfg(feature = "zookeeper")]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock::Locker;
+use dlock_testkit::{Fault, FaultProxy, ZkServer, find_binary, servers_required};
+
+const T: Duration = Duration::from_secs(5);
+
+/// Run a kazoo script (`ZK` is the connection string), or `None` when kazoo is missing
+/// (a failure with `DLOCK_REQUIRE_SERVERS=1`).
+fn kazoo(zk: &ZkServer, script: &str) -> Option<Child> {
+    let python = find_binary("python3")?;
+    let has = Command::new(&python)
+        .args(["-c", "import kazoo"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        assert!(
+            !servers_required(),
+            "kazoo not installed (pip install kazoo)"
+        );
+        eprintln!("skipped: kazoo not installed");
+        return None;
+    }
+    let prelude = format!(
+        "import sys, time\nfrom kazoo.client import KazooClient\nHOSTS = '{}'\nzk = KazooClient(hosts=HOSTS)\nzk.start()\n",
+        zk.addr()
+    );
+    Some(
+        Command::new(python)
+            .args(["-u", "-c", &format!("{prelude}{script}")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3"),
+    )
+}
+
+fn first_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    line.trim().to_owned()
+}
+
+#[tokio::test]
+async fn kazoo_lock_and_dlock_exclude_each_other() {
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&format!("{}/locks", zk.url()))
+        .await
+        .expect("connect");
+    // kazoo holds /locks/orders: dlock waits.
+    let Some(mut foreign) = kazoo(
+        &zk,
+        "lock = zk.Lock('/locks/orders', 'kazoo', extra_lock_patterns=['-lock-'])\n\
+         lock.acquire()\nprint('held', flush=True)\ntime.sleep(2)\nlock.release()\nzk.stop()\n",
+    ) else {
+        return;
+    };
+    assert_eq!(first_line(&mut foreign), "held");
+    let started = Instant::now();
+    assert!(locker.try_lock("orders").await.expect("try").is_none());
+    let g = locker.lock_timeout("orders", T).await.expect("after kazoo");
+    assert!(
+        started.elapsed() > Duration::from_millis(1200),
+        "granted while kazoo held it ({:?})",
+        started.elapsed()
+    );
+    let _ = foreign.wait();
+
+    // dlock holds: kazoo waits, and sees dlock's node as a contender.
+    let Some(mut waiting) = kazoo(
+        &zk,
+        "lock = zk.Lock('/locks/orders', 'kazoo', extra_lock_patterns=['-lock-'])\n\
+         print('contenders', len(lock.contenders()), flush=True)\n\
+         lock.acquire()\nprint('got it', flush=True)\nlock.release()\nzk.stop()\n",
+    ) else {
+        return;
+    };
+    assert_eq!(first_line(&mut waiting), "contenders 1");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        waiting.try_wait().expect("try_wait").is_none(),
+        "kazoo got the lock while dlock held it"
+    );
+    let released_at = Instant::now();
+    g.release().await.expect("release");
+    let line = tokio::task::spawn_blocking(move || {
+        let l = first_line(&mut waiting);
+        let _ = waiting.wait();
+        l
+    })
+    .await
+    .expect("join");
+    assert_eq!(line, "got it");
+    assert!(released_at.elapsed() < Duration::from_secs(3));
+}
+
+/// Nodes made by an authenticated dlock carry the creator-only ACL: a client without
+/// the credentials cannot delete them (or read them).
+#[tokio::test]
+async fn an_unauthenticated_client_cannot_delete_lock_nodes() {
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let url = format!("zk://locker:s3cret@{}/secure", zk.addr());
+    let locker = Locker::connect(&url).await.expect("connect");
+    let g = locker.lock("vault").await.expect("lock");
+    let Some(mut intruder) = kazoo(
+        &zk,
+        "from kazoo.exceptions import NoAuthError\n\
+         owner = KazooClient(hosts=HOSTS, auth_data=[('digest', 'locker:s3cret')])\n\
+         owner.start()\n\
+         node = '/secure/vault/' + owner.get_children('/secure/vault')[0]\n\
+         try:\n    zk.delete(node)\n    print('deleted', flush=True)\n\
+         except NoAuthError:\n    print('refused', flush=True)\nzk.stop()\nowner.stop()\n",
+    ) else {
+        return;
+    };
+    assert_eq!(first_line(&mut intruder), "refused");
+    let _ = intruder.wait();
+    assert!(g.is_held());
+    let other = Locker::connect(&url).await.expect("connect");
+    assert!(other.try_lock("vault").await.expect("try").is_none());
+    g.release().await.expect("release");
+    let shown = format!("{locker:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+}
+
+/// Names with `/`, `..`, dots and unicode all become one child of the lock root.
+#[tokio::test]
+async fn hostile_names_stay_under_the_lock_root() {
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&format!("{}/locks", zk.url()))
+        .await
+        .expect("connect");
+    let names = [
+        "../../zookeeper",
+        "a/b/../c",
+        "..",
+        ".",
+        "/",
+        "ünïcødé ✓",
+        "zookeeper",
+    ];
+    let mut guards = Vec::new();
+    for n in names {
+        guards.push(locker.lock(n).await.expect(n));
+    }
+    assert!(locker.lock("nul\0byte").await.is_err(), "NUL accepted");
+    let Some(mut lister) = kazoo(
+        &zk,
+        "print(sorted(zk.get_children('/')), len(zk.get_children('/locks')), flush=True)\nzk.stop()\n",
+    ) else {
+        return;
+    };
+    assert_eq!(
+        first_line(&mut lister),
+        format!("['locks', 'zookeeper'] {}", names.len())
+    );
+    let _ = lister.wait();
+    for g in guards {
+        g.release().await.expect("release");
+    }
+}
+
+/// 1,000 waiters on one lock, each with its own session: each release wakes only the
+/// next one, and afterwards the server is back to its baseline node count (ephemeral
+/// nodes gone with their sessions, the lock node removed as an empty container).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_leave_the_server_as_they_found_it() {
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let url = format!("{}/crowd?session_timeout=4s", zk.url());
+    let mut baseline = 0;
+    for _ in 0..50 {
+        baseline = zk.znode_count();
+        if baseline > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(baseline > 0, "mntr gave no znode count");
+    let holder = Locker::connect(&url).await.expect("connect");
+    let g = holder.lock("crowd").await.expect("lock");
+    let n = 1000;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..n {
+        let l = Locker::connect(&url).await.expect("connect");
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let g = l
+                .lock_timeout("crowd", Duration::from_secs(120))
+                .await
+                .expect("waiter");
+            let token = g.fencing_token();
+            g.release().await.expect("release");
+            let _ = tx.send(token);
+            drop(l);
+        });
+    }
+    drop(tx);
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = holder
+            .inspect("crowd")
+            .await
+            .expect("inspect")
+            .expect("held");
+        if info.waiters == Some(n) {
+            break;
+        }
+        assert!(Instant::now() < end, "only {:?} queued", info.waiters);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = Instant::now();
+    g.release().await.expect("release");
+    let mut tokens = Vec::with_capacity(n);
+    while let Some(t) = rx.recv().await {
+        tokens.push(t);
+    }
+    let took = started.elapsed();
+    assert_eq!(tokens.len(), n);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "grants out of queue order"
+    );
+    eprintln!(
+        "figure: ZooKeeper, {n} queued waiters granted in {took:?} ({:.0}/s)",
+        n as f64 / took.as_secs_f64()
+    );
+    drop(holder);
+    let end = Instant::now() + Duration::from_secs(20);
+    while zk.znode_count() > baseline {
+        assert!(
+            Instant::now() < end,
+            "{} znodes left (baseline {baseline})",
+            zk.znode_count()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The client cut off from ZooKeeper (blackhole): its locks become suspect, then
+/// `lost()` fires before the server can expire the session; another client gets the
+/// lock once the session has expired.
+#[tokio::test]
+async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(zk.addr()).await.expect("proxy");
+    let cut = Locker::connect(&format!("zk://{}/locks?session_timeout=2s", proxy.addr()))
+        .await
+        .expect("connect through proxy");
+    let other = Locker::connect(&format!("{}/locks", zk.url()))
+        .await
+        .expect("connect");
+    let g = cut.lock("cutoff").await.expect("lock");
+    let cut_at = Instant::now();
+    proxy.set(Fault::Blackhole);
+    tokio::time::timeout(Duration::from_secs(6), g.lost())
+        .await
+        .expect("lost() never fired");
+    let noticed = cut_at.elapsed();
+    let freed = other
+        .lock_timeout("cutoff", Duration::from_secs(15))
+        .await
+        .expect("session expiry must free the lock");
+    let recovered = cut_at.elapsed();
+    eprintln!(
+        "figure: ZooKeeper session 2 s cut off: holder lost() after {noticed:?}, lock free for others after {recovered:?}"
+    );
+    assert!(noticed < recovered, "lost() fired after the lock was free");
+    freed.release().await.expect("release");
+}
