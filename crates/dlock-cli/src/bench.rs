@@ -7,7 +7,8 @@
 //! owner matches — which is the least any lease lock on SQLite must do. For Redis, the
 //! same client's bare `SET NX PX` + `EVALSHA` compare-and-delete. For Redlock, the same
 //! cycles on the first node alone (same layout), measured in the same run. For etcd,
-//! the same client crate's bare put-with-lease + delete.
+//! the same client crate's bare put-with-lease + delete; for ZooKeeper, its bare
+//! create-ephemeral + delete.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -122,7 +123,10 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         Some(f) => Some(f),
         None => match redis_floor(&url, args.cycles).await? {
             Some(f) => Some(f),
-            None => etcd_floor(&url, args.cycles).await?,
+            None => match etcd_floor(&url, args.cycles).await? {
+                Some(f) => Some(f),
+                None => zk_floor(&url, args.cycles).await?,
+            },
         },
     };
     let uncontended = Uncontended {
@@ -485,5 +489,36 @@ async fn etcd_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Fa
     }
     let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
     let _ = client.lease_revoke(lease).await;
+    Ok(Some((per_sec, Latency::of(&samples))))
+}
+
+/// The bare-request floor for a `zk://` URL: the same client crate creating an
+/// ephemeral node and deleting it, nothing else.
+async fn zk_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
+    use zookeeper_client as zk;
+    let Some(rest) = url.strip_prefix("zk://") else {
+        return Ok(None);
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Ok(None);
+    }
+    let err = |e: zk::Error| Failure::internal(format!("bench's bare ZooKeeper client: {e}"));
+    let client = zk::Client::connect(authority).await.map_err(err)?;
+    let node = format!("/dlock-bench-floor-{}", dlock::Owner::random());
+    let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    for _ in 0..20 {
+        client.create(&node, b"", &ephemeral).await.map_err(err)?;
+        client.delete(&node, None).await.map_err(err)?;
+    }
+    let mut samples = Vec::with_capacity(cycles as usize);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        client.create(&node, b"", &ephemeral).await.map_err(err)?;
+        client.delete(&node, None).await.map_err(err)?;
+        samples.push(micros(t.elapsed()));
+    }
+    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
     Ok(Some((per_sec, Latency::of(&samples))))
 }

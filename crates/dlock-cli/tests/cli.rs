@@ -577,3 +577,51 @@ fn etcd_killed_or_paused_holder_frees_the_lock_after_the_session_ttl() {
     assert!(taken_over < Duration::from_secs(5), "{taken_over:?}");
     kill_group(&paused, nix::sys::signal::Signal::SIGKILL);
 }
+
+/// ZooKeeper: a SIGKILLed holder's lock is free once the server expires its session;
+/// a holder SIGSTOPped past the session timeout loses the lock to the next one and,
+/// resumed, stops its command and exits 76.
+#[test]
+fn zookeeper_killed_or_paused_holder_frees_the_lock_after_the_session_timeout() {
+    let Some(zk) = dlock_testkit::ZkServer::start() else {
+        return;
+    };
+    let env = Env::new();
+    let url = format!("{}/locks?session_timeout=2s", zk.url());
+
+    let mut holder = env.spawn(&["run", "--url", &url, "z:crash", "--", "sleep", "30"]);
+    wait_held_at(&env, &url, "z:crash");
+    let killed_at = Instant::now();
+    kill_group(&holder, nix::sys::signal::Signal::SIGKILL);
+    let _ = wait_timeout(&mut holder, Duration::from_secs(5));
+    let out = env.run(&[
+        "run", "--url", &url, "--wait", "15s", "z:crash", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let killed = killed_at.elapsed();
+
+    let mut paused = env.spawn(&[
+        "run", "--url", &url, "--grace", "300ms", "z:pause", "--", "sleep", "30",
+    ]);
+    wait_held_at(&env, &url, "z:pause");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(paused.id()).expect("pid"));
+    let paused_at = Instant::now();
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+    let out = env.run(&[
+        "run", "--url", &url, "--wait", "15s", "z:pause", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let taken_over = paused_at.elapsed();
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    let resumed_at = Instant::now();
+    let status = wait_timeout(&mut paused, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(76), "{}", stderr_of(&mut paused));
+    eprintln!(
+        "figure: ZooKeeper session_timeout 2 s: SIGKILLed holder -> next holder (incl. process start) after {killed:?}; \
+         SIGSTOPped holder -> next holder after {taken_over:?}; resumed holder exited 76 after {:?}",
+        resumed_at.elapsed()
+    );
+    assert!(killed < Duration::from_secs(6), "{killed:?}");
+    assert!(taken_over < Duration::from_secs(6), "{taken_over:?}");
+    kill_group(&paused, nix::sys::signal::Signal::SIGKILL);
+}

@@ -14,8 +14,8 @@ mod zookeeper;
 pub use etcd::EtcdServer;
 pub use proxy::{Fault, FaultProxy};
 pub use server::{
-    RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess, find_binary,
-    free_port, redis_command, redis_ping, servers_required, skip,
+    PortHolder, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess,
+    find_binary, free_port, redis_command, redis_ping, servers_required, skip,
 };
 pub use tls::TestCerts;
 pub use zookeeper::{ZkServer, zk_four_letters};

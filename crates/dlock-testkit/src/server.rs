@@ -622,3 +622,54 @@ impl RedisSentinel {
         None
     }
 }
+
+/// Keeps a loopback port taken after its server was killed, so that no other test's
+/// server can start there and answer in its place: every connection is accepted and
+/// closed at once (the client sees a reset, as from a dead host that still routes).
+#[derive(Debug)]
+pub struct PortHolder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    port: u16,
+}
+
+impl PortHolder {
+    /// Hold `port` (waits briefly for the killed server's socket to go away).
+    ///
+    /// # Panics
+    /// When the port cannot be bound within two seconds.
+    #[must_use]
+    pub fn hold(port: u16) -> Self {
+        let end = Instant::now() + Duration::from_secs(2);
+        let listener = loop {
+            match TcpListener::bind(("127.0.0.1", port)) {
+                Ok(l) => break l,
+                Err(e) if Instant::now() > end => panic!("cannot hold port {port}: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((s, _)) => drop(s),
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        PortHolder { stop, port }
+    }
+
+    /// The held port.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for PortHolder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}

@@ -71,12 +71,13 @@ impl ZkServer {
         let data = dir.join("data");
         std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
         let cfg = dir.join("zoo.cfg");
-        // tickTime 200 ms: sessions from 0.4 s to 4 s.
+        // tickTime 200 ms: sessions from 0.4 s (up to 30 s).
         std::fs::write(
             &cfg,
             format!(
                 "tickTime=200\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
-                 admin.enableServer=false\n4lw.commands.whitelist=*\nmaxClientCnxns=0\n",
+                 admin.enableServer=false\n4lw.commands.whitelist=*\nmaxClientCnxns=0\n\
+                 maxSessionTimeout=30000\n",
                 data.display()
             ),
         )

@@ -150,6 +150,9 @@ pub struct AcquireRequest {
     /// 0 for the first attempt of an acquisition, then 1, 2, … (a backend may skip a
     /// cheap pre-check on the first attempt, when the lock is most likely free).
     pub attempt: u32,
+    /// Whether the caller waits when the lock is busy (`false` for `try_lock` and
+    /// [`crate::Wait::NoWait`]): a queueing backend may then check before it writes.
+    pub will_wait: bool,
 }
 
 /// The outcome of one attempt.

@@ -174,6 +174,7 @@ impl Locker {
         if opts.fair {
             req.enqueue = Some(QUEUE_ENTRY_TTL);
         }
+        req.will_wait = !matches!(opts.wait, Wait::NoWait);
         // Whatever happens from here on, a queue entry must not outlive this call.
         let mut queue_guard = QueueGuard {
             backend: Arc::clone(&self.backend),
@@ -316,6 +317,7 @@ impl Locker {
             fair: opts.fair,
             enqueue: None,
             attempt: 0,
+            will_wait: false,
             metadata: opts.metadata.clone().unwrap_or_else(Metadata::this_process),
         };
         Ok((name, req))
@@ -350,7 +352,14 @@ impl Locker {
             };
             // If the caller is gone — before the send, or after it but before reading
             // the answer — the unclaimed grant is released when it is dropped.
-            let _ = tx.send(result);
+            if let Err(unsent) = tx.send(result)
+                && !matches!(unsent, Ok(Outcome::Granted(_)))
+                && (req.fair || backend.capabilities().queued_waiting)
+            {
+                // The caller went while this attempt was in flight: its queue guard may
+                // have run before this attempt took a place in the queue. Leave it now.
+                let _ = backend.leave_queue(&req.name, &req.owner).await;
+            }
         });
         let received = match deadline {
             None => rx.await,

@@ -13,10 +13,10 @@ async fn harness(query: &'static str) -> Option<Harness> {
 
 mod encoded {
     use super::*;
-    dlock::conformance_suite!(harness("?session_ttl=3s"));
+    dlock::conformance_suite!(harness("?session_ttl=6s"));
 }
 
 mod raw_names {
     use super::*;
-    dlock::conformance_suite!(harness("/locks?raw_names=true&session_ttl=3s"));
+    dlock::conformance_suite!(harness("/locks?raw_names=true&session_ttl=6s"));
 }

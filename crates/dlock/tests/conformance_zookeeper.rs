@@ -7,7 +7,7 @@ use dlock_testkit::ZkServer;
 
 async fn harness() -> Option<Harness> {
     let zk = ZkServer::start()?;
-    let url = format!("{}/locks?session_timeout=3s", zk.url());
+    let url = format!("{}/locks?session_timeout=6s", zk.url());
     Some(Harness::new(url).keep(zk))
 }
 

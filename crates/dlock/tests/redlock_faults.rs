@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use dlock::{Error, Fencing, LockOptions, Locker};
-use dlock_testkit::{Fault, FaultProxy, RedisNodes, RedisOptions, redis_command};
+use dlock_testkit::{Fault, FaultProxy, PortHolder, RedisNodes, RedisOptions, redis_command};
 
 const T: Duration = Duration::from_secs(2);
 
@@ -20,6 +20,13 @@ async fn nodes(persistent: bool) -> Option<RedisNodes> {
             ..RedisOptions::default()
         },
     )
+}
+
+/// SIGKILL node `i` and keep its port taken (no other test's server may start there).
+fn kill_and_hold(nodes: &mut RedisNodes, i: usize) -> PortHolder {
+    let port = nodes.node(i).addr().port();
+    nodes.node(i).process().kill();
+    PortHolder::hold(port)
 }
 
 /// GET `key` on one node, raw.
@@ -34,8 +41,7 @@ async fn two_of_five_killed_still_grants_nearly_every_acquire() {
         return;
     };
     let locker = Locker::connect(&nodes.url()).await.expect("connect");
-    nodes.node(1).process().kill();
-    nodes.node(3).process().kill();
+    let _held = [kill_and_hold(&mut nodes, 1), kill_and_hold(&mut nodes, 3)];
     let total = 200;
     let mut ok = 0;
     let mut last = 0;
@@ -65,9 +71,10 @@ async fn three_of_five_down_fails_fast_with_no_quorum() {
         return;
     };
     let locker = Locker::connect(&nodes.url()).await.expect("connect");
-    for i in [0, 2, 4] {
-        nodes.node(i).process().kill();
-    }
+    let _held: Vec<PortHolder> = [0, 2, 4]
+        .into_iter()
+        .map(|i| kill_and_hold(&mut nodes, i))
+        .collect();
     for i in 0..20 {
         let started = Instant::now();
         // Waiting forever is asked for: unreachable nodes must still end it, fast.
@@ -111,8 +118,7 @@ async fn taken_by_another_owner_is_busy_not_no_quorum() {
         Locker::connect(&nodes.url()).await.expect("connect"),
     );
     let g = a.lock("taken").await.expect("lock");
-    nodes.node(0).process().kill();
-    nodes.node(4).process().kill();
+    let _held = [kill_and_hold(&mut nodes, 0), kill_and_hold(&mut nodes, 4)];
     assert!(
         b.try_lock("taken")
             .await
@@ -336,8 +342,7 @@ async fn token_write_back_survives_the_loss_of_the_nodes_that_were_ahead() {
         let v = raw_get(&mut nodes, i, "dlock_token:{ahead}");
         assert!(v.contains("1001"), "node {i} counter not raised: {v:?}");
     }
-    nodes.node(0).process().kill();
-    nodes.node(1).process().kill();
+    let _held = [kill_and_hold(&mut nodes, 0), kill_and_hold(&mut nodes, 1)];
     let g = locker.lock("ahead").await.expect("lock on the other three");
     assert!(g.fencing_token() > 1001, "token {}", g.fencing_token());
     g.release().await.expect("release");

@@ -183,7 +183,7 @@ async fn a_thousand_waiters_leave_the_server_as_they_found_it() {
     let Some(zk) = ZkServer::start() else {
         return;
     };
-    let url = format!("{}/crowd?session_timeout=4s", zk.url());
+    let url = format!("{}/crowd?session_timeout=10s", zk.url());
     let mut baseline = 0;
     for _ in 0..50 {
         baseline = zk.znode_count();
@@ -204,7 +204,7 @@ async fn a_thousand_waiters_leave_the_server_as_they_found_it() {
             let g = l
                 .lock_timeout("crowd", Duration::from_secs(120))
                 .await
-                .expect("waiter");
+                .unwrap_or_else(|e| panic!("waiter: {e}"));
             let token = g.fencing_token();
             g.release().await.expect("release");
             let _ = tx.send(token);

@@ -560,6 +560,7 @@ mod tests {
             enqueue: None,
             metadata: Metadata::default(),
             attempt: 0,
+            will_wait: false,
         }
     }
 

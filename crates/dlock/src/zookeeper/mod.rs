@@ -11,8 +11,8 @@
 //! waiter watches **only its predecessor**. The fencing token is the `czxid` of the
 //! holder's own node: zxids are global, persistent and increase with every write.
 //!
-//! - A first attempt reads the children first: a `try_lock` on a held lock writes
-//!   nothing; a free lock costs a create and a delete.
+//! - A free lock costs a create, a read of the children and a delete. A `try_lock`
+//!   (or no-wait) attempt reads the children first, so on a held lock it writes nothing.
 //! - Protected creation: when the connection drops during a create, the contender looks
 //!   for its node by its uuid instead of leaving an orphan.
 //! - Lock nodes (and the root) are created as containers, which ZooKeeper deletes once
@@ -431,8 +431,11 @@ impl Backend for ZkBackend {
             }
             None => {
                 let session = inner.session().await?;
-                if req.attempt == 0 && !Inner::children(&session, &dir).await?.is_empty() {
-                    // Held or queued: a first attempt writes nothing.
+                if req.attempt == 0
+                    && !req.will_wait
+                    && !Inner::children(&session, &dir).await?.is_empty()
+                {
+                    // Held or queued, and the caller will not wait: write nothing.
                     return Ok(Attempt::Busy {
                         retry_after: Some(RECHECK),
                     });
@@ -464,8 +467,8 @@ impl Backend for ZkBackend {
         if pos == 0 {
             return Ok(Inner::granted(&dir, q));
         }
-        if req.attempt == 0 {
-            // Lost a race on a first attempt: do not stay queued.
+        if !req.will_wait {
+            // The caller will not wait: do not stay queued.
             let _ = q.session.client.delete(&q.node, None).await;
             return Ok(Attempt::Busy {
                 retry_after: Some(RECHECK),
