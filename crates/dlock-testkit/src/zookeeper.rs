@@ -159,10 +159,16 @@ impl ZkServer {
     /// The number of znodes (`mntr`'s `zk_znode_count`).
     #[must_use]
     pub fn znode_count(&self) -> usize {
+        usize::try_from(self.mntr("zk_znode_count")).unwrap_or(0)
+    }
+
+    /// One numeric `mntr` value (0 when absent).
+    #[must_use]
+    pub fn mntr(&self, key: &str) -> u64 {
         zk_four_letters(self.addr(), "mntr")
             .unwrap_or_default()
             .lines()
-            .find_map(|l| l.strip_prefix("zk_znode_count"))
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('\t'))
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0)
     }

@@ -225,6 +225,7 @@ async fn a_thousand_waiters_leave_the_server_as_they_found_it() {
         assert!(Instant::now() < end, "only {:?} queued", info.waiters);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let packets0 = zk.mntr("zk_packets_received");
     let started = Instant::now();
     g.release().await.expect("release");
     let mut tokens = Vec::with_capacity(n);
@@ -237,10 +238,14 @@ async fn a_thousand_waiters_leave_the_server_as_they_found_it() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "grants out of queue order"
     );
+    let packets = zk.mntr("zk_packets_received") - packets0;
     eprintln!(
-        "figure: ZooKeeper, {n} queued waiters granted in {took:?} ({:.0}/s)",
+        "figure: ZooKeeper, {n} queued waiters granted in {took:?} ({:.0}/s); {packets} requests received meanwhile (incl. pings of {n} sessions)",
         n as f64 / took.as_secs_f64()
     );
+    // One wake per grant: a few requests each (read children, watch, delete) plus
+    // session pings and probes; a herd would be ~n²/2 = 500,000.
+    assert!(packets < 25 * n as u64, "{packets} requests for {n} grants");
     drop(holder);
     let end = Instant::now() + Duration::from_secs(20);
     while zk.znode_count() > baseline {
