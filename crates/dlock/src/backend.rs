@@ -297,3 +297,30 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
         None
     }
 }
+
+/// What queue-and-watch backends (etcd, ZooKeeper) store in a contender's key or node:
+/// the owner token and the metadata, as JSON. Foreign clients store anything else.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+#[derive(Serialize, serde::Deserialize)]
+pub(crate) struct StoredHolder {
+    pub(crate) owner: String,
+    #[serde(flatten)]
+    pub(crate) metadata: Metadata,
+}
+
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+impl StoredHolder {
+    /// The JSON for `req`'s contender.
+    pub(crate) fn encode(req: &AcquireRequest) -> Vec<u8> {
+        serde_json::to_vec(&StoredHolder {
+            owner: req.owner.as_str().to_owned(),
+            metadata: req.metadata.clone(),
+        })
+        .unwrap_or_default()
+    }
+
+    /// Parse what a contender stored; `None` for a foreign client's value.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        serde_json::from_slice(bytes).ok()
+    }
+}

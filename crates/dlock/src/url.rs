@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use crate::error::{Error, Result, redact_secrets};
 
@@ -258,6 +259,22 @@ impl ConnectUrl {
                 _ => Err(self.invalid(&format!("{key}={v:?} is not a boolean"))),
             },
         }
+    }
+
+    /// Remove query parameter `key` and parse it as a duration above zero (`500ms`,
+    /// `2s`, …), or `default` when it is absent.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when it does not parse, [`Error::InvalidUrl`] when zero.
+    pub fn take_duration(&mut self, key: &str, default: Duration) -> Result<Duration> {
+        let Some(v) = self.params.remove(key) else {
+            return Ok(default);
+        };
+        let d = crate::options::parse_duration(key, &v)?;
+        if d.is_zero() {
+            return Err(self.invalid(&format!("{key} must be above zero")));
+        }
+        Ok(d)
     }
 
     /// An [`Error::InvalidUrl`] about this URL.

@@ -52,11 +52,12 @@ use etcd_client::{
 use tokio::sync::Notify;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, Waiter,
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, StoredHolder,
+    Waiter,
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::options::{Metadata, Owner};
+use crate::options::Owner;
 use crate::url::ConnectUrl;
 
 mod session;
@@ -82,14 +83,6 @@ pub(crate) fn map_err(e: &etcd_client::Error) -> Error {
     } else {
         Error::backend(SCHEME, e)
     }
-}
-
-/// What a contender stores in its key: its owner token and metadata.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Stored {
-    owner: String,
-    #[serde(flatten)]
-    metadata: Metadata,
 }
 
 /// This backend's own contender for one lock directory.
@@ -130,24 +123,11 @@ impl std::fmt::Debug for EtcdBackend {
     }
 }
 
-fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<Duration> {
-    match url.take_param(key) {
-        None => Ok(default),
-        Some(v) => {
-            let d = crate::options::parse_duration(key, &v)?;
-            if d.is_zero() {
-                return Err(url.invalid(&format!("{key} must be above zero")));
-            }
-            Ok(d)
-        }
-    }
-}
-
 impl EtcdBackend {
     pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
         let tls = url.scheme() == "etcds";
-        let timeout = duration_param(&mut url, "timeout", Duration::from_secs(5))?;
-        let session_ttl = duration_param(&mut url, "session_ttl", Duration::from_secs(10))?;
+        let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
+        let session_ttl = url.take_duration("session_ttl", Duration::from_secs(10))?;
         if session_ttl < Duration::from_secs(2) || session_ttl.subsec_nanos() != 0 {
             return Err(url.invalid("session_ttl must be whole seconds, at least 2s"));
         }
@@ -315,14 +295,6 @@ impl Inner {
             .with_limit(1)
     }
 
-    fn value(req: &AcquireRequest) -> String {
-        serde_json::to_string(&Stored {
-            owner: req.owner.as_str().to_owned(),
-            metadata: req.metadata.clone(),
-        })
-        .unwrap_or_default()
-    }
-
     /// Take the local slot for `dir` for `owner`, or say who has it.
     async fn claim_slot(&self, dir: &str, owner: &str) -> Result<Option<(Arc<Session>, String)>> {
         {
@@ -392,7 +364,7 @@ impl Inner {
             .when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(
                 key.as_str(),
-                Self::value(req),
+                StoredHolder::encode(req),
                 Some(PutOptions::new().with_lease(session.id)),
             )])
             .or_else([TxnOp::get(dir, Some(Self::first_created()))]);
@@ -430,7 +402,7 @@ impl Inner {
             .and_then([
                 TxnOp::put(
                     key.as_str(),
-                    Self::value(req),
+                    StoredHolder::encode(req),
                     Some(PutOptions::new().with_lease(session.id)),
                 ),
                 TxnOp::get(dir, Some(Self::first_created())),
@@ -591,7 +563,7 @@ impl Backend for EtcdBackend {
         let Some(first) = resp.kvs().first() else {
             return Ok(None);
         };
-        let stored = serde_json::from_slice::<Stored>(first.value()).ok();
+        let stored = StoredHolder::decode(first.value());
         // A foreign holder (etcdctl) stores nothing: show its key's last part.
         let owner = stored.as_ref().map_or_else(
             || {

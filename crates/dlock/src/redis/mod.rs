@@ -124,19 +124,6 @@ impl std::fmt::Debug for RedisBackend {
     }
 }
 
-fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<Duration> {
-    match url.take_param(key) {
-        None => Ok(default),
-        Some(v) => {
-            let d = crate::options::parse_duration(key, &v)?;
-            if d.is_zero() {
-                return Err(url.invalid(&format!("{key} must be above zero")));
-            }
-            Ok(d)
-        }
-    }
-}
-
 impl RedisBackend {
     pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
         let cluster = url.scheme() == "redis+cluster";
@@ -160,8 +147,8 @@ impl RedisBackend {
                     .ok_or_else(|| url.invalid("min_replicas must be 1 to 64"))?,
             ),
         };
-        let wait_timeout = duration_param(&mut url, "wait_timeout", Duration::from_secs(1))?;
-        let timeout = duration_param(&mut url, "timeout", Duration::from_secs(5))?;
+        let wait_timeout = url.take_duration("wait_timeout", Duration::from_secs(1))?;
+        let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
         let sentinel_db = match url.take_param("db") {
             None => 0,
             Some(d) if sentinel => d
@@ -175,7 +162,7 @@ impl RedisBackend {
                 ));
             }
         };
-        let poll = duration_param(&mut url, "poll", Duration::from_millis(50))?;
+        let poll = url.take_duration("poll", Duration::from_millis(50))?;
         url.finish(&[
             "layout",
             "prefix",

@@ -128,19 +128,6 @@ enum Round {
     TooSlow(Duration),
 }
 
-fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<Duration> {
-    match url.take_param(key) {
-        None => Ok(default),
-        Some(v) => {
-            let d = crate::options::parse_duration(key, &v)?;
-            if d.is_zero() {
-                return Err(url.invalid(&format!("{key} must be above zero")));
-            }
-            Ok(d)
-        }
-    }
-}
-
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -163,8 +150,8 @@ impl RedlockBackend {
                 Some(d)
             }
         };
-        let timeout = duration_param(&mut url, "timeout", Duration::from_secs(5))?;
-        let poll = duration_param(&mut url, "poll", Duration::from_millis(20))?;
+        let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
+        let poll = url.take_duration("poll", Duration::from_millis(20))?;
         let drift_factor = match url.take_param("drift_factor") {
             None => 0.01,
             Some(f) => f

@@ -42,11 +42,12 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, Waiter,
+    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, StoredHolder,
+    Waiter,
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::options::{Metadata, Owner};
+use crate::options::Owner;
 use crate::url::ConnectUrl;
 
 const SCHEME: &str = "zk";
@@ -63,14 +64,6 @@ fn map_err(e: &zk::Error) -> Error {
         | zk::Error::NoHosts => Error::connection(SCHEME, e),
         _ => Error::backend(SCHEME, e),
     }
-}
-
-/// What a contender stores in its node.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Stored {
-    owner: String,
-    #[serde(flatten)]
-    metadata: Metadata,
 }
 
 /// One ZooKeeper session and what is known of its health.
@@ -180,19 +173,6 @@ impl std::fmt::Debug for ZkBackend {
     }
 }
 
-fn duration_param(url: &mut ConnectUrl, key: &str, default: Duration) -> Result<Duration> {
-    match url.take_param(key) {
-        None => Ok(default),
-        Some(v) => {
-            let d = crate::options::parse_duration(key, &v)?;
-            if d.is_zero() {
-                return Err(url.invalid(&format!("{key} must be above zero")));
-            }
-            Ok(d)
-        }
-    }
-}
-
 /// The sequence number of a lock child: the text after the last `lock-` (Curator),
 /// else after the last `__lock__` (kazoo), else its last ten characters.
 fn sequence(child: &str) -> Option<u64> {
@@ -229,8 +209,8 @@ fn uuid() -> String {
 
 impl ZkBackend {
     pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
-        let session_timeout = duration_param(&mut url, "session_timeout", Duration::from_secs(10))?;
-        let timeout = duration_param(&mut url, "timeout", Duration::from_secs(5))?;
+        let session_timeout = url.take_duration("session_timeout", Duration::from_secs(10))?;
+        let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
         url.finish(&["session_timeout", "timeout"])?;
         let mut root = url.path().trim_end_matches('/').to_owned();
         if root.is_empty() {
@@ -330,14 +310,6 @@ impl Inner {
         });
         *current = Some(Arc::clone(&s));
         Ok(s)
-    }
-
-    fn value(req: &AcquireRequest) -> Vec<u8> {
-        serde_json::to_vec(&Stored {
-            owner: req.owner.as_str().to_owned(),
-            metadata: req.metadata.clone(),
-        })
-        .unwrap_or_default()
     }
 
     /// The lock's children, or none when the lock node does not exist.
@@ -440,7 +412,9 @@ impl Backend for ZkBackend {
                         retry_after: Some(RECHECK),
                     });
                 }
-                let (node, token) = inner.create(&session, &dir, &Inner::value(req)).await?;
+                let (node, token) = inner
+                    .create(&session, &dir, &StoredHolder::encode(req))
+                    .await?;
                 Queued {
                     node,
                     token,
@@ -510,7 +484,7 @@ impl Backend for ZkBackend {
                 Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(map_err(&e)),
             };
-            let stored = serde_json::from_slice::<Stored>(&data).ok();
+            let stored = StoredHolder::decode(&data);
             let owner = stored
                 .as_ref()
                 .map_or_else(|| child.clone(), |s| s.owner.clone());
