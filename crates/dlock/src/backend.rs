@@ -291,6 +291,12 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
         crate::guard::drift_margin(ttl)
     }
 
+    /// A flag the backend raises while the lock is in doubt (its session disconnected
+    /// but not yet expired); shown by `LockGuard::is_suspect`. `None` by default.
+    fn suspect_flag(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+        None
+    }
+
     /// A token the backend cancels when it learns, unprompted, that the lock is gone
     /// (session expired, connection died). `None` when it only learns on renewal.
     fn loss_signal(&self) -> Option<CancellationToken> {

@@ -44,6 +44,7 @@ struct Shared {
     token: u64,
     lost: CancellationToken,
     reason: Mutex<Option<LossReason>>,
+    suspect: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Shared {
@@ -116,6 +117,7 @@ impl LockGuard {
             token: held.fencing_token(),
             lost: CancellationToken::new(),
             reason: Mutex::new(None),
+            suspect: held.suspect_flag(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let keeper = Keeper::new(held, Arc::clone(&shared), plan);
@@ -150,6 +152,19 @@ impl LockGuard {
     #[must_use]
     pub fn is_held(&self) -> bool {
         !self.released && !self.shared.lost.is_cancelled()
+    }
+
+    /// Whether the lock is held but in doubt: the backend's session is disconnected
+    /// (ZooKeeper) and may still recover — or end, and then [`LockGuard::lost`] fires.
+    /// Always `false` on backends without such a state.
+    #[must_use]
+    pub fn is_suspect(&self) -> bool {
+        self.is_held()
+            && self
+                .shared
+                .suspect
+                .as_ref()
+                .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// Why the lock was lost, if it was.

@@ -274,8 +274,16 @@ async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
         .await
         .expect("connect");
     let g = cut.lock("cutoff").await.expect("lock");
+    assert!(!g.is_suspect());
     let cut_at = Instant::now();
     proxy.set(Fault::Blackhole);
+    // The client notices the disconnection: the lock is suspect before it is lost.
+    let end = Instant::now() + Duration::from_secs(3);
+    while !g.is_suspect() && g.is_held() {
+        assert!(Instant::now() < end, "never suspect");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let suspect_after = cut_at.elapsed();
     tokio::time::timeout(Duration::from_secs(6), g.lost())
         .await
         .expect("lost() never fired");
@@ -286,7 +294,7 @@ async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
         .expect("session expiry must free the lock");
     let recovered = cut_at.elapsed();
     eprintln!(
-        "figure: ZooKeeper session 2 s cut off: holder lost() after {noticed:?}, lock free for others after {recovered:?}"
+        "figure: ZooKeeper session 2 s cut off: holder suspect after {suspect_after:?}, lost() after {noticed:?}, lock free for others after {recovered:?}"
     );
     assert!(noticed < recovered, "lost() fired after the lock was free");
     freed.release().await.expect("release");

@@ -600,6 +600,10 @@ impl HeldLock for ZkHeld {
     fn loss_signal(&self) -> Option<CancellationToken> {
         Some(self.session.lost.clone())
     }
+
+    fn suspect_flag(&self) -> Option<Arc<AtomicBool>> {
+        Some(Arc::clone(&self.session.suspect))
+    }
 }
 
 #[cfg(test)]
