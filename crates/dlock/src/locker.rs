@@ -4,7 +4,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, LockInfo, Waiter};
@@ -323,19 +322,21 @@ impl Locker {
         Ok((name, req))
     }
 
-    /// One attempt, run to completion in its own task so that a caller who goes away
-    /// mid-attempt cannot leave a grant behind: the task releases it instead.
+    /// One attempt, run to completion even if the caller goes away mid-attempt: it is
+    /// polled in place (no task in the common case), and if its future is dropped
+    /// unfinished the rest runs in a task that releases any grant and leaves any queue.
     async fn attempt(
         &self,
         req: AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Box<dyn crate::backend::HeldLock>, AttemptError> {
         let backend = Arc::clone(&self.backend);
+        let queued = req.fair || backend.capabilities().queued_waiting;
+        let (name, owner) = (req.name.clone(), req.owner.clone());
         let ttl = req.ttl;
-        let (tx, rx) = oneshot::channel();
         let sent_at = Instant::now();
-        tokio::spawn(async move {
-            let result = match backend.try_acquire(&req).await {
+        let job = async move {
+            match backend.try_acquire(&req).await {
                 // An acquisition slower than the lease is worthless: someone else may
                 // already be entitled to the lock. Never report it as a success.
                 Ok(Attempt::Acquired(held))
@@ -349,37 +350,27 @@ impl Locker {
                 Ok(Attempt::Acquired(held)) => Ok(Outcome::Granted(Unclaimed(Some(held)))),
                 Ok(Attempt::Busy { retry_after }) => Ok(Outcome::Busy(retry_after)),
                 Err(e) => Err(e),
-            };
-            // If the caller is gone — before the send, or after it but before reading
-            // the answer — the unclaimed grant is released when it is dropped.
-            if let Err(unsent) = tx.send(result)
-                && !matches!(unsent, Ok(Outcome::Granted(_)))
-                && (req.fair || backend.capabilities().queued_waiting)
-            {
-                // The caller went while this attempt was in flight: its queue guard may
-                // have run before this attempt took a place in the queue. Leave it now.
-                let _ = backend.leave_queue(&req.name, &req.owner).await;
             }
-        });
+        };
+        let mut flight = InFlight {
+            job: Some(Box::pin(job)),
+            abandon: queued.then(|| (Arc::clone(&self.backend), name, owner)),
+        };
         let received = match deadline {
-            None => rx.await,
+            None => (&mut flight).await,
             Some(d) => {
                 // Let an attempt that started before the deadline finish a little past it.
                 let limit = d.max(Instant::now()) + Duration::from_millis(250);
-                match tokio::time::timeout_at(limit, rx).await {
+                match tokio::time::timeout_at(limit, &mut flight).await {
                     Ok(r) => r,
                     Err(_) => return Err(AttemptError::Busy(None)),
                 }
             }
         };
         match received {
-            Ok(Ok(Outcome::Granted(grant))) => Ok(grant.claim()),
-            Ok(Ok(Outcome::Busy(retry_after))) => Err(AttemptError::Busy(retry_after)),
-            Ok(Err(e)) => Err(AttemptError::Failed(e)),
-            Err(_) => Err(AttemptError::Failed(Error::backend(
-                "core",
-                "the acquire task ended without an answer",
-            ))),
+            Ok(Outcome::Granted(grant)) => Ok(grant.claim()),
+            Ok(Outcome::Busy(retry_after)) => Err(AttemptError::Busy(retry_after)),
+            Err(e) => Err(AttemptError::Failed(e)),
         }
     }
 
@@ -431,6 +422,55 @@ impl Drop for Unclaimed {
         {
             rt.spawn(async move {
                 let _ = held.release().await;
+            });
+        }
+    }
+}
+
+type AttemptFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Outcome>> + Send>>;
+
+/// An attempt being polled by its caller. Dropped unfinished (the caller was cancelled
+/// or timed out), it finishes in a task of its own: a grant is released (by
+/// [`Unclaimed`]'s drop) and, where attempts queue, the queue place is left — after
+/// the attempt, so it cannot be left before it was taken.
+struct InFlight {
+    job: Option<AttemptFuture>,
+    abandon: Option<(Arc<dyn Backend>, LockName, Owner)>,
+}
+
+impl std::future::Future for InFlight {
+    type Output = Result<Outcome>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(job) = self.job.as_mut() else {
+            return std::task::Poll::Ready(Err(Error::backend("core", "attempt polled twice")));
+        };
+        let out = job.as_mut().poll(cx);
+        if out.is_ready() {
+            self.job = None;
+        }
+        out
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let Some(job) = self.job.take() else {
+            return;
+        };
+        let abandon = self.abandon.take();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let outcome = job.await;
+                if !matches!(outcome, Ok(Outcome::Granted(_)))
+                    && let Some((backend, name, owner)) = abandon
+                {
+                    let _ = backend.leave_queue(&name, &owner).await;
+                }
+                // A grant is released as `outcome` (its `Unclaimed`) drops here.
             });
         }
     }
