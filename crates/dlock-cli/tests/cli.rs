@@ -529,99 +529,70 @@ fn wait_held_at(env: &Env, url: &str, name: &str) {
     }
 }
 
-/// On etcd the session lease is what frees a dead holder's lock: a SIGKILLed holder's
-/// lock is free after about `session_ttl`; a holder SIGSTOPped past it loses the lock
-/// to the next one and, once resumed, stops its command and exits 76.
+/// A SIGKILLed holder's lock is free once the server ends its session; a holder
+/// SIGSTOPped past the session's timeout loses the lock to the next one and, resumed,
+/// stops its command and exits 76. Returns (killed → next, paused → next, resumed → exit).
+fn session_recovery(url: &str, prefix: &str) -> (Duration, Duration, Duration) {
+    let env = Env::new();
+    let (crash, pause) = (format!("{prefix}:crash"), format!("{prefix}:pause"));
+
+    let mut holder = env.spawn(&["run", "--url", url, &crash, "--", "sleep", "30"]);
+    wait_held_at(&env, url, &crash);
+    let killed_at = Instant::now();
+    kill_group(&holder, nix::sys::signal::Signal::SIGKILL);
+    let _ = wait_timeout(&mut holder, Duration::from_secs(5));
+    let out = env.run(&["run", "--url", url, "--wait", "15s", &crash, "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let killed = killed_at.elapsed();
+
+    let mut paused = env.spawn(&[
+        "run", "--url", url, "--grace", "300ms", &pause, "--", "sleep", "30",
+    ]);
+    wait_held_at(&env, url, &pause);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(paused.id()).expect("pid"));
+    let paused_at = Instant::now();
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+    let out = env.run(&["run", "--url", url, "--wait", "15s", &pause, "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let taken_over = paused_at.elapsed();
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    let resumed_at = Instant::now();
+    let status = wait_timeout(&mut paused, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(76), "{}", stderr_of(&mut paused));
+    let exited = resumed_at.elapsed();
+    kill_group(&paused, nix::sys::signal::Signal::SIGKILL);
+    (killed, taken_over, exited)
+}
+
+/// etcd: the session lease frees a dead or paused holder's lock (session_ttl 2 s).
 #[test]
 fn etcd_killed_or_paused_holder_frees_the_lock_after_the_session_ttl() {
     let Some(etcd) = dlock_testkit::EtcdServer::start() else {
         return;
     };
-    let env = Env::new();
-    let url = format!("{}?session_ttl=2s", etcd.url());
-
-    let mut holder = env.spawn(&["run", "--url", &url, "e:crash", "--", "sleep", "30"]);
-    wait_held_at(&env, &url, "e:crash");
-    let killed_at = Instant::now();
-    kill_group(&holder, nix::sys::signal::Signal::SIGKILL);
-    let _ = wait_timeout(&mut holder, Duration::from_secs(5));
-    let out = env.run(&[
-        "run", "--url", &url, "--wait", "15s", "e:crash", "--", "true",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let killed = killed_at.elapsed();
-
-    let mut paused = env.spawn(&[
-        "run", "--url", &url, "--grace", "300ms", "e:pause", "--", "sleep", "30",
-    ]);
-    wait_held_at(&env, &url, "e:pause");
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(paused.id()).expect("pid"));
-    let paused_at = Instant::now();
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
-    let out = env.run(&[
-        "run", "--url", &url, "--wait", "15s", "e:pause", "--", "true",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let taken_over = paused_at.elapsed();
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
-    let resumed_at = Instant::now();
-    let status = wait_timeout(&mut paused, Duration::from_secs(10));
-    assert_eq!(status.code(), Some(76), "{}", stderr_of(&mut paused));
+    let (killed, taken_over, exited) =
+        session_recovery(&format!("{}?session_ttl=2s", etcd.url()), "e");
     eprintln!(
         "figure: etcd session_ttl 2 s: SIGKILLed holder -> next holder (incl. process start) after {killed:?}; \
-         SIGSTOPped holder -> next holder after {taken_over:?}; resumed holder exited 76 after {:?}",
-        resumed_at.elapsed()
+         SIGSTOPped holder -> next holder after {taken_over:?}; resumed holder exited 76 after {exited:?}"
     );
     // Session TTL (2 s, etcd may round up by a second) plus start-up.
     assert!(killed < Duration::from_secs(5), "{killed:?}");
     assert!(taken_over < Duration::from_secs(5), "{taken_over:?}");
-    kill_group(&paused, nix::sys::signal::Signal::SIGKILL);
 }
 
-/// ZooKeeper: a SIGKILLed holder's lock is free once the server expires its session;
-/// a holder SIGSTOPped past the session timeout loses the lock to the next one and,
-/// resumed, stops its command and exits 76.
+/// ZooKeeper: session expiry frees a dead or paused holder's lock (timeout 2 s).
 #[test]
 fn zookeeper_killed_or_paused_holder_frees_the_lock_after_the_session_timeout() {
     let Some(zk) = dlock_testkit::ZkServer::start() else {
         return;
     };
-    let env = Env::new();
-    let url = format!("{}/locks?session_timeout=2s", zk.url());
-
-    let mut holder = env.spawn(&["run", "--url", &url, "z:crash", "--", "sleep", "30"]);
-    wait_held_at(&env, &url, "z:crash");
-    let killed_at = Instant::now();
-    kill_group(&holder, nix::sys::signal::Signal::SIGKILL);
-    let _ = wait_timeout(&mut holder, Duration::from_secs(5));
-    let out = env.run(&[
-        "run", "--url", &url, "--wait", "15s", "z:crash", "--", "true",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let killed = killed_at.elapsed();
-
-    let mut paused = env.spawn(&[
-        "run", "--url", &url, "--grace", "300ms", "z:pause", "--", "sleep", "30",
-    ]);
-    wait_held_at(&env, &url, "z:pause");
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(paused.id()).expect("pid"));
-    let paused_at = Instant::now();
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
-    let out = env.run(&[
-        "run", "--url", &url, "--wait", "15s", "z:pause", "--", "true",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let taken_over = paused_at.elapsed();
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
-    let resumed_at = Instant::now();
-    let status = wait_timeout(&mut paused, Duration::from_secs(10));
-    assert_eq!(status.code(), Some(76), "{}", stderr_of(&mut paused));
+    let (killed, taken_over, exited) =
+        session_recovery(&format!("{}/locks?session_timeout=2s", zk.url()), "z");
     eprintln!(
         "figure: ZooKeeper session_timeout 2 s: SIGKILLed holder -> next holder (incl. process start) after {killed:?}; \
-         SIGSTOPped holder -> next holder after {taken_over:?}; resumed holder exited 76 after {:?}",
-        resumed_at.elapsed()
+         SIGSTOPped holder -> next holder after {taken_over:?}; resumed holder exited 76 after {exited:?}"
     );
     assert!(killed < Duration::from_secs(6), "{killed:?}");
     assert!(taken_over < Duration::from_secs(6), "{taken_over:?}");
-    kill_group(&paused, nix::sys::signal::Signal::SIGKILL);
 }
