@@ -334,3 +334,38 @@ async fn etcds_verifies_the_server_and_presents_a_client_certificate() {
         "trusted an unknown CA"
     );
 }
+
+/// Replies lost mid-acquire (requests reach etcd, answers vanish): the acquire fails
+/// after its timeout, and the key it may have put is deleted at once — another client
+/// gets the lock without waiting for the session lease to expire.
+#[tokio::test]
+async fn a_reply_lost_mid_acquire_leaves_no_key_behind() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(etcd.addr()).await.expect("proxy");
+    let cut = Locker::connect(&format!(
+        "etcd://{}?session_ttl=30s&timeout=1s",
+        proxy.addr()
+    ))
+    .await
+    .expect("connect through proxy");
+    // Open the session before the fault, so only the acquire itself is affected.
+    let warm = cut.lock("warm").await.expect("warm-up");
+    warm.release().await.expect("release");
+    proxy.set(Fault::DropReplies);
+    let e = cut
+        .lock_timeout("lost-reply", Duration::from_secs(3))
+        .await
+        .expect_err("no reply, no grant");
+    assert!(e.is_retryable(), "{e:?}");
+    let other = Locker::connect(&etcd.url()).await.expect("connect");
+    // Far less than the 30 s session lease.
+    let g = other
+        .lock_timeout("lost-reply", Duration::from_secs(5))
+        .await
+        .expect("the lost attempt's key must be gone");
+    g.release().await.expect("release");
+    let keys = etcd.etcdctl_output(&["get", "/dlock/", "--prefix", "--keys-only"]);
+    assert!(keys.trim().is_empty(), "keys left: {keys}");
+}
