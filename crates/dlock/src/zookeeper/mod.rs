@@ -55,14 +55,28 @@ const SCHEME: &str = "zk";
 /// How long a queued waiter waits for its predecessor's deletion before it looks again.
 const RECHECK: Duration = Duration::from_secs(10);
 
-fn map_err(e: &zk::Error) -> Error {
-    match e {
+/// Errors after which a request may or may not have been applied (the connection
+/// dropped: the client reports `ConnectionLoss`, or the I/O error itself).
+fn uncertain(e: &zk::Error) -> bool {
+    matches!(
+        e,
         zk::Error::ConnectionLoss
-        | zk::Error::Timeout
-        | zk::Error::SessionExpired
-        | zk::Error::ClientClosed
-        | zk::Error::NoHosts => Error::connection(SCHEME, e),
-        _ => Error::backend(SCHEME, e),
+            | zk::Error::Timeout
+            | zk::Error::UnexpectedError(_)
+            | zk::Error::Custom(_)
+    )
+}
+
+fn map_err(e: &zk::Error) -> Error {
+    if uncertain(e)
+        || matches!(
+            e,
+            zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::NoHosts
+        )
+    {
+        Error::connection(SCHEME, e)
+    } else {
+        Error::backend(SCHEME, e)
     }
 }
 
@@ -339,12 +353,22 @@ impl Inner {
                         Err(e) => return Err(map_err(&e)),
                     }
                 }
-                Err(zk::Error::ConnectionLoss) if round < 3 => {
-                    // Protected creation: did the create happen before the drop?
+                Err(e) if uncertain(&e) && round < 3 => {
+                    // Protected creation: did the create happen before the drop? Look
+                    // for our uuid; create again only once the list says it did not.
                     let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
-                    if let Ok(children) = session.client.list_children(dir).await
-                        && let Some(found) = children.iter().find(|c| c.starts_with(&mine))
-                    {
+                    let mut listed = None;
+                    for wait in [0u64, 50, 100, 200, 400, 800, 1000, 1000, 1000] {
+                        tokio::time::sleep(Duration::from_millis(wait)).await;
+                        if let Ok(children) = session.client.list_children(dir).await {
+                            listed = Some(children);
+                            break;
+                        }
+                    }
+                    let Some(children) = listed else {
+                        return Err(map_err(&e));
+                    };
+                    if let Some(found) = children.iter().find(|c| c.starts_with(&mine)) {
                         let node = format!("{dir}/{found}");
                         let stat = session
                             .client
