@@ -84,6 +84,19 @@ impl Capabilities {
             queued_waiting: false,
         }
     }
+
+    /// The shape etcd and ZooKeeper share: a server-side queue every waiter joins, a
+    /// watch on the predecessor, a session, and durable tokens (revision / zxid).
+    #[must_use]
+    pub(crate) fn queue_and_watch() -> Self {
+        let mut caps = Capabilities::new(Fencing::Durable);
+        caps.fifo = true;
+        caps.native_wait = true;
+        caps.session_bound = true;
+        caps.cross_process = true;
+        caps.queued_waiting = true;
+        caps
+    }
 }
 
 /// What `inspect` knows about a lock.

@@ -90,7 +90,7 @@ pub fn schemes() -> Vec<SchemeInfo> {
         feature: Some("zookeeper"),
         available: cfg!(feature = "zookeeper"),
         description: "ZooKeeper: ephemeral sequential nodes, Curator InterProcessMutex layout",
-        capabilities: cfg!(feature = "zookeeper").then(queue_watch_caps),
+        capabilities: cfg!(feature = "zookeeper").then(Capabilities::queue_and_watch),
     });
     for (scheme, feature, description) in PLANNED {
         out.push(SchemeInfo {
@@ -135,19 +135,7 @@ fn redis_caps() -> Option<Capabilities> {
 
 #[cfg(feature = "etcd")]
 fn etcd_caps() -> Option<Capabilities> {
-    Some(queue_watch_caps())
-}
-
-/// etcd's and ZooKeeper's capabilities: a server-side queue, a watch on the
-/// predecessor, a session, durable tokens (revision / zxid).
-fn queue_watch_caps() -> Capabilities {
-    let mut caps = Capabilities::new(crate::backend::Fencing::Durable);
-    caps.fifo = true;
-    caps.native_wait = true;
-    caps.session_bound = true;
-    caps.cross_process = true;
-    caps.queued_waiting = true;
-    caps
+    Some(Capabilities::queue_and_watch())
 }
 
 #[cfg(not(feature = "etcd"))]

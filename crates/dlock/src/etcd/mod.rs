@@ -52,8 +52,7 @@ use etcd_client::{
 use tokio::sync::Notify;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, StoredHolder,
-    Waiter,
+    AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, StoredHolder, Waiter,
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -351,6 +350,15 @@ impl Inner {
         }))
     }
 
+    /// Put this contender's key (owner and metadata), attached to the session lease.
+    fn put_mine(req: &AcquireRequest, key: &str, session: &Session) -> TxnOp {
+        TxnOp::put(
+            key,
+            StoredHolder::encode(req),
+            Some(PutOptions::new().with_lease(session.id)),
+        )
+    }
+
     /// First attempt: put the key only if the directory is empty (no holder, nobody
     /// queued). Writes nothing when the lock is taken.
     async fn try_empty(
@@ -362,11 +370,7 @@ impl Inner {
     ) -> Result<Attempt> {
         let txn = Txn::new()
             .when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
-            .and_then([TxnOp::put(
-                key.as_str(),
-                StoredHolder::encode(req),
-                Some(PutOptions::new().with_lease(session.id)),
-            )])
+            .and_then([Self::put_mine(req, &key, &session)])
             .or_else([TxnOp::get(dir, Some(Self::first_created()))]);
         let resp = self
             .client
@@ -400,11 +404,7 @@ impl Inner {
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(
-                    key.as_str(),
-                    StoredHolder::encode(req),
-                    Some(PutOptions::new().with_lease(session.id)),
-                ),
+                Self::put_mine(req, &key, &session),
                 TxnOp::get(dir, Some(Self::first_created())),
             ])
             .or_else([
@@ -480,13 +480,7 @@ impl Backend for EtcdBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::new(Fencing::Durable);
-        caps.fifo = true;
-        caps.native_wait = true;
-        caps.session_bound = true;
-        caps.cross_process = true;
-        caps.queued_waiting = true;
-        caps
+        Capabilities::queue_and_watch()
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {

@@ -42,8 +42,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, StoredHolder,
-    Waiter,
+    AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, StoredHolder, Waiter,
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -406,13 +405,7 @@ impl Backend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::new(Fencing::Durable);
-        caps.fifo = true;
-        caps.native_wait = true;
-        caps.session_bound = true;
-        caps.cross_process = true;
-        caps.queued_waiting = true;
-        caps
+        Capabilities::queue_and_watch()
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
