@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -13,11 +13,11 @@ use crate::tls::TestCerts;
 /// A running `etcd` (killed on Drop).
 #[derive(Debug)]
 pub struct EtcdServer {
-    process: ServerProcess,
-    dir: tempfile::TempDir,
+    /// Held to kill the server on Drop.
+    _process: ServerProcess,
+    /// Held to remove the data on Drop.
+    _dir: tempfile::TempDir,
     port: u16,
-    peer_port: u16,
-    binary: PathBuf,
     /// With TLS: the HTTPS client port (client certificates required) and the certs.
     tls: Option<(u16, TestCerts)>,
 }
@@ -70,11 +70,9 @@ impl EtcdServer {
             match Self::launch(&binary, dir.path(), port, peer_port, tls.as_ref()) {
                 Ok(process) => {
                     return Some(EtcdServer {
-                        process,
-                        dir,
+                        _process: process,
+                        _dir: dir,
                         port,
-                        peer_port,
-                        binary,
                         tls,
                     });
                 }
@@ -158,36 +156,6 @@ impl EtcdServer {
     #[must_use]
     pub fn url(&self) -> String {
         format!("etcd://127.0.0.1:{}", self.port)
-    }
-
-    /// The process (pause, resume, kill).
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// SIGKILL and start again on the same ports and data (etcd persists its log).
-    ///
-    /// # Panics
-    /// When it does not come back.
-    pub fn restart(&mut self) {
-        self.process.kill();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            match Self::launch(
-                &self.binary,
-                self.dir.path(),
-                self.port,
-                self.peer_port,
-                self.tls.as_ref(),
-            ) {
-                Ok(p) => {
-                    self.process = p;
-                    return;
-                }
-                Err(e) if Instant::now() > deadline => panic!("etcd restart failed: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
     }
 
     /// An `etcdctl` command aimed at this server (API v3), not yet run.

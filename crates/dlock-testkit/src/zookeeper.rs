@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -16,10 +16,11 @@ const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// A running ZooKeeper (killed on Drop).
 #[derive(Debug)]
 pub struct ZkServer {
-    process: ServerProcess,
-    dir: tempfile::TempDir,
+    /// Held to kill the server on Drop.
+    _process: ServerProcess,
+    /// Held to remove the data on Drop.
+    _dir: tempfile::TempDir,
     port: u16,
-    java: PathBuf,
 }
 
 /// Send a four-letter command and return the answer.
@@ -55,10 +56,9 @@ impl ZkServer {
             match Self::launch(&java, dir.path(), port) {
                 Ok(process) => {
                     return Some(ZkServer {
-                        process,
-                        dir,
+                        _process: process,
+                        _dir: dir,
                         port,
-                        java,
                     });
                 }
                 Err(e) => last = e,
@@ -130,30 +130,6 @@ impl ZkServer {
     #[must_use]
     pub fn url(&self) -> String {
         format!("zk://127.0.0.1:{}", self.port)
-    }
-
-    /// The process (pause, resume, kill).
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// SIGKILL and start again on the same port and data.
-    ///
-    /// # Panics
-    /// When it does not come back.
-    pub fn restart(&mut self) {
-        self.process.kill();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match Self::launch(&self.java, self.dir.path(), self.port) {
-                Ok(p) => {
-                    self.process = p;
-                    return;
-                }
-                Err(e) if Instant::now() > deadline => panic!("ZooKeeper restart failed: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
     }
 
     /// The number of znodes (`mntr`'s `zk_znode_count`).
