@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use dlock::conformance::Crowd;
 use dlock::{Error, LockOptions, Locker};
 use dlock_testkit::{EtcdServer, Fault, FaultProxy};
 
@@ -98,60 +99,14 @@ async fn a_thousand_waiters_are_woken_one_at_a_time() {
     let Some(etcd) = EtcdServer::start() else {
         return;
     };
-    let url = etcd.url();
     let baseline_keys = etcd.key_count();
-    let holder = Locker::connect(&url).await.expect("connect");
-    let g = holder.lock("crowd").await.expect("lock");
     let n = 1000;
-    let mut lockers = Vec::with_capacity(n);
-    for _ in 0..n {
-        lockers.push(Locker::connect(&url).await.expect("connect"));
-    }
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    for l in lockers {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let g = l
-                .lock_timeout("crowd", Duration::from_secs(120))
-                .await
-                .expect("waiter");
-            let token = g.fencing_token();
-            g.release().await.expect("release");
-            let _ = tx.send(token);
-            drop(l);
-        });
-    }
-    drop(tx);
-    // Everyone queued: 1,000 keys besides the holder's.
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        let info = holder
-            .inspect("crowd")
-            .await
-            .expect("inspect")
-            .expect("held");
-        if info.waiters == Some(n) {
-            break;
-        }
-        assert!(Instant::now() < end, "only {:?} queued", info.waiters);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let crowd = Crowd::queue(&etcd.url(), "crowd", n).await;
     let txn = |e: &EtcdServer| e.metric("grpc_server_handled_total", &["grpc_method=\"Txn\""]);
     let watches =
         |e: &EtcdServer| e.metric("grpc_server_started_total", &["grpc_method=\"Watch\""]);
     let (txn0, watch0) = (txn(&etcd), watches(&etcd));
-    let started = Instant::now();
-    g.release().await.expect("release");
-    let mut tokens = Vec::with_capacity(n);
-    while let Some(t) = rx.recv().await {
-        tokens.push(t);
-    }
-    let took = started.elapsed();
-    assert_eq!(tokens.len(), n);
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "grants out of queue order"
-    );
+    let took = crowd.release_all().await;
     let (txns, watch_streams) = (txn(&etcd) - txn0, watches(&etcd) - watch0);
     eprintln!(
         "figure: {n} queued waiters granted in {took:?} ({:.0}/s); {txns} transactions and {watch_streams} watch streams for {n} grants",
@@ -164,7 +119,6 @@ async fn a_thousand_waiters_are_woken_one_at_a_time() {
         watch_streams <= 3.0 * n as f64,
         "{watch_streams} watches for {n} grants"
     );
-    drop(holder);
     let end = Instant::now() + Duration::from_secs(15);
     while etcd.key_count() != baseline_keys {
         assert!(

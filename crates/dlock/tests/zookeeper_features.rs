@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dlock::Locker;
+use dlock::conformance::Crowd;
 use dlock_testkit::{Fault, FaultProxy, ZkServer, find_binary, servers_required};
 
 const T: Duration = Duration::from_secs(5);
@@ -193,51 +194,10 @@ async fn a_thousand_waiters_leave_the_server_as_they_found_it() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(baseline > 0, "mntr gave no znode count");
-    let holder = Locker::connect(&url).await.expect("connect");
-    let g = holder.lock("crowd").await.expect("lock");
     let n = 1000;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..n {
-        let l = Locker::connect(&url).await.expect("connect");
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let g = l
-                .lock_timeout("crowd", Duration::from_secs(120))
-                .await
-                .unwrap_or_else(|e| panic!("waiter: {e}"));
-            let token = g.fencing_token();
-            g.release().await.expect("release");
-            let _ = tx.send(token);
-            drop(l);
-        });
-    }
-    drop(tx);
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        let info = holder
-            .inspect("crowd")
-            .await
-            .expect("inspect")
-            .expect("held");
-        if info.waiters == Some(n) {
-            break;
-        }
-        assert!(Instant::now() < end, "only {:?} queued", info.waiters);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let crowd = Crowd::queue(&url, "crowd", n).await;
     let packets0 = zk.mntr("zk_packets_received");
-    let started = Instant::now();
-    g.release().await.expect("release");
-    let mut tokens = Vec::with_capacity(n);
-    while let Some(t) = rx.recv().await {
-        tokens.push(t);
-    }
-    let took = started.elapsed();
-    assert_eq!(tokens.len(), n);
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "grants out of queue order"
-    );
+    let took = crowd.release_all().await;
     let packets = zk.mntr("zk_packets_received") - packets0;
     eprintln!(
         "figure: ZooKeeper, {n} queued waiters granted in {took:?} ({:.0}/s); {packets} requests received meanwhile (incl. pings of {n} sessions)",
@@ -246,7 +206,6 @@ async fn a_thousand_waiters_leave_the_server_as_they_found_it() {
     // One wake per grant: a few requests each (read children, watch, delete) plus
     // session pings and probes; a herd would be ~n²/2 = 500,000.
     assert!(packets < 25 * n as u64, "{packets} requests for {n} grants");
-    drop(holder);
     let end = Instant::now() + Duration::from_secs(20);
     while zk.znode_count() > baseline {
         assert!(

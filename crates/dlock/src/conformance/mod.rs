@@ -26,7 +26,9 @@ use tokio::time::Instant;
 use crate::{LockOptions, Locker, Owner, Renewal};
 
 mod behaviours;
+mod crowd;
 pub use behaviours::*;
+pub use crowd::Crowd;
 
 /// Where the backend under test lives, and what keeps it alive.
 pub struct Harness {
