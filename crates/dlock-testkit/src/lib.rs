@@ -8,6 +8,7 @@
 mod etcd;
 mod proxy;
 mod server;
+mod sql;
 mod tls;
 mod zookeeper;
 
@@ -17,5 +18,6 @@ pub use server::{
     PortHolder, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess,
     find_binary, free_port, redis_command, redis_ping, servers_required, skip,
 };
+pub use sql::{MariaDbServer, PgServer};
 pub use tls::TestCerts;
 pub use zookeeper::{ZkServer, zk_four_letters};

@@ -61,6 +61,8 @@ pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
 mod schemes;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod url;

@@ -13,14 +13,22 @@ use crate::name::LockName;
 
 /// Change counters keyed by lock name. Entries without watchers are dropped on the
 /// next notification, so the map stays as small as the set of names being waited on.
-#[derive(Debug, Default)]
-pub(crate) struct ChangeHub {
-    senders: Mutex<HashMap<LockName, watch::Sender<u64>>>,
+#[derive(Debug)]
+pub(crate) struct ChangeHub<K = LockName> {
+    senders: Mutex<HashMap<K, watch::Sender<u64>>>,
 }
 
-impl ChangeHub {
+impl<K> Default for ChangeHub<K> {
+    fn default() -> Self {
+        ChangeHub {
+            senders: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> ChangeHub<K> {
     /// A receiver that sees every later [`ChangeHub::notify`] of `name`.
-    pub(crate) fn subscribe(&self, name: &LockName) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self, name: &K) -> watch::Receiver<u64> {
         let mut map = self
             .senders
             .lock()
@@ -36,7 +44,7 @@ impl ChangeHub {
     }
 
     /// Wake everyone watching `name`.
-    pub(crate) fn notify(&self, name: &LockName) {
+    pub(crate) fn notify(&self, name: &K) {
         let mut map = self
             .senders
             .lock()
@@ -47,6 +55,21 @@ impl ChangeHub {
             } else {
                 tx.send_modify(|v| *v = v.wrapping_add(1));
             }
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> ChangeHub<K> {
+    /// Wake everyone watching any name (a notification may have been missed).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn notify_all(&self) {
+        let mut map = self
+            .senders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.retain(|_, tx| tx.receiver_count() > 0);
+        for tx in map.values() {
+            tx.send_modify(|v| *v = v.wrapping_add(1));
         }
     }
 }

@@ -92,25 +92,46 @@ pub fn schemes() -> Vec<SchemeInfo> {
         description: "ZooKeeper: ephemeral sequential nodes, Curator InterProcessMutex layout",
         capabilities: cfg!(feature = "zookeeper").then(Capabilities::queue_and_watch),
     });
-    for (scheme, feature, description) in PLANNED {
+    for scheme in ["postgres", "postgresql"] {
         out.push(SchemeInfo {
             scheme,
-            feature: Some(feature),
-            available: false,
-            description,
-            capabilities: None,
+            feature: Some("postgres"),
+            available: cfg!(feature = "postgres"),
+            description: "PostgreSQL: lease table (default), mode=advisory, mode=row; LISTEN/NOTIFY",
+            capabilities: postgres_caps(),
+        });
+    }
+    for scheme in ["mysql", "mariadb"] {
+        out.push(SchemeInfo {
+            scheme,
+            feature: Some("mysql"),
+            available: cfg!(feature = "mysql"),
+            description: "MySQL/MariaDB: lease table (default), mode=named (GET_LOCK), mode=row",
+            capabilities: mysql_caps(),
         });
     }
     out
 }
 
-/// Schemes whose backends are designed but not implemented in this version.
-const PLANNED: [(&str, &str, &str); 4] = [
-    ("postgres", "postgres", "PostgreSQL (not implemented yet)"),
-    ("postgresql", "postgres", "PostgreSQL (not implemented yet)"),
-    ("mysql", "mysql", "MySQL (not implemented yet)"),
-    ("mariadb", "mysql", "MariaDB (not implemented yet)"),
-];
+#[cfg(feature = "postgres")]
+fn postgres_caps() -> Option<Capabilities> {
+    Some(crate::sql::postgres::capabilities(crate::sql::Mode::Lease))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn postgres_caps() -> Option<Capabilities> {
+    None
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_caps() -> Option<Capabilities> {
+    Some(crate::sql::mysql::capabilities(crate::sql::Mode::Lease))
+}
+
+#[cfg(not(feature = "mysql"))]
+fn mysql_caps() -> Option<Capabilities> {
+    None
+}
 
 #[cfg(feature = "sqlite")]
 fn sqlite_caps() -> Option<Capabilities> {
@@ -191,18 +212,27 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
             scheme: "zk".into(),
             feature: "zookeeper".into(),
         }),
-        other => match PLANNED.iter().find(|(s, _, _)| *s == other) {
-            Some((scheme, _, _)) => Err(Error::Unsupported(format!(
-                "the {scheme}:// backend is not implemented in this version of dlock"
-            ))),
-            None => Err(url.invalid(&format!(
-                "unknown scheme {other:?} (known: {})",
-                schemes()
-                    .iter()
-                    .map(|s| s.scheme)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-        },
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => crate::sql::postgres::PostgresBackend::open(url).await,
+        #[cfg(not(feature = "postgres"))]
+        "postgres" | "postgresql" => Err(Error::BackendNotEnabled {
+            scheme: url.scheme().to_owned(),
+            feature: "postgres".into(),
+        }),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => crate::sql::mysql::MysqlBackend::open(url).await,
+        #[cfg(not(feature = "mysql"))]
+        "mysql" | "mariadb" => Err(Error::BackendNotEnabled {
+            scheme: url.scheme().to_owned(),
+            feature: "mysql".into(),
+        }),
+        other => Err(url.invalid(&format!(
+            "unknown scheme {other:?} (known: {})",
+            schemes()
+                .iter()
+                .map(|s| s.scheme)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
     }
 }

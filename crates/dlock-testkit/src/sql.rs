@@ -1,0 +1,384 @@
+//! PostgreSQL and MariaDB on free loopback ports, data in temp dirs, killed on Drop.
+//!
+//! PostgreSQL refuses to run as root, so when the tests run as root its `initdb` and
+//! `postgres` run as the `postgres` user (which Debian's package creates). Debian keeps
+//! the PostgreSQL binaries in `/usr/lib/postgresql/<version>/bin`, off PATH: they are
+//! looked for on PATH first, then there (highest version first).
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::server::{ServerProcess, find_binary, free_port, skip};
+
+/// `binary` on PATH, else in Debian's versioned PostgreSQL directory.
+fn find_pg_binary(binary: &str) -> Option<PathBuf> {
+    if let Some(p) = find_binary(binary) {
+        return Some(p);
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    dirs.sort_by_key(|d| {
+        d.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    dirs.iter()
+        .rev()
+        .map(|d| d.join("bin").join(binary))
+        .find(|p| p.is_file())
+}
+
+/// When running as root: the `postgres` user's uid and gid.
+fn postgres_user() -> Result<Option<(u32, u32)>, String> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Ok(None);
+    }
+    match nix::unistd::User::from_name("postgres") {
+        Ok(Some(u)) => Ok(Some((u.uid.as_raw(), u.gid.as_raw()))),
+        _ => Err("running as root and there is no `postgres` user to run PostgreSQL".into()),
+    }
+}
+
+/// Wait until `log` contains `ready` (or the process exits, or 30 s pass).
+fn wait_for_log(process: &mut ServerProcess, log: &Path, ready: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(ready) {
+            return Ok(());
+        }
+        if process.has_exited() {
+            return Err(format!("{} exited; log:\n{text}", process.name()));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} not ready after 30 s; log:\n{text}",
+                process.name()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running PostgreSQL (killed on Drop). Superuser `postgres`, trust authentication
+/// on 127.0.0.1, `fsync=off`.
+#[derive(Debug)]
+pub struct PgServer {
+    process: ServerProcess,
+    dir: tempfile::TempDir,
+    port: u16,
+    postgres: PathBuf,
+    user: Option<(u32, u32)>,
+}
+
+impl PgServer {
+    /// Start PostgreSQL, or skip when it is not installed (see [`skip`]).
+    ///
+    /// # Panics
+    /// When PostgreSQL exists but does not come up after three tries.
+    #[must_use]
+    pub fn start() -> Option<Self> {
+        let (Some(initdb), Some(postgres)) = (find_pg_binary("initdb"), find_pg_binary("postgres"))
+        else {
+            return skip("PostgreSQL (initdb, postgres) not found (apt-get install postgresql)");
+        };
+        let user = match postgres_user() {
+            Ok(u) => u,
+            Err(e) => panic!("{e}"),
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        if let Some((uid, gid)) = user {
+            nix::unistd::chown(
+                dir.path(),
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .expect("chown the PostgreSQL dir");
+        }
+        let mut cmd = Command::new(&initdb);
+        cmd.arg("-D")
+            .arg(dir.path().join("data"))
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+            .args(["--locale=C"]);
+        if let Some((uid, gid)) = user {
+            cmd.uid(uid).gid(gid);
+        }
+        let out = cmd.output().expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            match Self::launch(&postgres, dir.path(), port, user) {
+                Ok(process) => {
+                    return Some(PgServer {
+                        process,
+                        dir,
+                        port,
+                        postgres,
+                        user,
+                    });
+                }
+                Err(e) => last = e,
+            }
+        }
+        panic!("PostgreSQL did not start: {last}");
+    }
+
+    fn launch(
+        postgres: &Path,
+        dir: &Path,
+        port: u16,
+        user: Option<(u32, u32)>,
+    ) -> Result<ServerProcess, String> {
+        let mut cmd = Command::new(postgres);
+        cmd.arg("-D")
+            .arg(dir.join("data"))
+            .args(["-p", &port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", dir.display()))
+            .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+            .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"]);
+        if let Some((uid, gid)) = user {
+            cmd.uid(uid).gid(gid);
+        }
+        let log = dir.join(format!("postgres-{port}.log"));
+        let mut process =
+            ServerProcess::spawn("postgres", cmd, &log).map_err(|e| format!("spawn: {e}"))?;
+        wait_for_log(
+            &mut process,
+            &log,
+            "database system is ready to accept connections",
+        )?;
+        Ok(process)
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The port.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server process (pause, resume, kill).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// Kill the server and start it again on the same port and data.
+    ///
+    /// # Panics
+    /// When it does not come back.
+    pub fn restart(&mut self) {
+        self.process.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::launch(&self.postgres, self.dir.path(), self.port, self.user) {
+                Ok(p) => {
+                    self.process = p;
+                    return;
+                }
+                Err(e) if Instant::now() > deadline => panic!("PostgreSQL did not restart: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// Run SQL through `psql` as the superuser; returns stdout (unaligned, tuples only).
+    ///
+    /// # Panics
+    /// When psql is missing or the SQL fails.
+    #[must_use]
+    pub fn psql(&self, sql: &str) -> String {
+        let psql = find_pg_binary("psql").expect("psql");
+        let out = Command::new(psql)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args([
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+            ])
+            .args(["-c", sql])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+/// A running MariaDB (killed on Drop). User `root` without a password on 127.0.0.1,
+/// binary log off, `innodb_flush_log_at_trx_commit=2`.
+#[derive(Debug)]
+pub struct MariaDbServer {
+    process: ServerProcess,
+    dir: tempfile::TempDir,
+    port: u16,
+    server: PathBuf,
+}
+
+impl MariaDbServer {
+    /// Start MariaDB, or skip when it is not installed (see [`skip`]).
+    ///
+    /// # Panics
+    /// When MariaDB exists but does not come up after three tries.
+    #[must_use]
+    pub fn start() -> Option<Self> {
+        let (Some(install), Some(server)) = (
+            find_binary("mariadb-install-db"),
+            find_binary("mariadbd").or_else(|| find_binary("/usr/sbin/mariadbd")),
+        ) else {
+            return skip(
+                "MariaDB (mariadb-install-db, mariadbd) not found (apt-get install mariadb-server)",
+            );
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        // Each server gets its own tmpdir: parallel bootstraps sharing /tmp clash on
+        // temporary table file names.
+        std::fs::create_dir(dir.path().join("tmp")).expect("tmp dir");
+        let mut cmd = Command::new(install);
+        cmd.arg("--no-defaults")
+            .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            .args(["--innodb-log-file-size=8M", "--innodb-use-native-aio=0"])
+            .arg(format!("--tmpdir={}", dir.path().join("tmp").display()));
+        if nix::unistd::Uid::effective().is_root() {
+            cmd.arg("--user=root");
+        }
+        let out = cmd.output().expect("run mariadb-install-db");
+        assert!(
+            out.status.success(),
+            "mariadb-install-db failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            match Self::launch(&server, dir.path(), port) {
+                Ok(process) => {
+                    let me = MariaDbServer {
+                        process,
+                        dir,
+                        port,
+                        server,
+                    };
+                    let _ = me.sql("CREATE DATABASE IF NOT EXISTS dlock");
+                    return Some(me);
+                }
+                Err(e) => last = e,
+            }
+        }
+        panic!("MariaDB did not start: {last}");
+    }
+
+    fn launch(server: &Path, dir: &Path, port: u16) -> Result<ServerProcess, String> {
+        let log = dir.join(format!("mariadb-{port}.log"));
+        let _ = std::fs::remove_file(&log);
+        let mut cmd = Command::new(server);
+        cmd.arg("--no-defaults")
+            .arg(format!("--datadir={}", dir.join("data").display()))
+            .arg(format!("--port={port}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--socket={}", dir.join("mariadb.sock").display()))
+            .arg(format!("--log-error={}", log.display()))
+            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
+            .args(["--skip-log-bin", "--innodb-flush-log-at-trx-commit=2"])
+            .args(["--innodb-buffer-pool-size=32M", "--innodb-log-file-size=8M"])
+            .args(["--performance-schema=OFF", "--max-connections=400"])
+            // Linux AIO contexts are a machine-wide limit that parallel tests exhaust.
+            .arg("--innodb-use-native-aio=0");
+        if nix::unistd::Uid::effective().is_root() {
+            cmd.arg("--user=root");
+        }
+        let mut process = ServerProcess::spawn("mariadbd", cmd, &dir.join("stdout.log"))
+            .map_err(|e| format!("spawn: {e}"))?;
+        wait_for_log(&mut process, &log, "ready for connections")?;
+        Ok(process)
+    }
+
+    /// `mariadb://root@127.0.0.1:PORT/dlock`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("mariadb://root@127.0.0.1:{}/dlock", self.port)
+    }
+
+    /// The port.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server process (pause, resume, kill).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// Kill the server and start it again on the same port and data.
+    ///
+    /// # Panics
+    /// When it does not come back.
+    pub fn restart(&mut self) {
+        self.process.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::launch(&self.server, self.dir.path(), self.port) {
+                Ok(p) => {
+                    self.process = p;
+                    return;
+                }
+                Err(e) if Instant::now() > deadline => panic!("MariaDB did not restart: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// Run SQL through the `mariadb` client as root; returns stdout (tab-separated, no
+    /// column names).
+    ///
+    /// # Panics
+    /// When the client is missing or the SQL fails.
+    #[must_use = "the output of the statement"]
+    pub fn sql(&self, sql: &str) -> String {
+        let client = find_binary("mariadb").expect("mariadb client");
+        let out = Command::new(client)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-P",
+                &self.port.to_string(),
+                "-u",
+                "root",
+            ])
+            .args(["-N", "-B", "-e", sql])
+            .output()
+            .expect("run mariadb");
+        assert!(
+            out.status.success(),
+            "mariadb {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}

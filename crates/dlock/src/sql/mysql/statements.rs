@@ -1,0 +1,145 @@
+//! Every SQL statement the MySQL/MariaDB backend runs, built once per backend from the
+//! validated table prefix `P`.
+//!
+//! Tables: `P_locks` (lease mode), `P_holders` (session modes: who holds a lock, and the
+//! lock's token counter), `P_rows` (row mode). Rows are never deleted: a lock's row is
+//! its fencing counter, bumped with `LAST_INSERT_ID(fence + 1)` by the statement that
+//! grants it, so the new token comes back in the statement's OK packet (no second round
+//! trip) and tokens of a name strictly increase for as long as the table lives.
+//!
+//! # Why this cannot deadlock
+//! Every statement touches exactly one row, by primary key, in its own autocommitted
+//! transaction (READ COMMITTED, so no gap locks). Once a name's row exists, taking and
+//! giving back the lock are single-row updates that queue on one record lock. Only the
+//! very first insert of a name can race with another first insert; the rare deadlock
+//! that InnoDB may report there (1213) is retried by the backend.
+
+/// The SQL text for one table prefix.
+#[derive(Debug)]
+pub(super) struct Statements {
+    pub schema: [String; 3],
+    pub acquire: String,
+    pub renew: String,
+    pub release: String,
+    pub inspect_lease: String,
+    pub named_acquire: String,
+    pub inspect_named: String,
+    pub row_ensure: String,
+    pub row_lock: String,
+    pub row_holder: String,
+    pub row_release: String,
+    pub inspect_row: String,
+}
+
+const NOW: &str = "UTC_TIMESTAMP(6)";
+
+impl Statements {
+    pub(super) fn new(p: &str) -> Self {
+        // A hold is live iff expires_at > now: a release that drops the last hold also
+        // sets expires_at to now, so `holds <= 0` never needs checking on its own.
+        let free = format!("expires_at <= {NOW}");
+        Statements {
+            schema: [
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {p}_locks (
+                        lock_key   BINARY(32) NOT NULL PRIMARY KEY,
+                        name       TEXT NOT NULL,
+                        owner      VARBINARY(255) NOT NULL,
+                        holds      INT NOT NULL,
+                        fence      BIGINT NOT NULL,
+                        expires_at DATETIME(6) NOT NULL,
+                        metadata   TEXT NOT NULL
+                     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {p}_holders (
+                        lock_key BINARY(32) NOT NULL PRIMARY KEY,
+                        name     TEXT NOT NULL,
+                        owner    VARBINARY(255) NOT NULL,
+                        fence    BIGINT NOT NULL,
+                        metadata TEXT NOT NULL,
+                        conn_id  BIGINT UNSIGNED NOT NULL
+                     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {p}_rows (
+                        lock_key BINARY(32) NOT NULL PRIMARY KEY
+                     ) ENGINE=InnoDB"
+                ),
+            ],
+            // Assignments run left to right and later ones see earlier results, so each
+            // condition reads only columns not yet assigned (owner last but one,
+            // expires_at last: by then `owner = me` means granted or re-entered).
+            // Binds: key, name, owner, ttl µs, metadata, owner, owner, metadata, name,
+            // owner, owner, ttl µs. last_insert_id = fence when granted, else 0.
+            acquire: format!(
+                "INSERT INTO {p}_locks (lock_key, name, owner, holds, fence, expires_at, metadata)
+                 VALUES (?, ?, ?, 1, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND, ?)
+                 ON DUPLICATE KEY UPDATE
+                    fence = IF({free}, LAST_INSERT_ID(fence + 1),
+                               IF(owner = ?, LAST_INSERT_ID(fence), fence + LAST_INSERT_ID(0))),
+                    holds = IF({free}, 1, IF(owner = ?, holds + 1, holds)),
+                    metadata = IF({free}, ?, metadata),
+                    name = IF({free}, ?, name),
+                    owner = IF({free}, ?, owner),
+                    expires_at = IF(owner = ?, GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND),
+                                    expires_at)"
+            ),
+            // Binds: ttl µs, key, owner, fence. Affected (found) rows: 1 when renewed.
+            renew: format!(
+                "UPDATE {p}_locks SET expires_at = {NOW} + INTERVAL ? MICROSECOND
+                 WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0 AND expires_at > {NOW}"
+            ),
+            // Binds: key, owner, fence.
+            release: format!(
+                "UPDATE {p}_locks SET expires_at = IF(holds <= 1, {NOW}, expires_at), holds = holds - 1
+                 WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0"
+            ),
+            // Binds: key.
+            inspect_lease: format!(
+                "SELECT name, owner, holds, fence, metadata,
+                        TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
+                 FROM {p}_locks WHERE lock_key = ? AND holds > 0 AND expires_at > {NOW}"
+            ),
+            // On the pinned connection. Binds: key, name, owner, metadata, lock name,
+            // name, owner, metadata. last_insert_id = fence when taken, else 0.
+            named_acquire: format!(
+                "INSERT INTO {p}_holders (lock_key, name, owner, fence, metadata, conn_id)
+                 SELECT ?, ?, ?, LAST_INSERT_ID(1), ?, CONNECTION_ID() FROM DUAL
+                 WHERE GET_LOCK(?, 0) = 1
+                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), name = ?, owner = ?,
+                    metadata = ?, conn_id = CONNECTION_ID()"
+            ),
+            // Binds: key, lock name.
+            inspect_named: format!(
+                "SELECT name, owner, fence, metadata FROM {p}_holders
+                 WHERE lock_key = ? AND conn_id = IS_USED_LOCK(?)"
+            ),
+            // Binds: key.
+            row_ensure: format!("INSERT IGNORE INTO {p}_rows (lock_key) VALUES (?)"),
+            // Inside the pinned transaction; returns the connection id. Binds: key.
+            row_lock: format!(
+                "SELECT CONNECTION_ID() FROM {p}_rows WHERE lock_key = ? FOR UPDATE NOWAIT"
+            ),
+            // Autocommitted beside the pinned transaction. Binds: key, name, owner,
+            // metadata, conn id, name, owner, metadata, conn id.
+            row_holder: format!(
+                "INSERT INTO {p}_holders (lock_key, name, owner, fence, metadata, conn_id)
+                 VALUES (?, ?, ?, LAST_INSERT_ID(1), ?, ?)
+                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), name = ?, owner = ?,
+                    metadata = ?, conn_id = ?"
+            ),
+            // After COMMIT. Binds: key, fence.
+            row_release: format!(
+                "UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = ? AND fence = ?"
+            ),
+            // Binds: key. Needs the PROCESS privilege to see other sessions' transactions.
+            inspect_row: format!(
+                "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
+                 WHERE h.lock_key = ? AND h.conn_id <> 0
+                   AND EXISTS (SELECT 1 FROM information_schema.INNODB_TRX t
+                               WHERE t.trx_mysql_thread_id = h.conn_id)"
+            ),
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Every SQL statement the PostgreSQL backend runs, built once per backend from the
+//! validated table prefix `P`.
+//!
+//! Tables: `P_locks` (lease mode: one row per name, kept after release so the key stays
+//! cheap to take again), `P_holders` (session modes: who holds a lock, for `inspect`
+//! and the token), `P_rows` (row mode: the rows locked `FOR UPDATE`) and the sequence
+//! `P_fence` that every grant's fencing token comes from. A grant's `nextval` is
+//! committed by the same statement that records it, so the sequence's advance is on disk
+//! before the token is reported, and tokens never repeat after a crash.
+
+/// The SQL text for one table prefix.
+#[derive(Debug)]
+pub(super) struct Statements {
+    pub schema: String,
+    pub tables: String,
+    pub channel: String,
+    pub acquire: String,
+    pub renew: String,
+    pub release: String,
+    pub inspect_lease: String,
+    pub advisory_acquire: String,
+    pub advisory_release: String,
+    pub inspect_advisory: String,
+    pub row_ensure: String,
+    pub row_lock: String,
+    pub row_holder: String,
+    pub row_release: String,
+    pub inspect_row: String,
+}
+
+/// Remaining lease of row `l` in whole milliseconds (negative: expired).
+const REMAINING_MS: &str =
+    "(EXTRACT(EPOCH FROM (l.expires_at - statement_timestamp())) * 1000)::bigint";
+
+impl Statements {
+    pub(super) fn new(p: &str) -> Self {
+        let live = "l.owner = $3 AND l.holds > 0 AND l.expires_at > statement_timestamp()";
+        Statements {
+            schema: format!(
+                "CREATE TABLE IF NOT EXISTS {p}_locks (
+                    lock_key   bytea PRIMARY KEY,
+                    name       text NOT NULL,
+                    owner      text NOT NULL,
+                    holds      integer NOT NULL,
+                    fence      bigint NOT NULL,
+                    expires_at timestamptz NOT NULL,
+                    metadata   text NOT NULL
+                 );
+                 CREATE SEQUENCE IF NOT EXISTS {p}_fence;
+                 CREATE TABLE IF NOT EXISTS {p}_holders (
+                    lock_key      bytea PRIMARY KEY,
+                    name          text NOT NULL,
+                    owner         text NOT NULL,
+                    fence         bigint NOT NULL,
+                    metadata      text NOT NULL,
+                    pid           integer NOT NULL,
+                    backend_start timestamptz
+                 );
+                 CREATE TABLE IF NOT EXISTS {p}_rows (lock_key bytea PRIMARY KEY);"
+            ),
+            tables: format!(
+                "SELECT to_regclass('{p}_locks') IS NOT NULL AND to_regclass('{p}_fence') IS NOT NULL \
+                 AND to_regclass('{p}_holders') IS NOT NULL AND to_regclass('{p}_rows') IS NOT NULL"
+            ),
+            channel: format!("{p}_released"),
+            // Binds: 1 key, 2 name, 3 owner, 4 ttl µs, 5 metadata.
+            // Granted: one row (fence, NULL). Busy: one row (NULL, remaining ms) or none.
+            acquire: format!(
+                "WITH ins AS (
+                    INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
+                    VALUES ($1, $2, $3, 1, nextval('{p}_fence'), statement_timestamp() + $4 * interval '1 microsecond', $5)
+                    ON CONFLICT (lock_key) DO UPDATE SET
+                        holds = CASE WHEN {live} THEN l.holds + 1 ELSE 1 END,
+                        fence = CASE WHEN {live} THEN l.fence ELSE excluded.fence END,
+                        expires_at = CASE WHEN {live} THEN GREATEST(l.expires_at, excluded.expires_at)
+                                          ELSE excluded.expires_at END,
+                        metadata = CASE WHEN {live} THEN l.metadata ELSE excluded.metadata END,
+                        name = excluded.name,
+                        owner = excluded.owner
+                    WHERE l.owner = $3 OR l.holds <= 0 OR l.expires_at <= statement_timestamp()
+                    RETURNING l.fence)
+                 SELECT fence, NULL::bigint FROM ins
+                 UNION ALL
+                 SELECT NULL::bigint, {REMAINING_MS} FROM {p}_locks l
+                 WHERE l.lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            // Binds: 1 key, 2 owner, 3 fence, 4 ttl µs.
+            renew: format!(
+                "UPDATE {p}_locks SET expires_at = statement_timestamp() + $4 * interval '1 microsecond'
+                 WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
+                   AND expires_at > statement_timestamp()"
+            ),
+            // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. Notifies at the last hold.
+            release: format!(
+                "WITH r AS (
+                    UPDATE {p}_locks SET holds = holds - 1
+                    WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
+                    RETURNING holds)
+                 SELECT r.holds FROM r
+                 LEFT JOIN LATERAL (SELECT pg_notify($4, $5) WHERE r.holds = 0) n ON true"
+            ),
+            // Binds: 1 key.
+            inspect_lease: format!(
+                "SELECT l.name, l.owner, l.holds, l.fence, l.metadata, {REMAINING_MS}
+                 FROM {p}_locks l
+                 WHERE l.lock_key = $1 AND l.holds > 0 AND l.expires_at > statement_timestamp()"
+            ),
+            // On the pinned connection. Binds: 1 advisory key, 2 key, 3 name, 4 owner,
+            // 5 metadata. One row (the fence) when the lock was taken.
+            advisory_acquire: format!(
+                "WITH g AS (SELECT pg_try_advisory_lock($1) AS ok)
+                 INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, backend_start)
+                 SELECT $2, $3, $4, nextval('{p}_fence'), $5, pg_backend_pid(),
+                        (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())
+                 FROM g WHERE g.ok
+                 ON CONFLICT (lock_key) DO UPDATE SET
+                    name = excluded.name, owner = excluded.owner, fence = excluded.fence,
+                    metadata = excluded.metadata, pid = excluded.pid,
+                    backend_start = excluded.backend_start
+                 RETURNING h.fence"
+            ),
+            // On the pinned connection. Binds: 1 advisory key, 2 channel, 3 key hex.
+            advisory_release: "SELECT pg_advisory_unlock($1), pg_notify($2, $3)".into(),
+            // Binds: 1 key, 2 advisory key.
+            inspect_advisory: format!(
+                "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
+                 WHERE h.lock_key = $1
+                   AND EXISTS (SELECT 1 FROM pg_locks k
+                               WHERE k.locktype = 'advisory' AND k.granted AND k.pid = h.pid
+                                 AND k.classid = (($2 >> 32) & 4294967295)::text::oid
+                                 AND k.objid = ($2 & 4294967295)::text::oid
+                                 AND k.objsubid = 1)
+                   AND EXISTS (SELECT 1 FROM pg_stat_activity a
+                               WHERE a.pid = h.pid AND a.backend_start = h.backend_start)"
+            ),
+            // Binds: 1 key.
+            row_ensure: format!(
+                "INSERT INTO {p}_rows (lock_key) VALUES ($1) ON CONFLICT (lock_key) DO NOTHING"
+            ),
+            // Inside the pinned transaction; returns the session's pid. Binds: 1 key.
+            row_lock: format!(
+                "SELECT pg_backend_pid() FROM {p}_rows WHERE lock_key = $1 FOR UPDATE NOWAIT"
+            ),
+            // Autocommitted beside the pinned transaction. Binds: 1 key, 2 name, 3 owner,
+            // 4 metadata, 5 pid, 6 backend start.
+            row_holder: format!(
+                "INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, backend_start)
+                 VALUES ($1, $2, $3, nextval('{p}_fence'), $4, $5,
+                         (SELECT backend_start FROM pg_stat_activity WHERE pid = $5))
+                 ON CONFLICT (lock_key) DO UPDATE SET
+                    name = excluded.name, owner = excluded.owner, fence = excluded.fence,
+                    metadata = excluded.metadata, pid = excluded.pid,
+                    backend_start = excluded.backend_start
+                 RETURNING h.fence"
+            ),
+            // After COMMIT on the pinned connection (that connection may lock other rows
+            // later, so the record stops naming it). Binds: 1 key, 2 fence, 3 channel,
+            // 4 key hex.
+            row_release: format!(
+                "WITH d AS (UPDATE {p}_holders SET pid = 0 WHERE lock_key = $1 AND fence = $2)
+                 SELECT pg_notify($3, $4)"
+            ),
+            // Binds: 1 key.
+            inspect_row: format!(
+                "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
+                 WHERE h.lock_key = $1
+                   AND EXISTS (SELECT 1 FROM pg_locks k
+                               WHERE k.pid = h.pid AND k.granted
+                                 AND k.relation = to_regclass('{p}_rows'))
+                   AND EXISTS (SELECT 1 FROM pg_stat_activity a
+                               WHERE a.pid = h.pid AND a.backend_start = h.backend_start)"
+            ),
+        }
+    }
+}
