@@ -18,6 +18,6 @@ pub use server::{
     PortHolder, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess,
     find_binary, free_port, redis_command, redis_ping, servers_required, skip,
 };
-pub use sql::{MariaDbServer, PgServer};
+pub use sql::{MariaDbServer, PG_PASSWORD, PgServer};
 pub use tls::TestCerts;
 pub use zookeeper::{ZkServer, zk_four_letters};

@@ -65,8 +65,12 @@ fn wait_for_log(process: &mut ServerProcess, log: &Path, ready: &str) -> Result<
     }
 }
 
-/// A running PostgreSQL (killed on Drop). Superuser `postgres`, trust authentication
-/// on 127.0.0.1, `fsync=off`.
+/// The superuser password of every test PostgreSQL (connections over TCP must give
+/// it: SCRAM authentication, so tests can prove passwords stay out of output).
+pub const PG_PASSWORD: &str = "dlock-test-pw";
+
+/// A running PostgreSQL (killed on Drop). Superuser `postgres` with password
+/// [`PG_PASSWORD`] (SCRAM) on 127.0.0.1, `fsync=off`.
 #[derive(Debug)]
 pub struct PgServer {
     process: ServerProcess,
@@ -100,11 +104,21 @@ impl PgServer {
             )
             .expect("chown the PostgreSQL dir");
         }
+        let pwfile = dir.path().join("pw");
+        std::fs::write(&pwfile, PG_PASSWORD).expect("password file");
+        if let Some((uid, gid)) = user {
+            let _ = nix::unistd::chown(
+                &pwfile,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            );
+        }
         let mut cmd = Command::new(&initdb);
         cmd.arg("-D")
             .arg(dir.path().join("data"))
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
-            .args(["--locale=C"]);
+            .args(["-U", "postgres", "-E", "UTF8", "--no-sync", "--locale=C"])
+            .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
+            .arg(format!("--pwfile={}", pwfile.display()));
         if let Some((uid, gid)) = user {
             cmd.uid(uid).gid(gid);
         }
@@ -162,10 +176,13 @@ impl PgServer {
         Ok(process)
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    /// `postgres://postgres:PASSWORD@127.0.0.1:PORT/postgres`.
     #[must_use]
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        format!(
+            "postgres://postgres:{PG_PASSWORD}@127.0.0.1:{}/postgres",
+            self.port
+        )
     }
 
     /// The port.
@@ -206,6 +223,7 @@ impl PgServer {
     pub fn psql(&self, sql: &str) -> String {
         let psql = find_pg_binary("psql").expect("psql");
         let out = Command::new(psql)
+            .env("PGPASSWORD", PG_PASSWORD)
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args([
                 "-U",

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::backend::{Backend, Capabilities};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::url::ConnectUrl;
 
 /// One URL scheme dlock knows.
@@ -181,7 +181,7 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(crate::sqlite::SqliteBackend::open(url).await?),
         #[cfg(not(feature = "sqlite"))]
-        "sqlite" => Err(Error::BackendNotEnabled {
+        "sqlite" => Err(crate::error::Error::BackendNotEnabled {
             scheme: "sqlite".into(),
             feature: "sqlite".into(),
         }),
@@ -193,7 +193,7 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         "redlock" => Ok(crate::redlock::RedlockBackend::open(url).await?),
         #[cfg(not(feature = "redis"))]
         "redis" | "rediss" | "redis+cluster" | "redis+sentinel" | "redlock" => {
-            Err(Error::BackendNotEnabled {
+            Err(crate::error::Error::BackendNotEnabled {
                 scheme: url.scheme().to_owned(),
                 feature: "redis".into(),
             })
@@ -201,28 +201,28 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(crate::etcd::EtcdBackend::open(url).await?),
         #[cfg(not(feature = "etcd"))]
-        "etcd" | "etcds" => Err(Error::BackendNotEnabled {
+        "etcd" | "etcds" => Err(crate::error::Error::BackendNotEnabled {
             scheme: url.scheme().to_owned(),
             feature: "etcd".into(),
         }),
         #[cfg(feature = "zookeeper")]
         "zk" => Ok(crate::zookeeper::ZkBackend::open(url).await?),
         #[cfg(not(feature = "zookeeper"))]
-        "zk" => Err(Error::BackendNotEnabled {
+        "zk" => Err(crate::error::Error::BackendNotEnabled {
             scheme: "zk".into(),
             feature: "zookeeper".into(),
         }),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => crate::sql::postgres::PostgresBackend::open(url).await,
         #[cfg(not(feature = "postgres"))]
-        "postgres" | "postgresql" => Err(Error::BackendNotEnabled {
+        "postgres" | "postgresql" => Err(crate::error::Error::BackendNotEnabled {
             scheme: url.scheme().to_owned(),
             feature: "postgres".into(),
         }),
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => crate::sql::mysql::MysqlBackend::open(url).await,
         #[cfg(not(feature = "mysql"))]
-        "mysql" | "mariadb" => Err(Error::BackendNotEnabled {
+        "mysql" | "mariadb" => Err(crate::error::Error::BackendNotEnabled {
             scheme: url.scheme().to_owned(),
             feature: "mysql".into(),
         }),

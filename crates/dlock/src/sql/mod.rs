@@ -262,7 +262,7 @@ impl<C: sqlx::Connection + 'static> Pinned<C> {
 
 /// Ping the pinned connection; on failure or timeout drop it and cancel `lost`.
 /// Returns whether the session is alive.
-async fn ping_or_drop<C: sqlx::Connection>(
+async fn ping_or_drop<C: sqlx::Connection + 'static>(
     conn: &Mutex<Option<C>>,
     lost: &CancellationToken,
     timeout: Duration,
@@ -272,8 +272,16 @@ async fn ping_or_drop<C: sqlx::Connection>(
     if matches!(tokio::time::timeout(timeout, c.ping()).await, Ok(Ok(()))) {
         return true;
     }
-    slot.take();
+    // Tell the holder first; close the session (which lets the server free the lock)
+    // a moment later, so the holder always hears of the loss before anyone else can
+    // take the lock.
     lost.cancel();
+    if let Some(c) = slot.take() {
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(c);
+        });
+    }
     false
 }
 

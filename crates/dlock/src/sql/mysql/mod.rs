@@ -372,8 +372,14 @@ fn wait_timeout(heartbeat: Duration) -> u64 {
 }
 
 /// Create the tables unless they exist (`CREATE TABLE IF NOT EXISTS` is safe to race
-/// on MySQL).
+/// on MySQL). Looks first, so a user without CREATE works once they exist.
 async fn create_schema(pool: &MySqlPool, sql: &Statements) -> std::result::Result<(), sqlx::Error> {
+    let present: i64 = sqlx::query_scalar(AssertSqlSafe(&*sql.tables))
+        .fetch_one(pool)
+        .await?;
+    if present == 3 {
+        return Ok(());
+    }
     for table in &sql.schema {
         pool.execute(AssertSqlSafe(&**table)).await?;
     }

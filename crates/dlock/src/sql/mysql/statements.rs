@@ -18,6 +18,7 @@
 #[derive(Debug)]
 pub(super) struct Statements {
     pub schema: [String; 3],
+    pub tables: String,
     pub acquire: String,
     pub renew: String,
     pub release: String,
@@ -67,6 +68,10 @@ impl Statements {
                      ) ENGINE=InnoDB"
                 ),
             ],
+            tables: format!(
+                "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()
+                 AND TABLE_NAME IN ('{p}_locks', '{p}_holders', '{p}_rows')"
+            ),
             // Assignments run left to right and later ones see earlier results, so each
             // condition reads only columns not yet assigned (owner last but one,
             // expires_at last: by then `owner = me` means granted or re-entered).

@@ -15,10 +15,13 @@
 //!   connection dies.
 //!
 //! In session modes the holder (owner, token, metadata, backend pid) is recorded in
-//! `<prefix>_holders` for `inspect`, and the pinned connection asks the server for TCP
-//! keepalives (idle 2 s, interval 1 s, 3 probes) while a heartbeat pings it every
-//! `heartbeat` (default 1 s): a cut-off holder declares the lock lost about when the
-//! heartbeat fails, before the server drops the session (≈ 5 s).
+//! `<prefix>_holders` for `inspect`. A heartbeat pings the pinned connection every
+//! `heartbeat` (default 1 s) and closes it when a ping fails or takes longer than that,
+//! firing `lost()`. The server is asked to end a session silent for five heartbeats (at
+//! least 5 s; `idle_session_timeout` needs PostgreSQL 14, `idle_in_transaction_session_timeout`
+//! covers row mode) and to probe a silent client with TCP keepalives (idle 2 s,
+//! interval 1 s, 3 probes): a cut-off holder declares the loss after one to two
+//! heartbeats, seconds before the server frees the lock.
 //!
 //! # Waiting
 //! Every release sends `NOTIFY <prefix>_released, '<key hex>'`; one listener connection
@@ -197,13 +200,31 @@ impl PostgresBackend {
         let mut listener = timed(BACKEND, opts.timeout, PgListener::connect_with(&pool)).await?;
         timed(BACKEND, opts.timeout, listener.listen(&sql.channel)).await?;
         let listener = tokio::spawn(listen(listener, Arc::clone(&hub), opts.poll));
-        // Session connections ask the server to probe a silent client, so a cut-off
-        // holder's session (and lock) ends in seconds, not hours.
-        let connect = connect.options([
-            ("tcp_keepalives_idle", "2"),
-            ("tcp_keepalives_interval", "1"),
-            ("tcp_keepalives_count", "3"),
-        ]);
+        // Session connections ask the server to probe a silent client (TCP keepalives)
+        // and, on PostgreSQL 14 or later, to end a session that sends nothing for five
+        // heartbeats, so a cut-off holder's session (and lock) ends in seconds, not
+        // hours — after the holder's own heartbeat has declared the loss.
+        let version: i32 = timed(
+            BACKEND,
+            opts.timeout,
+            sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+                .fetch_one(&pool),
+        )
+        .await?;
+        let silent_ms = (opts.heartbeat * 5)
+            .max(Duration::from_secs(5))
+            .as_millis()
+            .to_string();
+        let mut session_options = vec![
+            ("tcp_keepalives_idle", "2".to_owned()),
+            ("tcp_keepalives_interval", "1".to_owned()),
+            ("tcp_keepalives_count", "3".to_owned()),
+        ];
+        if version >= 140_000 {
+            session_options.push(("idle_session_timeout", silent_ms.clone()));
+        }
+        session_options.push(("idle_in_transaction_session_timeout", silent_ms));
+        let connect = connect.options(session_options);
         Ok(Arc::new(PostgresBackend {
             pool,
             connect,
