@@ -596,3 +596,34 @@ fn zookeeper_killed_or_paused_holder_frees_the_lock_after_the_session_timeout() 
     assert!(killed < Duration::from_secs(6), "{killed:?}");
     assert!(taken_over < Duration::from_secs(6), "{taken_over:?}");
 }
+
+/// PostgreSQL and MariaDB session locks end with the holder's connection: the lock of a
+/// SIGKILLed holder is free at once (measured from the kill to the next holder's
+/// command running, process start included).
+#[test]
+fn sql_session_locks_free_at_once_when_the_holder_is_killed() {
+    let (Some(pg), Some(maria)) = (
+        dlock_testkit::PgServer::start(),
+        dlock_testkit::MariaDbServer::start(),
+    ) else {
+        return;
+    };
+    for (label, url) in [
+        ("pg-advisory", format!("{}?mode=advisory", pg.url())),
+        ("pg-row", format!("{}?mode=row", pg.url())),
+        ("mariadb-named", format!("{}?mode=named", maria.url())),
+        ("mariadb-row", format!("{}?mode=row", maria.url())),
+    ] {
+        let env = Env::new();
+        let mut holder = env.spawn(&["run", "--url", &url, label, "--", "sleep", "30"]);
+        wait_held_at(&env, &url, label);
+        let killed_at = Instant::now();
+        kill_group(&holder, nix::sys::signal::Signal::SIGKILL);
+        let out = env.run(&["run", "--url", &url, "--wait", "15s", label, "--", "true"]);
+        let took = killed_at.elapsed();
+        let _ = wait_timeout(&mut holder, Duration::from_secs(5));
+        assert_eq!(out.status.code(), Some(0), "{label}: {}", text(&out.stderr));
+        eprintln!("figure: {label}: SIGKILLed holder -> next holder's command ran after {took:?}");
+        assert!(took < Duration::from_millis(500), "{label}: {took:?}");
+    }
+}
