@@ -125,7 +125,10 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
             Some(f) => Some(f),
             None => match etcd_floor(&url, args.cycles).await? {
                 Some(f) => Some(f),
-                None => zk_floor(&url, args.cycles).await?,
+                None => match zk_floor(&url, args.cycles).await? {
+                    Some(f) => Some(f),
+                    None => crate::raw_sql::floor(&url, args.cycles).await?,
+                },
             },
         },
     };

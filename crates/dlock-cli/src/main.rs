@@ -9,6 +9,7 @@ mod handoff;
 mod hold;
 mod parallel;
 mod raw_redis;
+mod raw_sql;
 mod run;
 mod stats;
 mod status;

@@ -49,7 +49,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::notify::ChangeHub;
+use crate::notify::{WakeOne, WakeWatch};
 use crate::options::Owner;
 use crate::url::ConnectUrl;
 
@@ -83,7 +83,7 @@ pub struct MysqlBackend {
     connect: MySqlConnectOptions,
     opts: SqlOptions,
     sql: Arc<Statements>,
-    hub: Arc<ChangeHub<[u8; 32]>>,
+    hub: Arc<WakeOne<[u8; 32]>>,
     idle: Arc<IdleConns<MySqlConnection>>,
     durable: bool,
 }
@@ -171,6 +171,9 @@ impl MysqlBackend {
         let pool = MySqlPoolOptions::new()
             .max_connections(opts.pool)
             .acquire_timeout(opts.timeout)
+            // A ping before every statement would double the round trips; a broken
+            // connection shows up as a connection error on the statement instead.
+            .test_before_acquire(false)
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     conn.execute(READ_COMMITTED).await?;
@@ -197,7 +200,7 @@ impl MysqlBackend {
             )),
             opts,
             sql,
-            hub: Arc::new(ChangeHub::default()),
+            hub: Arc::new(WakeOne::default()),
             durable,
         }))
     }
@@ -415,7 +418,7 @@ impl Backend for MysqlBackend {
 
     async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(PollWaiter {
-            rx: self.hub.subscribe(&lock_key(name)),
+            watch: self.hub.watch(&lock_key(name)),
             poll: self.opts.poll,
         }))
     }
@@ -500,7 +503,7 @@ pub(crate) fn capabilities(mode: Mode) -> Capabilities {
 /// Polls every `poll` (jittered), or sooner when this process releases the lock.
 #[derive(Debug)]
 struct PollWaiter {
-    rx: tokio::sync::watch::Receiver<u64>,
+    watch: WakeWatch<[u8; 32]>,
     poll: Duration,
 }
 
@@ -509,7 +512,7 @@ impl Waiter for PollWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
         let nanos = u64::try_from(self.poll.min(max).as_nanos()).unwrap_or(u64::MAX);
         let sleep = Duration::from_nanos(nanos / 2 + fastrand::u64(0..=nanos / 2));
-        crate::notify::wait_change(&mut self.rx, sleep).await;
+        self.watch.wait(sleep).await;
         Ok(())
     }
 }
@@ -519,7 +522,7 @@ impl Waiter for PollWaiter {
 struct HeldBase {
     pool: MySqlPool,
     sql: Arc<Statements>,
-    hub: Arc<ChangeHub<[u8; 32]>>,
+    hub: Arc<WakeOne<[u8; 32]>>,
     key: [u8; 32],
     owner: Owner,
     fence: u64,
@@ -568,7 +571,7 @@ impl HeldLock for LeaseHeld {
                 .execute(&b.pool)
         })
         .await?;
-        b.hub.notify(&b.key);
+        b.hub.wake(&b.key);
         Ok(())
     }
 }
@@ -630,7 +633,7 @@ impl HeldLock for SessionHeld {
         match done {
             Ok(Ok(_)) => {
                 self.idle.put(conn);
-                b.hub.notify(&b.key);
+                b.hub.wake(&b.key);
                 Ok(())
             }
             // Dropping the connection ends the session, which frees the lock anyway.

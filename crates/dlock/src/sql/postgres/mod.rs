@@ -55,7 +55,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::notify::ChangeHub;
+use crate::notify::{WakeOne, WakeWatch};
 use crate::options::Owner;
 use crate::url::ConnectUrl;
 
@@ -104,7 +104,7 @@ pub struct PostgresBackend {
     connect: PgConnectOptions,
     opts: SqlOptions,
     sql: Arc<Statements>,
-    hub: Arc<ChangeHub<[u8; 32]>>,
+    hub: Arc<WakeOne<[u8; 32]>>,
     idle: Arc<IdleConns<PgConnection>>,
     advisory_key: AdvisoryKey,
     listener: tokio::task::JoinHandle<()>,
@@ -184,6 +184,9 @@ impl PostgresBackend {
         let pool = PgPoolOptions::new()
             .max_connections(opts.pool.max(2))
             .acquire_timeout(opts.timeout)
+            // A ping before every statement would double the round trips; a broken
+            // connection shows up as a connection error on the statement instead.
+            .test_before_acquire(false)
             .connect_lazy_with(connect.clone());
         let sql = Arc::new(Statements::new(&opts.prefix));
         timed(BACKEND, opts.timeout, create_schema(&pool, &sql)).await?;
@@ -196,7 +199,7 @@ impl PostgresBackend {
             .fetch_one(&pool),
         )
         .await?;
-        let hub = Arc::new(ChangeHub::default());
+        let hub = Arc::new(WakeOne::default());
         let mut listener = timed(BACKEND, opts.timeout, PgListener::connect_with(&pool)).await?;
         timed(BACKEND, opts.timeout, listener.listen(&sql.channel)).await?;
         let listener = tokio::spawn(listen(listener, Arc::clone(&hub), opts.poll));
@@ -391,17 +394,17 @@ impl PostgresBackend {
 
 /// The listener loop: wake this process's waiters of each released key; on a lost
 /// connection (notifications may be missed) wake every waiter.
-async fn listen(mut listener: PgListener, hub: Arc<ChangeHub<[u8; 32]>>, poll: Duration) {
+async fn listen(mut listener: PgListener, hub: Arc<WakeOne<[u8; 32]>>, poll: Duration) {
     loop {
         match listener.try_recv().await {
             Ok(Some(n)) => match parse_key(n.payload()) {
-                Some(key) => hub.notify(&key),
-                None => hub.notify_all(),
+                Some(key) => hub.wake(&key),
+                None => hub.wake_all(),
             },
-            Ok(None) => hub.notify_all(),
+            Ok(None) => hub.wake_all(),
             Err(e) => {
                 tracing::debug!(error = %e, "postgres listener: reconnecting");
-                hub.notify_all();
+                hub.wake_all();
                 tokio::time::sleep(poll).await;
             }
         }
@@ -467,7 +470,7 @@ impl Backend for PostgresBackend {
 
     async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(NotifyWaiter {
-            rx: self.hub.subscribe(&lock_key(name)),
+            watch: self.hub.watch(&lock_key(name)),
             poll: self.opts.poll,
         }))
     }
@@ -551,14 +554,14 @@ pub(crate) fn capabilities(mode: Mode) -> Capabilities {
 /// Waits for a NOTIFY of the key, re-polling every `poll` at the latest.
 #[derive(Debug)]
 struct NotifyWaiter {
-    rx: tokio::sync::watch::Receiver<u64>,
+    watch: WakeWatch<[u8; 32]>,
     poll: Duration,
 }
 
 #[async_trait]
 impl Waiter for NotifyWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
-        crate::notify::wait_change(&mut self.rx, max.min(self.poll)).await;
+        self.watch.wait(max.min(self.poll)).await;
         Ok(())
     }
 }
@@ -568,7 +571,7 @@ impl Waiter for NotifyWaiter {
 struct HeldBase {
     pool: PgPool,
     sql: Arc<Statements>,
-    hub: Arc<ChangeHub<[u8; 32]>>,
+    hub: Arc<WakeOne<[u8; 32]>>,
     key: [u8; 32],
     key_hex: String,
     owner: Owner,
@@ -630,7 +633,7 @@ impl HeldLock for LeaseHeld {
         )
         .await?;
         if holds == Some(0) {
-            b.hub.notify(&b.key);
+            b.hub.wake(&b.key);
         }
         Ok(())
     }
@@ -696,7 +699,7 @@ impl HeldLock for SessionHeld {
         match done {
             Ok(Ok(_)) => {
                 self.idle.put(conn);
-                b.hub.notify(&b.key);
+                b.hub.wake(&b.key);
                 Ok(())
             }
             // Dropping the connection ends the session, which frees the lock anyway.

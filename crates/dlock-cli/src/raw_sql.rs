@@ -1,0 +1,212 @@
+//! The CLI's own bare PostgreSQL / MySQL connections, made from a dlock URL: the bench's
+//! floor (the bare statements of one lock cycle in the URL's mode, through the same
+//! client crate) and the flash-sale demo's inventory table.
+
+use std::time::Instant;
+
+use dlock::url::ConnectUrl;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{Connection, Executor};
+
+use crate::exit::Failure;
+use crate::stats::{Latency, micros};
+
+/// A bare connection to the database a dlock SQL URL names.
+pub enum SqlConn {
+    Pg(PgConnection),
+    My(MySqlConnection),
+}
+
+fn err(e: sqlx::Error) -> Failure {
+    Failure::internal(format!("bare SQL client: {e}"))
+}
+
+/// Where a `postgres://` / `mysql://` / `mariadb://` URL points, and its `mode`
+/// (`None` for other schemes).
+pub fn target(url: &str) -> Option<(String, String)> {
+    let parsed = ConnectUrl::parse(url).ok()?;
+    let scheme = parsed.scheme();
+    if !matches!(scheme, "postgres" | "postgresql" | "mysql" | "mariadb") {
+        return None;
+    }
+    let mode = url
+        .split_once('?')
+        .and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("mode=")))
+        .unwrap_or("lease");
+    Some((scheme.to_owned(), mode.to_owned()))
+}
+
+impl SqlConn {
+    /// Connect to the database of `url` (host, user, password, database; dlock's own
+    /// query options are ignored).
+    pub async fn connect(url: &str) -> Result<Self, Failure> {
+        let mut parsed = ConnectUrl::parse(url)?;
+        let Some(host) = parsed.hosts().first().cloned() else {
+            return Err(Failure::internal("no host in the URL"));
+        };
+        let db = parsed.path().trim_start_matches('/').to_owned();
+        let password = parsed.password().map(|p| p.expose().to_owned());
+        let user = parsed.username().map(str::to_owned);
+        let _ = parsed.take_param("mode");
+        if parsed.scheme().starts_with("postgres") {
+            let mut o = PgConnectOptions::new_without_pgpass()
+                .host(&host.host)
+                .port(host.port.unwrap_or(5432))
+                .username(user.as_deref().unwrap_or("postgres"));
+            if let Some(p) = &password {
+                o = o.password(p);
+            }
+            if !db.is_empty() {
+                o = o.database(&db);
+            }
+            Ok(SqlConn::Pg(
+                PgConnection::connect_with(&o).await.map_err(err)?,
+            ))
+        } else {
+            let mut o = MySqlConnectOptions::new()
+                .host(&host.host)
+                .port(host.port.unwrap_or(3306))
+                .username(user.as_deref().unwrap_or("root"))
+                .database(&db);
+            if let Some(p) = &password {
+                o = o.password(p);
+            }
+            Ok(SqlConn::My(
+                MySqlConnection::connect_with(&o).await.map_err(err)?,
+            ))
+        }
+    }
+
+    /// Run one statement (no binds, no rows wanted).
+    pub async fn exec(&mut self, sql: &'static str) -> Result<(), Failure> {
+        match self {
+            SqlConn::Pg(c) => c.execute(sql).await.map(drop).map_err(err),
+            SqlConn::My(c) => c.execute(sql).await.map(drop).map_err(err),
+        }
+    }
+
+    /// Run `sql` with one i64 bound (`$1` on PostgreSQL, `?` on MySQL) and return the
+    /// first column of the first row as i64, if any.
+    pub async fn one_i64(
+        &mut self,
+        pg: &'static str,
+        my: &'static str,
+        v: i64,
+    ) -> Result<Option<i64>, Failure> {
+        match self {
+            SqlConn::Pg(c) => sqlx::query_scalar::<_, i64>(pg)
+                .bind(v)
+                .fetch_optional(&mut *c)
+                .await
+                .map_err(err),
+            SqlConn::My(c) => sqlx::query_scalar::<_, i64>(my)
+                .bind(v)
+                .fetch_optional(&mut *c)
+                .await
+                .map_err(err),
+        }
+    }
+
+    /// Run `sql` with two i64 binds; the number of rows it changed.
+    pub async fn change(
+        &mut self,
+        pg: &'static str,
+        my: &'static str,
+        a: i64,
+        b: i64,
+    ) -> Result<u64, Failure> {
+        match self {
+            SqlConn::Pg(c) => sqlx::query(pg)
+                .bind(a)
+                .bind(b)
+                .execute(&mut *c)
+                .await
+                .map(|r| r.rows_affected())
+                .map_err(err),
+            SqlConn::My(c) => sqlx::query(my)
+                .bind(a)
+                .bind(b)
+                .execute(&mut *c)
+                .await
+                .map(|r| r.rows_affected())
+                .map_err(err),
+        }
+    }
+}
+
+/// One bare cycle of `mode`'s statements, `i` distinguishing cycles.
+async fn floor_cycle(conn: &mut SqlConn, mode: &str, i: i64) -> Result<(), Failure> {
+    match (mode, &mut *conn) {
+        ("advisory", SqlConn::Pg(_)) => {
+            conn.one_i64("SELECT pg_try_advisory_lock($1)::int::int8", "", 77_001)
+                .await?;
+            conn.one_i64("SELECT pg_advisory_unlock($1)::int::int8", "", 77_001)
+                .await?;
+        }
+        ("named", SqlConn::My(_)) => {
+            conn.one_i64("", "SELECT GET_LOCK(CONCAT('dlock-floor-', ?), 0)", 1)
+                .await?;
+            conn.one_i64("", "SELECT RELEASE_LOCK(CONCAT('dlock-floor-', ?))", 1)
+                .await?;
+        }
+        ("row", _) => {
+            conn.exec("BEGIN").await?;
+            conn.one_i64(
+                "SELECT id FROM dlock_bench_floor_row WHERE id = $1 FOR UPDATE NOWAIT",
+                "SELECT id FROM dlock_bench_floor_row WHERE id = ? FOR UPDATE NOWAIT",
+                1,
+            )
+            .await?;
+            conn.exec("COMMIT").await?;
+        }
+        _ => {
+            conn.change(
+                "INSERT INTO dlock_bench_floor (id, expires) VALUES ($1, $2)",
+                "INSERT INTO dlock_bench_floor (id, expires) VALUES (?, ?)",
+                1,
+                i,
+            )
+            .await?;
+            conn.change(
+                "DELETE FROM dlock_bench_floor WHERE id = $1 AND expires = $2",
+                "DELETE FROM dlock_bench_floor WHERE id = ? AND expires = ?",
+                1,
+                i,
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The bare-statement floor for a SQL URL in its mode (`None` for other backends):
+/// lease → insert + owner-checked delete of a row; advisory → `pg_try_advisory_lock` +
+/// `pg_advisory_unlock`; named → `GET_LOCK` + `RELEASE_LOCK`; row → `BEGIN`,
+/// `SELECT … FOR UPDATE NOWAIT`, `COMMIT`.
+pub async fn floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
+    let Some((_, mode)) = target(url) else {
+        return Ok(None);
+    };
+    let mut conn = SqlConn::connect(url).await?;
+    conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor (id BIGINT PRIMARY KEY, expires BIGINT NOT NULL)")
+        .await?;
+    conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor_row (id BIGINT PRIMARY KEY)")
+        .await?;
+    conn.exec("DELETE FROM dlock_bench_floor").await?;
+    conn.exec("DELETE FROM dlock_bench_floor_row").await?;
+    conn.exec("INSERT INTO dlock_bench_floor_row (id) VALUES (1)")
+        .await?;
+    for i in 0..20 {
+        floor_cycle(&mut conn, &mode, i).await?;
+    }
+    let mut samples = Vec::with_capacity(cycles as usize);
+    let start = Instant::now();
+    for i in 0..i64::from(cycles) {
+        let t = Instant::now();
+        floor_cycle(&mut conn, &mode, i).await?;
+        samples.push(micros(t.elapsed()));
+    }
+    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
+    Ok(Some((per_sec, Latency::of(&samples))))
+}
