@@ -1,6 +1,5 @@
 //! Command-line grammar (clap).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -159,8 +158,24 @@ pub struct FlashSaleArgs {
 pub enum Strategy {
     /// No protection at all.
     None,
-    /// A dlock lease lock around the read-check-write.
+    /// No lock: a version-checked write, retried on conflict.
+    Optimistic,
+    /// `SELECT … FOR UPDATE` on the stock row itself (database servers only).
+    RowLock,
+    /// A dlock lock around the read-check-write.
     Dlock,
+}
+
+impl Strategy {
+    /// The name shown and passed to workers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::None => "none",
+            Strategy::Optimistic => "optimistic",
+            Strategy::RowLock => "row-lock",
+            Strategy::Dlock => "dlock",
+        }
+    }
 }
 
 /// `dlock demo-worker` (internal).
@@ -168,8 +183,11 @@ pub enum Strategy {
 pub struct DemoWorkerArgs {
     #[arg(long)]
     pub url: String,
+    /// An SQLite file path, or the SQL URL whose database holds the stock.
     #[arg(long)]
-    pub inventory: PathBuf,
+    pub inventory: String,
+    #[arg(long, default_value_t = 1)]
+    pub stock_id: i64,
     #[arg(long)]
     pub strategy: Strategy,
     #[arg(long)]

@@ -7,6 +7,7 @@ mod exit;
 mod fleet;
 mod handoff;
 mod hold;
+mod inventory;
 mod parallel;
 mod raw_redis;
 mod raw_sql;

@@ -627,3 +627,50 @@ fn sql_session_locks_free_at_once_when_the_holder_is_killed() {
         assert!(took < Duration::from_millis(500), "{label}: {took:?}");
     }
 }
+
+/// `dlock demo flash-sale --url postgres://… / mariadb://…` keeps the stock in that
+/// database and shows all four strategies; every protected one sells exactly the stock.
+#[test]
+fn flash_sale_demo_on_postgres_and_mariadb_shows_every_strategy() {
+    let (Some(pg), Some(maria)) = (
+        dlock_testkit::PgServer::start(),
+        dlock_testkit::MariaDbServer::start(),
+    ) else {
+        return;
+    };
+    for url in [pg.url(), format!("{}?mode=advisory", pg.url()), maria.url()] {
+        let env = Env::new();
+        let out = env
+            .cmd()
+            .args([
+                "demo",
+                "flash-sale",
+                "--url",
+                &url,
+                "--buyers",
+                "120",
+                "--stock",
+                "15",
+                "--workers",
+                "4",
+            ])
+            .output()
+            .expect("demo");
+        let stdout = text(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{url}: {stdout}{}",
+            text(&out.stderr)
+        );
+        for strategy in ["optimistic", "row-lock", "dlock"] {
+            let row = stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("{strategy} ")))
+                .unwrap_or_else(|| panic!("{url}: no {strategy} row in {stdout}"));
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!((cols[1], cols[2]), ("15", "0"), "{url}: {row}");
+        }
+        assert!(!stdout.contains(dlock_testkit::PG_PASSWORD), "{stdout}");
+    }
+}
