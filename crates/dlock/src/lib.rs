@@ -28,10 +28,10 @@
 //! | `redlock://a:p,b:p,c:p,d:p,e:p` | Redlock over independent Redis masters | `redis` |
 //! | `etcd://h1:p,h2:p[/prefix]`, `etcds://…` | etcd v3, `etcdctl lock` layout | `etcd` |
 //! | `zk://h1:p,h2:p[/root]` | ZooKeeper, Curator `InterProcessMutex` layout | `zookeeper` |
+//! | `postgres://user:pass@host:5432/db[?mode=lease\|advisory\|row]` | PostgreSQL | `postgres` |
+//! | `mysql://user:pass@host:3306/db[?mode=lease\|named\|row]`, `mariadb://…` | MySQL / MariaDB | `mysql` |
 //!
 //! Query parameters carry options (`?ttl=30s`); an unknown parameter is an error.
-//! PostgreSQL and MySQL are designed but not in
-//! this version; their URLs give [`Error::Unsupported`].
 //!
 //! ## What is guaranteed
 //!

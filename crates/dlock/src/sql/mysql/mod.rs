@@ -128,7 +128,12 @@ impl MysqlBackend {
     /// Connect and create the tables if missing.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`] for a bad URL or option; connection errors.
+    /// [`Error::InvalidUrl`] for a bad URL or option; connection errors; a permission
+    /// error when the tables are missing and the user may not create them.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is held until it returns (a table creation that already ran
+    /// stays, which is harmless).
     pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         let opts = SqlOptions::take(
             &mut url,
