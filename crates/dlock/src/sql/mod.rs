@@ -20,8 +20,10 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::{Capabilities, Fencing, Waiter};
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::notify::{WakeOne, WakeWatch};
 use crate::url::ConnectUrl;
 
 #[cfg(feature = "mysql")]
@@ -347,5 +349,94 @@ pub(crate) async fn timed<T>(
             backend,
             format!("no answer within {timeout:?}"),
         )),
+    }
+}
+
+/// Capabilities of an SQL backend in `mode`; fencing is durable when the server flushes
+/// every commit (`durable`), best effort otherwise.
+pub(crate) fn capabilities(mode: Mode, native_wait: bool, durable: bool) -> Capabilities {
+    let mut caps = Capabilities::new(if durable {
+        Fencing::Durable
+    } else {
+        Fencing::BestEffort
+    });
+    caps.native_wait = native_wait;
+    caps.cross_process = true;
+    if mode.is_session() {
+        caps.session_bound = true;
+    } else {
+        caps.reentrant = true;
+    }
+    caps
+}
+
+/// Waits until this process is told the lock's key was released (one waiter per
+/// wake-up), or `poll` passes (jittered 50–100 % when `jitter`).
+#[derive(Debug)]
+pub(crate) struct SqlWaiter {
+    pub watch: WakeWatch<[u8; 32]>,
+    pub poll: Duration,
+    pub jitter: bool,
+}
+
+#[async_trait::async_trait]
+impl Waiter for SqlWaiter {
+    async fn changed(&mut self, max: Duration) -> Result<()> {
+        let mut wait = self.poll.min(max);
+        if self.jitter {
+            let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+            wait = Duration::from_nanos(nanos / 2 + fastrand::u64(0..=nanos / 2));
+        }
+        self.watch.wait(wait).await;
+        Ok(())
+    }
+}
+
+/// The session side of a hold in a session mode: the pinned connection, where it goes
+/// back after a clean release, and who to wake.
+#[derive(Debug)]
+pub(crate) struct Session<C> {
+    pub pinned: Pinned<C>,
+    pub idle: Arc<IdleConns<C>>,
+    pub hub: Arc<WakeOne<[u8; 32]>>,
+    pub key: [u8; 32],
+    pub timeout: Duration,
+    pub backend: &'static str,
+}
+
+impl<C: sqlx::Connection + 'static> Session<C> {
+    /// Renewal: prove the session is alive (it holds the lock).
+    pub(crate) async fn renew(&self) -> Result<()> {
+        self.pinned.prove_alive(self.timeout).await
+    }
+
+    /// Fires when the heartbeat loses the session.
+    pub(crate) fn loss_signal(&self) -> CancellationToken {
+        self.pinned.lost.clone()
+    }
+
+    /// Let go: run `release` on the pinned connection (within the timeout); a clean
+    /// release returns the connection for reuse and wakes a local waiter. On any error
+    /// the connection is dropped, which ends the session and frees the lock anyway.
+    /// Idempotent: a second call, or one after the heartbeat lost the session, is `Ok`.
+    pub(crate) async fn end<Fut>(&self, release: impl FnOnce(C) -> Fut) -> Result<()>
+    where
+        Fut: std::future::Future<Output = (C, std::result::Result<(), sqlx::Error>)>,
+    {
+        let Some(conn) = self.pinned.take().await else {
+            return Ok(());
+        };
+        match tokio::time::timeout(self.timeout, release(conn)).await {
+            Ok((conn, Ok(()))) => {
+                self.idle.put(conn);
+                self.hub.wake(&self.key);
+                Ok(())
+            }
+            Ok((_, Err(e))) => Err(db_err(self.backend, &e)),
+            Err(_) => Err(Error::connection(
+                self.backend,
+                "release timed out; session closed",
+            )),
+        }
     }
 }

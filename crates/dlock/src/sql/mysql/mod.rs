@@ -41,15 +41,13 @@ use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    COMMON_OPTIONS, IdleConns, Mode, Pinned, SqlOptions, db_err, hex, lock_key, metadata_from,
-    metadata_json, timed,
+    COMMON_OPTIONS, IdleConns, Mode, Pinned, Session, SqlOptions, SqlWaiter, db_err, hex, lock_key,
+    metadata_from, metadata_json, timed,
 };
-use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, Waiter,
-};
+use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::notify::{WakeOne, WakeWatch};
+use crate::notify::WakeOne;
 use crate::options::Owner;
 use crate::url::ConnectUrl;
 
@@ -232,6 +230,17 @@ impl MysqlBackend {
         Ok(conn)
     }
 
+    fn session(&self, conn: MySqlConnection, name: &LockName) -> Session<MySqlConnection> {
+        Session {
+            pinned: Pinned::new(conn, self.opts.heartbeat),
+            idle: Arc::clone(&self.idle),
+            hub: Arc::clone(&self.hub),
+            key: lock_key(name),
+            timeout: self.opts.timeout,
+            backend: BACKEND,
+        }
+    }
+
     fn held_base(&self, req: &AcquireRequest, fence: u64) -> HeldBase {
         HeldBase {
             pool: self.pool.clone(),
@@ -301,8 +310,7 @@ impl MysqlBackend {
             }
             fence => Ok(Attempt::Acquired(Box::new(SessionHeld {
                 base: self.held_base(req, fence),
-                pinned: Pinned::new(conn, self.opts.heartbeat),
-                idle: Arc::clone(&self.idle),
+                session: self.session(conn, &req.name),
                 release: SessionRelease::Named(server_name),
             }))),
         }
@@ -340,8 +348,7 @@ impl MysqlBackend {
                     .await?;
                     return Ok(Attempt::Acquired(Box::new(SessionHeld {
                         base: self.held_base(req, done.last_insert_id()),
-                        pinned: Pinned::new(conn, self.opts.heartbeat),
-                        idle: Arc::clone(&self.idle),
+                        session: self.session(conn, &req.name),
                         release: SessionRelease::Row,
                     })));
                 }
@@ -401,11 +408,7 @@ impl Backend for MysqlBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = capabilities(self.opts.mode);
-        if !self.durable {
-            caps.fencing = Fencing::BestEffort;
-        }
-        caps
+        super::capabilities(self.opts.mode, false, self.durable)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -422,9 +425,10 @@ impl Backend for MysqlBackend {
     }
 
     async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
-        Ok(Box::new(PollWaiter {
+        Ok(Box::new(SqlWaiter {
             watch: self.hub.watch(&lock_key(name)),
             poll: self.opts.poll,
+            jitter: true,
         }))
     }
 
@@ -493,33 +497,9 @@ impl Backend for MysqlBackend {
     }
 }
 
-/// Capabilities of `mode` (fencing durable when the server flushes every commit).
+/// Capabilities of `mode` on a server that flushes every commit.
 pub(crate) fn capabilities(mode: Mode) -> Capabilities {
-    let mut caps = Capabilities::new(Fencing::Durable);
-    caps.cross_process = true;
-    if mode.is_session() {
-        caps.session_bound = true;
-    } else {
-        caps.reentrant = true;
-    }
-    caps
-}
-
-/// Polls every `poll` (jittered), or sooner when this process releases the lock.
-#[derive(Debug)]
-struct PollWaiter {
-    watch: WakeWatch<[u8; 32]>,
-    poll: Duration,
-}
-
-#[async_trait]
-impl Waiter for PollWaiter {
-    async fn changed(&mut self, max: Duration) -> Result<()> {
-        let nanos = u64::try_from(self.poll.min(max).as_nanos()).unwrap_or(u64::MAX);
-        let sleep = Duration::from_nanos(nanos / 2 + fastrand::u64(0..=nanos / 2));
-        self.watch.wait(sleep).await;
-        Ok(())
-    }
+    super::capabilities(mode, false, true)
 }
 
 /// What every held MySQL lock knows.
@@ -593,8 +573,7 @@ enum SessionRelease {
 #[derive(Debug)]
 struct SessionHeld {
     base: HeldBase,
-    pinned: Pinned<MySqlConnection>,
-    idle: Arc<IdleConns<MySqlConnection>>,
+    session: Session<MySqlConnection>,
     release: SessionRelease,
 }
 
@@ -605,52 +584,43 @@ impl HeldLock for SessionHeld {
     }
 
     async fn renew(&self, _ttl: Duration) -> Result<()> {
-        self.pinned.prove_alive(self.base.timeout).await
+        self.session.renew().await
     }
 
     async fn release(&self) -> Result<()> {
-        let Some(mut conn) = self.pinned.take().await else {
-            return Ok(());
-        };
         let b = &self.base;
-        let done = match &self.release {
+        match &self.release {
             SessionRelease::Named(server_name) => {
-                tokio::time::timeout(
-                    b.timeout,
-                    sqlx::query("SELECT RELEASE_LOCK(?)")
-                        .bind(server_name)
-                        .execute(&mut conn),
-                )
-                .await
+                self.session
+                    .end(|mut conn| async move {
+                        let r = sqlx::query("SELECT RELEASE_LOCK(?)")
+                            .bind(server_name)
+                            .execute(&mut conn)
+                            .await;
+                        (conn, r.map(drop))
+                    })
+                    .await
             }
             SessionRelease::Row => {
-                tokio::time::timeout(b.timeout, async {
-                    conn.execute("COMMIT").await?;
-                    sqlx::query(AssertSqlSafe(&*b.sql.row_release))
-                        .bind(&b.key[..])
-                        .bind(b.fence)
-                        .execute(&b.pool)
-                        .await
-                })
-                .await
+                self.session
+                    .end(|mut conn| async move {
+                        let r = async {
+                            conn.execute("COMMIT").await?;
+                            sqlx::query(AssertSqlSafe(&*b.sql.row_release))
+                                .bind(&b.key[..])
+                                .bind(b.fence)
+                                .execute(&b.pool)
+                                .await
+                        }
+                        .await;
+                        (conn, r.map(drop))
+                    })
+                    .await
             }
-        };
-        match done {
-            Ok(Ok(_)) => {
-                self.idle.put(conn);
-                b.hub.wake(&b.key);
-                Ok(())
-            }
-            // Dropping the connection ends the session, which frees the lock anyway.
-            Ok(Err(e)) => Err(db_err(BACKEND, &e)),
-            Err(_) => Err(Error::connection(
-                BACKEND,
-                "release timed out; session closed",
-            )),
         }
     }
 
     fn loss_signal(&self) -> Option<CancellationToken> {
-        Some(self.pinned.lost.clone())
+        Some(self.session.loss_signal())
     }
 }

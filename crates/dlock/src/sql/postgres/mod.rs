@@ -47,15 +47,13 @@ use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    COMMON_OPTIONS, IdleConns, Mode, Pinned, SqlOptions, db_err, has_code, hex, lock_key,
-    metadata_from, metadata_json, timed,
+    COMMON_OPTIONS, IdleConns, Mode, Pinned, Session, SqlOptions, SqlWaiter, db_err, has_code, hex,
+    lock_key, metadata_from, metadata_json, timed,
 };
-use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, Waiter,
-};
+use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::notify::{WakeOne, WakeWatch};
+use crate::notify::WakeOne;
 use crate::options::Owner;
 use crate::url::ConnectUrl;
 
@@ -264,6 +262,17 @@ impl PostgresBackend {
         .await
     }
 
+    fn session(&self, conn: PgConnection, name: &LockName) -> Session<PgConnection> {
+        Session {
+            pinned: Pinned::new(conn, self.opts.heartbeat),
+            idle: Arc::clone(&self.idle),
+            hub: Arc::clone(&self.hub),
+            key: lock_key(name),
+            timeout: self.opts.timeout,
+            backend: BACKEND,
+        }
+    }
+
     fn held_base(&self, req: &AcquireRequest, fence: i64) -> HeldBase {
         let key = lock_key(&req.name);
         HeldBase {
@@ -322,8 +331,7 @@ impl PostgresBackend {
         match fence {
             Some(fence) => Ok(Attempt::Acquired(Box::new(SessionHeld {
                 base: self.held_base(req, fence),
-                pinned: Pinned::new(conn, self.opts.heartbeat),
-                idle: Arc::clone(&self.idle),
+                session: self.session(conn, &req.name),
                 release: SessionRelease::Advisory(akey),
             }))),
             None => {
@@ -361,8 +369,7 @@ impl PostgresBackend {
                     .await?;
                     return Ok(Attempt::Acquired(Box::new(SessionHeld {
                         base: self.held_base(req, fence),
-                        pinned: Pinned::new(conn, self.opts.heartbeat),
-                        idle: Arc::clone(&self.idle),
+                        session: self.session(conn, &req.name),
                         release: SessionRelease::Row,
                     })));
                 }
@@ -453,11 +460,7 @@ impl Backend for PostgresBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = capabilities(self.opts.mode);
-        if !self.durable {
-            caps.fencing = Fencing::BestEffort;
-        }
-        caps
+        super::capabilities(self.opts.mode, true, self.durable)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -474,9 +477,10 @@ impl Backend for PostgresBackend {
     }
 
     async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
-        Ok(Box::new(NotifyWaiter {
+        Ok(Box::new(SqlWaiter {
             watch: self.hub.watch(&lock_key(name)),
             poll: self.opts.poll,
+            jitter: false,
         }))
     }
 
@@ -543,32 +547,9 @@ impl Backend for PostgresBackend {
     }
 }
 
-/// Capabilities of `mode` (fencing durable when the server flushes every commit).
+/// Capabilities of `mode` on a server that flushes every commit.
 pub(crate) fn capabilities(mode: Mode) -> Capabilities {
-    let mut caps = Capabilities::new(Fencing::Durable);
-    caps.native_wait = true;
-    caps.cross_process = true;
-    if mode.is_session() {
-        caps.session_bound = true;
-    } else {
-        caps.reentrant = true;
-    }
-    caps
-}
-
-/// Waits for a NOTIFY of the key, re-polling every `poll` at the latest.
-#[derive(Debug)]
-struct NotifyWaiter {
-    watch: WakeWatch<[u8; 32]>,
-    poll: Duration,
-}
-
-#[async_trait]
-impl Waiter for NotifyWaiter {
-    async fn changed(&mut self, max: Duration) -> Result<()> {
-        self.watch.wait(max.min(self.poll)).await;
-        Ok(())
-    }
+    super::capabilities(mode, true, true)
 }
 
 /// What every held PostgreSQL lock knows.
@@ -655,8 +636,7 @@ enum SessionRelease {
 #[derive(Debug)]
 struct SessionHeld {
     base: HeldBase,
-    pinned: Pinned<PgConnection>,
-    idle: Arc<IdleConns<PgConnection>>,
+    session: Session<PgConnection>,
     release: SessionRelease,
 }
 
@@ -667,56 +647,47 @@ impl HeldLock for SessionHeld {
     }
 
     async fn renew(&self, _ttl: Duration) -> Result<()> {
-        self.pinned.prove_alive(self.base.timeout).await
+        self.session.renew().await
     }
 
     async fn release(&self) -> Result<()> {
-        let Some(mut conn) = self.pinned.take().await else {
-            return Ok(());
-        };
         let b = &self.base;
-        let done = match self.release {
+        match self.release {
             SessionRelease::Advisory(akey) => {
-                tokio::time::timeout(
-                    b.timeout,
-                    sqlx::query(AssertSqlSafe(&*b.sql.advisory_release))
-                        .bind(akey)
-                        .bind(&*b.sql.channel)
-                        .bind(&b.key_hex)
-                        .execute(&mut conn),
-                )
-                .await
+                self.session
+                    .end(|mut conn| async move {
+                        let r = sqlx::query(AssertSqlSafe(&*b.sql.advisory_release))
+                            .bind(akey)
+                            .bind(&*b.sql.channel)
+                            .bind(&b.key_hex)
+                            .execute(&mut conn)
+                            .await;
+                        (conn, r.map(drop))
+                    })
+                    .await
             }
             SessionRelease::Row => {
-                tokio::time::timeout(b.timeout, async {
-                    conn.execute("COMMIT").await?;
-                    sqlx::query(AssertSqlSafe(&*b.sql.row_release))
-                        .bind(&b.key[..])
-                        .bind(b.fence)
-                        .bind(&*b.sql.channel)
-                        .bind(&b.key_hex)
-                        .execute(&b.pool)
-                        .await
-                })
-                .await
+                self.session
+                    .end(|mut conn| async move {
+                        let r = async {
+                            conn.execute("COMMIT").await?;
+                            sqlx::query(AssertSqlSafe(&*b.sql.row_release))
+                                .bind(&b.key[..])
+                                .bind(b.fence)
+                                .bind(&*b.sql.channel)
+                                .bind(&b.key_hex)
+                                .execute(&b.pool)
+                                .await
+                        }
+                        .await;
+                        (conn, r.map(drop))
+                    })
+                    .await
             }
-        };
-        match done {
-            Ok(Ok(_)) => {
-                self.idle.put(conn);
-                b.hub.wake(&b.key);
-                Ok(())
-            }
-            // Dropping the connection ends the session, which frees the lock anyway.
-            Ok(Err(e)) => Err(db_err(BACKEND, &e)),
-            Err(_) => Err(Error::connection(
-                BACKEND,
-                "release timed out; session closed",
-            )),
         }
     }
 
     fn loss_signal(&self) -> Option<CancellationToken> {
-        Some(self.pinned.lost.clone())
+        Some(self.session.loss_signal())
     }
 }
