@@ -118,6 +118,14 @@ async fn taken_by_another_owner_is_busy_not_no_quorum() {
         Locker::connect(&nodes.url()).await.expect("connect"),
     );
     let g = a.lock("taken").await.expect("lock");
+    // lock() returns at a majority while the other nodes' calls still run: wait until
+    // the hold is on all five before killing two.
+    let owner = g.owner().as_str().to_owned();
+    let end = Instant::now() + Duration::from_secs(3);
+    while !(0..5).all(|i| raw_get(&mut nodes, i, "taken").contains(&owner)) {
+        assert!(Instant::now() < end, "the hold never reached every node");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let _held = [kill_and_hold(&mut nodes, 0), kill_and_hold(&mut nodes, 4)];
     assert!(
         b.try_lock("taken")
@@ -320,7 +328,9 @@ async fn renewal_reseeds_a_node_that_restarted_empty() {
 }
 
 /// Counters that disagree (two nodes ahead) are reconciled by the write-back: after the
-/// two nodes that were ahead die, the next grant still gets a larger token.
+/// two nodes that were ahead die, the next grant still gets a larger token. (Which T
+/// the first grant gets depends on which majority answered first: 1001 if it included
+/// a node that was ahead, else 1 — either way a majority holds at least T afterwards.)
 #[tokio::test]
 async fn token_write_back_survives_the_loss_of_the_nodes_that_were_ahead() {
     let Some(mut nodes) = nodes(false).await else {
@@ -332,19 +342,30 @@ async fn token_write_back_survives_the_loss_of_the_nodes_that_were_ahead() {
         redis_command(addr, &["SET", "dlock_token:{ahead}", "1000"], T).expect("SET");
     }
     let g = locker.lock("ahead").await.expect("lock");
-    assert_eq!(
-        g.fencing_token(),
-        1001,
-        "T is the maximum the nodes returned"
+    let first = g.fencing_token();
+    assert!(
+        first == 1 || first == 1001,
+        "T {first} is not a node's counter"
     );
     g.release().await.expect("release");
-    for i in 2..5 {
-        let v = raw_get(&mut nodes, i, "dlock_token:{ahead}");
-        assert!(v.contains("1001"), "node {i} counter not raised: {v:?}");
-    }
+    let counter = |nodes: &mut RedisNodes, i: usize| {
+        raw_get(nodes, i, "dlock_token:{ahead}")
+            .lines()
+            .find_map(|l| l.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let at_least = (0..5).filter(|&i| counter(&mut nodes, i) >= first).count();
+    assert!(
+        at_least >= 3,
+        "only {at_least} nodes hold a counter >= {first}"
+    );
     let _held = [kill_and_hold(&mut nodes, 0), kill_and_hold(&mut nodes, 1)];
     let g = locker.lock("ahead").await.expect("lock on the other three");
-    assert!(g.fencing_token() > 1001, "token {}", g.fencing_token());
+    assert!(
+        g.fencing_token() > first,
+        "token {} after {first}",
+        g.fencing_token()
+    );
     g.release().await.expect("release");
 }
 
