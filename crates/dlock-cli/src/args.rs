@@ -54,6 +54,104 @@ pub enum Command {
     /// Internal: one worker process of `bench`.
     #[command(hide = true)]
     BenchWorker(BenchWorkerArgs),
+    /// Prove what a backend guarantees: workers update a fenced store under the lock
+    /// while faults are injected; prints overlaps, stale operations, token order,
+    /// recovery times; exits 1 if a hard guarantee was broken.
+    Check(CheckArgs),
+    /// Internal: one worker process of `check`.
+    #[command(hide = true)]
+    CheckWorker(CheckWorkerArgs),
+}
+
+/// The fault `dlock check` injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CheckFault {
+    /// No fault: the lock alone.
+    None,
+    /// SIGKILL a holder inside its critical section.
+    KillHolder,
+    /// SIGSTOP a holder inside its critical section for TTL + 0.5 s, then SIGCONT (the
+    /// garbage-collection pause): it resumes with a stale token.
+    PauseHolder,
+}
+
+impl CheckFault {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckFault::None => "none",
+            CheckFault::KillHolder => "kill-holder",
+            CheckFault::PauseHolder => "pause-holder",
+        }
+    }
+}
+
+/// `dlock check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Lock service URL [default: $DLOCK_URL, else a fresh SQLite file in a temp dir].
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Worker processes.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: u32,
+    /// Critical sections in all (shared among the workers).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub ops: u32,
+    /// The fault to inject.
+    #[arg(long, value_enum, default_value = "none")]
+    pub fault: CheckFault,
+    /// How many faults (each on its own worker; at most workers − 1).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=63))]
+    pub faults: u32,
+    /// The store rejects operations with a token below the highest seen (the default).
+    #[arg(long, conflicts_with = "unfenced")]
+    pub fenced: bool,
+    /// The store accepts everything: measures what the lock alone provides.
+    #[arg(long)]
+    pub unfenced: bool,
+    /// Seed for where the faults fall.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Lease of each grant (renewed every third of it).
+    #[arg(long, value_parser = ttl, default_value = "1s", value_name = "DURATION")]
+    pub ttl: Duration,
+    /// Time between the read and the write of a critical section.
+    #[arg(long, value_parser = duration, default_value = "1ms", value_name = "DURATION")]
+    pub think: Duration,
+    /// Stop after this long whatever is left.
+    #[arg(long, value_parser = duration, default_value = "120s", value_name = "DURATION")]
+    pub max_time: Duration,
+    /// Where to write the history (JSONL) [default: a file in the temp dir].
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<std::path::PathBuf>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dlock check-worker` (internal).
+#[derive(Debug, Args)]
+pub struct CheckWorkerArgs {
+    #[arg(long)]
+    pub url: String,
+    #[arg(long)]
+    pub store: String,
+    #[arg(long)]
+    pub lock_name: String,
+    #[arg(long)]
+    pub worker: u32,
+    #[arg(long)]
+    pub ops: u32,
+    #[arg(long, value_parser = ttl)]
+    pub ttl: Duration,
+    #[arg(long, value_parser = duration)]
+    pub think: Duration,
+    #[arg(long)]
+    pub fault_at: Option<u64>,
+    /// At the fault: wait to be killed (else stop itself).
+    #[arg(long)]
+    pub kill_me: bool,
 }
 
 /// Where the locks live.

@@ -57,6 +57,18 @@ impl Fleet {
         self.events.recv().await
     }
 
+    /// The process id of worker `index` (while it runs).
+    pub fn pid(&self, index: usize) -> Option<u32> {
+        self.children.get(index).and_then(Child::id)
+    }
+
+    /// Kill every worker still running and reap them all.
+    pub async fn kill_all(mut self) {
+        for child in &mut self.children {
+            let _ = child.kill().await;
+        }
+    }
+
     /// Wait for every worker; fail if any failed.
     pub async fn wait(mut self) -> Result<(), Failure> {
         for (i, child) in self.children.iter_mut().enumerate() {

@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod check;
 mod demo;
 mod exit;
 mod fleet;
@@ -44,6 +45,8 @@ fn main() {
             Command::Bench(a) => bench::bench(a).await,
             Command::DemoWorker(a) => demo::worker(a).await,
             Command::BenchWorker(a) => bench::worker(a).await,
+            Command::Check(a) => check::check(a).await,
+            Command::CheckWorker(a) => check::worker(a).await,
         }
     });
     // Do not wait for background tasks (a dropped guard's release is best effort and

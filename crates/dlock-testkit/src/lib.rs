@@ -5,14 +5,18 @@
 //! unless `DLOCK_REQUIRE_SERVERS=1`, in which case it fails: CI never passes by skipping.
 //! No test here touches an address outside 127.0.0.0/8.
 
+mod checker;
 mod etcd;
+mod fenced;
 mod proxy;
 mod server;
 mod sql;
 mod tls;
 mod zookeeper;
 
+pub use checker::{Findings, Grant, check};
 pub use etcd::EtcdServer;
+pub use fenced::{FencedStore, StoreClient, StoreOp, StoreReply};
 pub use proxy::{Fault, FaultProxy};
 pub use server::{
     PortHolder, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess,

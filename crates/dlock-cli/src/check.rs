@@ -1,0 +1,336 @@
+//! `dlock check`: worker processes take the lock, read a fenced store with their token,
+//! write value + 1, release — while faults are injected — and an offline checker counts
+//! what went wrong (`dlock_testkit::check`).
+//!
+//! The parent is the collector: it stamps every worker event with its own monotonic
+//! clock when it arrives, so a paused or skewed worker cannot bend the history. Faults
+//! are placed deterministically: a worker told `--fault-at K` announces its K-th
+//! critical section and then sleeps (kill-holder: the parent SIGKILLs it there) or
+//! stops itself (pause-holder: SIGSTOP; the parent sends SIGCONT after TTL + 0.5 s), and
+//! then carries on with its now stale token.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use dlock::{LockOptions, Locker, Wait};
+use dlock_testkit::{FencedStore, Findings, Grant, StoreClient, StoreReply};
+use serde_json::{Value, json};
+
+use crate::args::{CheckArgs, CheckFault, CheckWorkerArgs};
+use crate::exit::Failure;
+use crate::fleet::{Fleet, emit};
+
+/// The report `--json` prints.
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    backend: String,
+    fault: &'static str,
+    fenced: bool,
+    workers: u32,
+    ops: u64,
+    failed_acquires: u64,
+    faults_injected: u64,
+    #[serde(flatten)]
+    findings: Findings,
+    orphans: u64,
+    recovery_ms_p50: Option<u64>,
+    recovery_ms_p99: Option<u64>,
+    loss_notice_ms_p99: Option<i64>,
+    final_value: u64,
+    accepted_writes: u64,
+    history: String,
+    verdict: &'static str,
+}
+
+fn percentile<T: Copy + Ord>(v: &mut [T], p: f64) -> Option<T> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v.get(i).copied()
+}
+
+fn signal(pid: Option<u32>, sig: nix::sys::signal::Signal) {
+    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+    }
+}
+
+pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
+    let dir = tempfile::tempdir().map_err(|e| Failure::internal(e.to_string()))?;
+    let url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "check.db");
+    let locker = Locker::connect(&url).await?;
+    let fenced = !args.unfenced;
+    let store = FencedStore::start(fenced)
+        .await
+        .map_err(|e| Failure::internal(format!("fenced store: {e}")))?;
+    let lock_name = format!("check:{}", dlock::Owner::random());
+    let per_worker = args.ops.div_ceil(args.workers);
+    let faults = if args.fault == CheckFault::None {
+        0
+    } else {
+        args.faults.min(args.workers.saturating_sub(1))
+    };
+    let mut arg_lists = Vec::new();
+    for w in 0..args.workers {
+        let mut a = vec![
+            "check-worker".to_owned(),
+            "--url".to_owned(),
+            url.clone(),
+            "--store".to_owned(),
+            store.addr().to_string(),
+            "--lock-name".to_owned(),
+            lock_name.clone(),
+            "--worker".to_owned(),
+            w.to_string(),
+            "--ops".to_owned(),
+            per_worker.to_string(),
+            "--ttl".to_owned(),
+            format!("{}ms", args.ttl.as_millis()),
+            "--think".to_owned(),
+            format!("{}us", args.think.as_micros()),
+        ];
+        if w < faults {
+            // Spread the faults over the run, deterministically from the seed.
+            let at = (u64::from(per_worker) / 4
+                + (args.seed.wrapping_mul(31).wrapping_add(u64::from(w) * 7))
+                    % (u64::from(per_worker) / 2).max(1))
+            .min(u64::from(per_worker).saturating_sub(1));
+            a.extend(["--fault-at".to_owned(), at.to_string()]);
+            if args.fault == CheckFault::KillHolder {
+                a.push("--kill-me".to_owned());
+            }
+        }
+        arg_lists.push(a);
+    }
+    let history_path = args.history.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("dlock-check-{}.jsonl", std::process::id()))
+    });
+    let mut history = std::io::BufWriter::new(
+        std::fs::File::create(&history_path)
+            .map_err(|e| Failure::internal(format!("history {}: {e}", history_path.display())))?,
+    );
+    let started = Instant::now();
+    let mut fleet = Fleet::spawn(arg_lists)?;
+    let pids: Vec<Option<u32>> = (0..args.workers as usize).map(|i| fleet.pid(i)).collect();
+    let mut grants = Vec::new();
+    let mut failed = 0u64;
+    let mut injected = 0u64;
+    // The fault being recovered from: (worker, at), and its recovery once another
+    // worker is granted: (worker, next grant at).
+    let mut pending: Vec<(usize, Instant)> = Vec::new();
+    let mut recovered: Vec<(usize, Instant)> = Vec::new();
+    let mut recovery_ms = Vec::new();
+    let mut notice_ms: Vec<i64> = Vec::new();
+    let deadline = tokio::time::Instant::now() + args.max_time;
+    loop {
+        let next = tokio::time::timeout_at(deadline, fleet.next()).await;
+        let Ok(Some((w, event))) = next else { break };
+        let now = Instant::now();
+        let at_ns = u64::try_from(now.duration_since(started).as_nanos()).unwrap_or(u64::MAX);
+        let mut line = json!({"at_ns": at_ns, "worker": w});
+        if let (Value::Object(l), Value::Object(e)) = (&mut line, &event) {
+            l.extend(e.clone());
+        }
+        let _ = writeln!(history, "{line}");
+        match event["t"].as_str() {
+            Some("grant") => {
+                let token = event["token"].as_u64().unwrap_or(0);
+                grants.push(Grant {
+                    at_ns,
+                    worker: u32::try_from(w).unwrap_or(u32::MAX),
+                    token,
+                });
+                let mut still = Vec::new();
+                for (fw, at) in pending.drain(..) {
+                    if fw == w {
+                        still.push((fw, at));
+                    } else {
+                        recovery_ms.push(
+                            u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX),
+                        );
+                        recovered.push((fw, now));
+                    }
+                }
+                pending = still;
+            }
+            Some("fail") => failed += 1,
+            Some("holding") => {
+                signal(pids[w], nix::sys::signal::Signal::SIGKILL);
+                injected += 1;
+                pending.push((w, now));
+            }
+            Some("pausing") => {
+                injected += 1;
+                pending.push((w, now));
+                let (pid, pause) = (pids[w], args.ttl + Duration::from_millis(500));
+                tokio::spawn(async move {
+                    tokio::time::sleep(pause).await;
+                    signal(pid, nix::sys::signal::Signal::SIGCONT);
+                });
+            }
+            Some("lost") => {
+                if let Some(pos) = recovered.iter().position(|(fw, _)| *fw == w) {
+                    let (_, next_grant) = recovered.remove(pos);
+                    let ms = if now >= next_grant {
+                        i64::try_from(now.duration_since(next_grant).as_millis())
+                            .unwrap_or(i64::MAX)
+                    } else {
+                        -i64::try_from(next_grant.duration_since(now).as_millis())
+                            .unwrap_or(i64::MAX)
+                    };
+                    notice_ms.push(ms);
+                }
+            }
+            _ => {}
+        }
+    }
+    let _ = history.flush();
+    fleet.kill_all().await;
+    // Whatever a dead worker held must be free after its lease.
+    tokio::time::sleep(args.ttl + Duration::from_millis(500)).await;
+    let orphans = u64::from(locker.inspect(&lock_name).await?.is_some());
+    let log = store.log();
+    let findings = dlock_testkit::check(&grants, &log);
+    let (final_value, _, _) = store.cell(&lock_name);
+    let accepted_writes = log.iter().filter(|o| o.write && o.accepted).count() as u64;
+    let durable = locker.capabilities().fencing == dlock::Fencing::Durable;
+    let broken = findings.duplicate_tokens > 0
+        || orphans > 0
+        || (durable && findings.token_inversions > 0)
+        || (fenced && durable && (findings.stale_accepted > 0 || findings.lost_updates > 0))
+        || (args.fault == CheckFault::None && findings.overlaps > 0);
+    let report = Report {
+        backend: locker.url().to_owned(),
+        fault: args.fault.name(),
+        fenced,
+        workers: args.workers,
+        ops: grants.len() as u64,
+        failed_acquires: failed,
+        faults_injected: injected,
+        findings,
+        orphans,
+        recovery_ms_p50: percentile(&mut recovery_ms.clone(), 0.5),
+        recovery_ms_p99: percentile(&mut recovery_ms, 0.99),
+        loss_notice_ms_p99: percentile(&mut notice_ms, 0.99),
+        final_value,
+        accepted_writes,
+        history: history_path.display().to_string(),
+        verdict: if broken { "broken" } else { "ok" },
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| Failure::internal(e.to_string()))?
+        );
+    } else {
+        print_report(&report);
+    }
+    Ok(i32::from(broken))
+}
+
+fn print_report(r: &Report) {
+    let opt = |v: Option<u64>| v.map_or("-".to_owned(), |v| format!("{v} ms"));
+    println!(
+        "dlock check: {} · fault {} · {} · {} workers",
+        r.backend,
+        r.fault,
+        if r.fenced {
+            "fenced store"
+        } else {
+            "unfenced store"
+        },
+        r.workers
+    );
+    let f = &r.findings;
+    for (what, value) in [
+        ("grants (ops)", r.ops.to_string()),
+        ("failed acquires", r.failed_acquires.to_string()),
+        ("faults injected", r.faults_injected.to_string()),
+        ("overlapping critical sections", f.overlaps.to_string()),
+        ("stale operations accepted", f.stale_accepted.to_string()),
+        (
+            "stale operations rejected (fence)",
+            f.stale_rejected.to_string(),
+        ),
+        ("token inversions", f.token_inversions.to_string()),
+        ("duplicate tokens", f.duplicate_tokens.to_string()),
+        ("lost updates", f.lost_updates.to_string()),
+        ("orphans after TTL + 0.5 s", r.orphans.to_string()),
+        (
+            "recovery p50 / p99",
+            format!("{} / {}", opt(r.recovery_ms_p50), opt(r.recovery_ms_p99)),
+        ),
+        (
+            "holder's lost() after the next grant, p99",
+            r.loss_notice_ms_p99
+                .map_or("-".to_owned(), |v| format!("{v} ms")),
+        ),
+        (
+            "final value / accepted writes",
+            format!("{} / {}", r.final_value, r.accepted_writes),
+        ),
+        ("history (JSONL)", r.history.clone()),
+        ("verdict", r.verdict.to_owned()),
+    ] {
+        println!("  {what:<42} {value}");
+    }
+}
+
+/// One worker process (hidden `check-worker`).
+pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
+    let locker = Locker::connect(&args.url).await?;
+    let addr = args
+        .store
+        .parse()
+        .map_err(|e| Failure::internal(format!("store address: {e}")))?;
+    let mut store = StoreClient::connect(addr, args.worker)
+        .await
+        .map_err(|e| Failure::internal(format!("store: {e}")))?;
+    let opts = LockOptions::new()
+        .ttl(args.ttl)
+        .wait(Wait::Timeout(Duration::from_secs(30)));
+    let io = |e: std::io::Error| Failure::internal(format!("store: {e}"));
+    for i in 0..args.ops {
+        let guard = match locker.lock_with(&args.lock_name, &opts).await {
+            Ok(g) => g,
+            Err(e) => {
+                emit(&json!({"t": "fail", "error": e.to_string()}));
+                continue;
+            }
+        };
+        let token = guard.fencing_token();
+        emit(&json!({"t": "grant", "token": token}));
+        let lost = guard.lost_token();
+        let watcher = tokio::spawn(async move {
+            lost.cancelled().await;
+            emit(&json!({"t": "lost"}));
+        });
+        if args.fault_at == Some(u64::from(i)) {
+            if args.kill_me {
+                emit(&json!({"t": "holding"}));
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            } else {
+                emit(&json!({"t": "pausing"}));
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+            }
+        }
+        let read = store.read(&args.lock_name, token).await.map_err(io)?;
+        emit(&json!({"t": "read", "stale": matches!(read, StoreReply::Stale { .. })}));
+        if let StoreReply::Ok { value, version } = read {
+            if !args.think.is_zero() {
+                tokio::time::sleep(args.think).await;
+            }
+            let wrote = store
+                .write(&args.lock_name, token, version, value + 1)
+                .await
+                .map_err(io)?;
+            emit(&json!({"t": "write", "stale": matches!(wrote, StoreReply::Stale { .. })}));
+        }
+        let released = guard.release().await.is_ok();
+        watcher.abort();
+        emit(&json!({"t": "release", "ok": released}));
+    }
+    Ok(0)
+}
