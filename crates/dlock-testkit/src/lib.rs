@@ -8,7 +8,9 @@
 mod checker;
 mod etcd;
 mod fenced;
+mod matrix;
 mod proxy;
+mod scenarios;
 mod server;
 mod sql;
 mod tls;
@@ -17,7 +19,9 @@ mod zookeeper;
 pub use checker::{Findings, Grant, check};
 pub use etcd::EtcdServer;
 pub use fenced::{FencedStore, StoreClient, StoreOp, StoreReply};
+pub use matrix::{Matrix, Target};
 pub use proxy::{Fault, FaultProxy};
+pub use scenarios::{SCENARIOS, Scenario, run_check};
 pub use server::{
     PortHolder, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess,
     find_binary, free_port, redis_command, redis_ping, servers_required, skip,

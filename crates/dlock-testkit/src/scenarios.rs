@@ -1,0 +1,76 @@
+//! The `dlock check` scenarios every backend goes through, and running one.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// One scenario: a fault, against a fenced or an unfenced store.
+#[derive(Debug, Clone, Copy)]
+pub struct Scenario {
+    pub fault: &'static str,
+    pub fenced: bool,
+}
+
+/// Fault-free, kill-holder and pause-holder against the fenced store, and pause-holder
+/// against the unfenced store (what the lock alone gives).
+pub const SCENARIOS: [Scenario; 4] = [
+    Scenario {
+        fault: "none",
+        fenced: true,
+    },
+    Scenario {
+        fault: "kill-holder",
+        fenced: true,
+    },
+    Scenario {
+        fault: "pause-holder",
+        fenced: true,
+    },
+    Scenario {
+        fault: "pause-holder",
+        fenced: false,
+    },
+];
+
+/// Run `dlock check --json` on `url`; returns the exit code and the report.
+///
+/// # Panics
+/// When the binary cannot be run or prints no JSON report.
+#[must_use]
+pub fn run_check(dlock: &Path, url: &str, s: Scenario, ops: u32, extra: &[&str]) -> (i32, Value) {
+    let ops = ops.to_string();
+    let mut cmd = Command::new(dlock);
+    cmd.args([
+        "check",
+        "--url",
+        url,
+        "--json",
+        "--ttl",
+        "1s",
+        "--workers",
+        "4",
+    ])
+    .args(["--faults", "2", "--ops", &ops, "--fault", s.fault])
+    .args(extra)
+    .env_remove("DLOCK_URL");
+    if !s.fenced {
+        cmd.arg("--unfenced");
+    }
+    if !extra.contains(&"--max-time") {
+        cmd.args(["--max-time", "90s"]);
+    }
+    let out = cmd.output().expect("run dlock check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "{url} {s:?}: no JSON report; stdout {stdout}; stderr {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (out.status.code().unwrap_or(-1), report)
+}
