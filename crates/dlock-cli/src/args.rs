@@ -73,6 +73,9 @@ pub enum CheckFault {
     /// SIGSTOP a holder inside its critical section for TTL + 0.5 s, then SIGCONT (the
     /// garbage-collection pause): it resumes with a stale token.
     PauseHolder,
+    /// SIGSTOP the lock server (`--server-pid`, a process on this machine) for TTL + 1 s
+    /// a third of the way into the run, then SIGCONT.
+    PauseServer,
 }
 
 impl CheckFault {
@@ -82,6 +85,7 @@ impl CheckFault {
             CheckFault::None => "none",
             CheckFault::KillHolder => "kill-holder",
             CheckFault::PauseHolder => "pause-holder",
+            CheckFault::PauseServer => "pause-server",
         }
     }
 }
@@ -122,6 +126,9 @@ pub struct CheckArgs {
     /// Stop after this long whatever is left.
     #[arg(long, value_parser = duration, default_value = "120s", value_name = "DURATION")]
     pub max_time: Duration,
+    /// The lock server's process id (for `--fault pause-server`).
+    #[arg(long, value_name = "PID", required_if_eq("fault", "pause-server"))]
+    pub server_pid: Option<u32>,
     /// Where to write the history (JSONL) [default: a file in the temp dir].
     #[arg(long, value_name = "FILE")]
     pub history: Option<std::path::PathBuf>,

@@ -52,6 +52,47 @@ fn percentile<T: Copy + Ord>(v: &mut [T], p: f64) -> Option<T> {
     v.get(i).copied()
 }
 
+/// `pid` and every process below it (PostgreSQL serves each connection from a child of
+/// the postmaster: pausing only the parent would pause nothing that matters).
+fn process_tree(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            // /proc/PID/stat: "pid (comm) state ppid …"; comm may hold spaces.
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                parents.push((p, ppid));
+            }
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    tree
+}
+
+fn signal_tree(pid: Option<u32>, sig: nix::sys::signal::Signal) {
+    for p in pid.map(process_tree).unwrap_or_default() {
+        signal(Some(p), sig);
+    }
+}
+
 fn signal(pid: Option<u32>, sig: nix::sys::signal::Signal) {
     if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
@@ -68,10 +109,9 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
         .map_err(|e| Failure::internal(format!("fenced store: {e}")))?;
     let lock_name = format!("check:{}", dlock::Owner::random());
     let per_worker = args.ops.div_ceil(args.workers);
-    let faults = if args.fault == CheckFault::None {
-        0
-    } else {
-        args.faults.min(args.workers.saturating_sub(1))
+    let faults = match args.fault {
+        CheckFault::None | CheckFault::PauseServer => 0,
+        _ => args.faults.min(args.workers.saturating_sub(1)),
     };
     let mut arg_lists = Vec::new();
     for w in 0..args.workers {
@@ -127,6 +167,10 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     // Faulty holders whose lost() came while their fault was still unrecovered.
     let mut early_loss: Vec<(usize, Instant)> = Vec::new();
     let deadline = tokio::time::Instant::now() + args.max_time;
+    // pause-server: stop the server a third of the way into the run (counted in grants).
+    let pause_server_after =
+        (args.fault == CheckFault::PauseServer).then(|| u64::from(args.ops / 3).max(1));
+    let mut server_paused = false;
     loop {
         let next = tokio::time::timeout_at(deadline, fleet.next()).await;
         let Ok(Some((w, event))) = next else { break };
@@ -147,7 +191,10 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
                 });
                 let mut still = Vec::new();
                 for (fw, at) in pending.drain(..) {
-                    if fw == w {
+                    // A grant reported within 20 ms of a server pause was made before it.
+                    let before_pause =
+                        fw == usize::MAX && now.duration_since(at) < Duration::from_millis(20);
+                    if fw == w || before_pause {
                         still.push((fw, at));
                         continue;
                     }
@@ -167,6 +214,18 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
                     }
                 }
                 pending = still;
+                if !server_paused && pause_server_after.is_some_and(|n| grants.len() as u64 >= n) {
+                    server_paused = true;
+                    injected += 1;
+                    // No worker is at fault: any next grant is the recovery.
+                    pending.push((usize::MAX, Instant::now()));
+                    signal_tree(args.server_pid, nix::sys::signal::Signal::SIGSTOP);
+                    let (pid, pause) = (args.server_pid, args.ttl + Duration::from_secs(1));
+                    tokio::spawn(async move {
+                        tokio::time::sleep(pause).await;
+                        signal_tree(pid, nix::sys::signal::Signal::SIGCONT);
+                    });
+                }
             }
             Some("fail") => failed += 1,
             Some("holding") => {

@@ -14,7 +14,7 @@ use crate::tls::TestCerts;
 #[derive(Debug)]
 pub struct EtcdServer {
     /// Held to kill the server on Drop.
-    _process: ServerProcess,
+    process: ServerProcess,
     /// Held to remove the data on Drop.
     _dir: tempfile::TempDir,
     port: u16,
@@ -70,7 +70,7 @@ impl EtcdServer {
             match Self::launch(&binary, dir.path(), port, peer_port, tls.as_ref()) {
                 Ok(process) => {
                     return Some(EtcdServer {
-                        _process: process,
+                        process,
                         _dir: dir,
                         port,
                         tls,
@@ -150,6 +150,12 @@ impl EtcdServer {
     #[must_use]
     pub fn tls(&self) -> Option<(u16, &TestCerts)> {
         self.tls.as_ref().map(|(p, c)| (*p, c))
+    }
+
+    /// The server's process id (for pausing it from outside).
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 
     /// `etcd://127.0.0.1:port`.

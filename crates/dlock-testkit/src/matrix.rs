@@ -13,6 +13,9 @@ pub struct Target {
     pub label: String,
     /// The URL.
     pub url: String,
+    /// The server process to pause (`--fault pause-server`); `None` for SQLite, one
+    /// node (a minority) for Redlock.
+    pub server_pid: Option<u32>,
 }
 
 /// Running servers and the targets they serve (servers stop on Drop).
@@ -44,34 +47,53 @@ impl Matrix {
             persistent: true,
             ..RedisOptions::default()
         };
-        let redis = RedisServer::start_with(persistent.clone())?;
-        let redlock = RedisNodes::start(5, &persistent)?;
+        let mut redis = RedisServer::start_with(persistent.clone())?;
+        let mut redlock = RedisNodes::start(5, &persistent)?;
         let etcd = EtcdServer::start()?;
         let zk = ZkServer::start()?;
-        let pg = PgServer::start()?;
-        let maria = MariaDbServer::start()?;
-        let t = |label: &str, url: String| Target {
+        let mut pg = PgServer::start()?;
+        let mut maria = MariaDbServer::start()?;
+        let (redis_pid, node_pid) = (redis.process().pid(), redlock.node(2).process().pid());
+        let (pg_pid, maria_pid) = (pg.process().pid(), maria.process().pid());
+        let t = |label: &str, url: String, pid: Option<u32>| Target {
             label: label.to_owned(),
             url,
+            server_pid: pid,
         };
+        let sqlite = format!("sqlite://{}", dir.path().join("locks.db").display());
+        let (pg_url, maria_url) = (pg.url(), maria.url());
         let targets = vec![
+            t("sqlite", sqlite, None),
+            t("redis", redis.url(), Some(redis_pid)),
+            t("redlock (5 nodes)", redlock.url(), Some(node_pid)),
             t(
-                "sqlite",
-                format!("sqlite://{}", dir.path().join("locks.db").display()),
+                "etcd",
+                format!("{}?session_ttl=2s", etcd.url()),
+                Some(etcd.pid()),
             ),
-            t("redis", redis.url()),
-            t("redlock (5 nodes)", redlock.url()),
-            t("etcd", format!("{}?session_ttl=2s", etcd.url())),
             t(
                 "zookeeper",
                 format!("{}/locks?session_timeout=2s", zk.url()),
+                Some(zk.pid()),
             ),
-            t("postgres lease", pg.url()),
-            t("postgres advisory", format!("{}?mode=advisory", pg.url())),
-            t("postgres row", format!("{}?mode=row", pg.url())),
-            t("mariadb lease", maria.url()),
-            t("mariadb named", format!("{}?mode=named", maria.url())),
-            t("mariadb row", format!("{}?mode=row", maria.url())),
+            t("postgres lease", pg_url.clone(), Some(pg_pid)),
+            t(
+                "postgres advisory",
+                format!("{pg_url}?mode=advisory"),
+                Some(pg_pid),
+            ),
+            t("postgres row", format!("{pg_url}?mode=row"), Some(pg_pid)),
+            t("mariadb lease", maria_url.clone(), Some(maria_pid)),
+            t(
+                "mariadb named",
+                format!("{maria_url}?mode=named"),
+                Some(maria_pid),
+            ),
+            t(
+                "mariadb row",
+                format!("{maria_url}?mode=row"),
+                Some(maria_pid),
+            ),
         ];
         Some(Matrix {
             targets,

@@ -5,6 +5,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+use crate::Target;
+
 /// One scenario: a fault, against a fenced or an unfenced store.
 #[derive(Debug, Clone, Copy)]
 pub struct Scenario {
@@ -12,9 +14,10 @@ pub struct Scenario {
     pub fenced: bool,
 }
 
-/// Fault-free, kill-holder and pause-holder against the fenced store, and pause-holder
-/// against the unfenced store (what the lock alone gives).
-pub const SCENARIOS: [Scenario; 4] = [
+/// Fault-free, kill-holder, pause-holder and pause-server against the fenced store,
+/// and pause-holder against the unfenced store (what the lock alone gives).
+/// pause-server needs a server process (not SQLite).
+pub const SCENARIOS: [Scenario; 5] = [
     Scenario {
         fault: "none",
         fenced: true,
@@ -31,6 +34,10 @@ pub const SCENARIOS: [Scenario; 4] = [
         fault: "pause-holder",
         fenced: false,
     },
+    Scenario {
+        fault: "pause-server",
+        fenced: true,
+    },
 ];
 
 /// Run `dlock check --json` on `url`; returns the exit code and the report.
@@ -38,7 +45,14 @@ pub const SCENARIOS: [Scenario; 4] = [
 /// # Panics
 /// When the binary cannot be run or prints no JSON report.
 #[must_use]
-pub fn run_check(dlock: &Path, url: &str, s: Scenario, ops: u32, extra: &[&str]) -> (i32, Value) {
+pub fn run_check(
+    dlock: &Path,
+    target: &Target,
+    s: Scenario,
+    ops: u32,
+    extra: &[&str],
+) -> (i32, Value) {
+    let url = target.url.as_str();
     let ops = ops.to_string();
     let mut cmd = Command::new(dlock);
     cmd.args([
@@ -56,6 +70,9 @@ pub fn run_check(dlock: &Path, url: &str, s: Scenario, ops: u32, extra: &[&str])
     .env_remove("DLOCK_URL");
     if !s.fenced {
         cmd.arg("--unfenced");
+    }
+    if let Some(pid) = target.server_pid {
+        cmd.args(["--server-pid", &pid.to_string()]);
     }
     if !extra.contains(&"--max-time") {
         cmd.args(["--max-time", "90s"]);

@@ -17,7 +17,7 @@ const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 #[derive(Debug)]
 pub struct ZkServer {
     /// Held to kill the server on Drop.
-    _process: ServerProcess,
+    process: ServerProcess,
     /// Held to remove the data on Drop.
     _dir: tempfile::TempDir,
     port: u16,
@@ -56,7 +56,7 @@ impl ZkServer {
             match Self::launch(&java, dir.path(), port) {
                 Ok(process) => {
                     return Some(ZkServer {
-                        _process: process,
+                        process,
                         _dir: dir,
                         port,
                     });
@@ -124,6 +124,12 @@ impl ZkServer {
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The server's process id (for pausing it from outside).
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 
     /// `zk://127.0.0.1:port`.
