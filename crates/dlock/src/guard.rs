@@ -300,46 +300,16 @@ impl Keeper {
             let renew_at = self.next_renew.filter(|_| !lost);
             tokio::select! {
                 biased;
-                cmd = commands.recv() => match cmd {
-                    None => {
-                        // Guard gone without a release command: release anyway.
-                        let _ = self.release_now().await;
+                cmd = commands.recv() => {
+                    if self.on_command(cmd).await {
                         return;
                     }
-                    Some(Command::Release(reply)) => {
-                        let result = self.release_now().await;
-                        if let Some(reply) = reply {
-                            let _ = reply.send(result);
-                        } else if let Err(e) = result
-                            && !matches!(e, Error::LockLost { .. }) {
-                                tracing::warn!(lock = %self.shared.name, error = %e, "background release failed; the lease will free the lock");
-                            }
-                        return;
-                    }
-                    Some(Command::Extend(ttl, reply)) => {
-                        let result = if lost {
-                            Err(self.shared.lost_error())
-                        } else {
-                            self.ttl = ttl;
-                            self.renew_every = self.renew_every.map(|_| ttl / 3);
-                            self.renew_once().await
-                        };
-                        let _ = reply.send(result);
-                    }
-                },
+                }
                 () = &mut backend_loss_fut, if !lost => {
                     self.shared.mark_lost(LossReason::SessionLost("the backend reported the session gone".into()));
                     self.release_after_loss().await;
                 }
-                () = tokio::time::sleep_until(self.deadline), if !lost => {
-                    let reason = if self.capped_by_hold {
-                        LossReason::MaxHoldTime
-                    } else {
-                        LossReason::LeaseExpired
-                    };
-                    self.shared.mark_lost(reason);
-                    self.release_after_loss().await;
-                }
+                () = tokio::time::sleep_until(self.deadline), if !lost => self.expire().await,
                 () = sleep_until_opt(renew_at), if renew_at.is_some() => {
                     let _ = self.renew_once().await;
                 }
@@ -393,6 +363,56 @@ impl Keeper {
                 Err(e)
             }
         }
+    }
+
+    /// Handle one command from the guard; returns whether the keeper is done.
+    async fn on_command(&mut self, cmd: Option<Command>) -> bool {
+        // A deadline that passed while this task could not run (the process was paused)
+        // counts before the command: a release or extend after it must report the
+        // loss, not succeed against a lease that is gone.
+        if !self.is_lost() && Instant::now() >= self.deadline {
+            self.expire().await;
+        }
+        match cmd {
+            None => {
+                // Guard gone without a release command: release anyway.
+                let _ = self.release_now().await;
+                true
+            }
+            Some(Command::Release(reply)) => {
+                let result = self.release_now().await;
+                if let Some(reply) = reply {
+                    let _ = reply.send(result);
+                } else if let Err(e) = result
+                    && !matches!(e, Error::LockLost { .. })
+                {
+                    tracing::warn!(lock = %self.shared.name, error = %e, "background release failed; the lease will free the lock");
+                }
+                true
+            }
+            Some(Command::Extend(ttl, reply)) => {
+                let result = if self.is_lost() {
+                    Err(self.shared.lost_error())
+                } else {
+                    self.ttl = ttl;
+                    self.renew_every = self.renew_every.map(|_| ttl / 3);
+                    self.renew_once().await
+                };
+                let _ = reply.send(result);
+                false
+            }
+        }
+    }
+
+    /// The local deadline passed: the lock is lost (max hold time or lease expiry).
+    async fn expire(&mut self) {
+        let reason = if self.capped_by_hold {
+            LossReason::MaxHoldTime
+        } else {
+            LossReason::LeaseExpired
+        };
+        self.shared.mark_lost(reason);
+        self.release_after_loss().await;
     }
 
     async fn release_now(&mut self) -> Result<()> {
