@@ -299,6 +299,10 @@ fn usage_errors_are_one_line_and_exit_2() {
         &["status"],
         &["frobnicate"],
         &["bench", "--cycles", "0"],
+        &["check", "--fault", "pause-server"],
+        &["check", "--fenced", "--unfenced"],
+        &["check", "--workers", "0"],
+        &["check", "--fault", "explode"],
     ] {
         let out = env.run(args);
         let err = text(&out.stderr);
