@@ -20,7 +20,13 @@ async fn paused_past_the_lease(url: &str) {
             _ => g.extend(Duration::from_secs(5)).await,
         };
         assert!(
-            matches!(&r, Err(Error::LockLost { reason: LossReason::LeaseExpired, .. })),
+            matches!(
+                &r,
+                Err(Error::LockLost {
+                    reason: LossReason::LeaseExpired,
+                    ..
+                })
+            ),
             "{url}: {action} after the lease ended: {r:?}"
         );
     }
