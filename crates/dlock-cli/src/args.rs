@@ -76,6 +76,11 @@ pub enum CheckFault {
     /// SIGSTOP the lock server (`--server-pid`, a process on this machine) for TTL + 1 s
     /// a third of the way into the run, then SIGCONT.
     PauseServer,
+    /// Workers reach the server through a loopback proxy that goes silent for TTL + 1 s
+    /// a third of the way into the run, then resets its connections (single-host URLs).
+    Partition,
+    /// The same proxy adds 100 ms each way for TTL + 1 s.
+    Latency,
 }
 
 impl CheckFault {
@@ -86,6 +91,8 @@ impl CheckFault {
             CheckFault::KillHolder => "kill-holder",
             CheckFault::PauseHolder => "pause-holder",
             CheckFault::PauseServer => "pause-server",
+            CheckFault::Partition => "partition",
+            CheckFault::Latency => "latency",
         }
     }
 }

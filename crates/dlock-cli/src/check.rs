@@ -13,7 +13,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use dlock::{LockOptions, Locker, Wait};
-use dlock_testkit::{FencedStore, Findings, Grant, StoreClient, StoreReply};
+use dlock_testkit::{Fault, FaultProxy, FencedStore, Findings, Grant, StoreClient, StoreReply};
 use serde_json::{Value, json};
 
 use crate::args::{CheckArgs, CheckFault, CheckWorkerArgs};
@@ -50,6 +50,37 @@ fn percentile<T: Copy + Ord>(v: &mut [T], p: f64) -> Option<T> {
     v.sort_unstable();
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
     v.get(i).copied()
+}
+
+/// A fault proxy in front of `url`'s one server, and the URL that goes through it.
+async fn proxy_for(url: &str) -> Result<(std::sync::Arc<FaultProxy>, String), Failure> {
+    let parsed = dlock::url::ConnectUrl::parse(url)?;
+    let usage = |why: &str| {
+        Failure::new(
+            crate::exit::USAGE,
+            format!("--fault partition/latency: {why}"),
+        )
+    };
+    let [host] = parsed.hosts() else {
+        return Err(usage("needs a URL with exactly one host:port"));
+    };
+    let Some(port) = host.port else {
+        return Err(usage("needs an explicit port in the URL"));
+    };
+    let upstream = tokio::net::lookup_host((host.host.as_str(), port))
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| usage("cannot resolve the host"))?;
+    let proxy = FaultProxy::start(upstream)
+        .await
+        .map_err(|e| Failure::internal(format!("fault proxy: {e}")))?;
+    let through = url.replacen(
+        &host.to_string(),
+        &format!("127.0.0.1:{}", proxy.addr().port()),
+        1,
+    );
+    Ok((std::sync::Arc::new(proxy), through))
 }
 
 /// `pid` and every process below it (PostgreSQL serves each connection from a child of
@@ -110,15 +141,25 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     let lock_name = format!("check:{}", dlock::Owner::random());
     let per_worker = args.ops.div_ceil(args.workers);
     let faults = match args.fault {
-        CheckFault::None | CheckFault::PauseServer => 0,
-        _ => args.faults.min(args.workers.saturating_sub(1)),
+        CheckFault::KillHolder | CheckFault::PauseHolder => {
+            args.faults.min(args.workers.saturating_sub(1))
+        }
+        _ => 0,
     };
+    // partition / latency: workers connect through a loopback fault proxy.
+    let proxy = match args.fault {
+        CheckFault::Partition | CheckFault::Latency => Some(proxy_for(&url).await?),
+        _ => None,
+    };
+    let worker_url = proxy
+        .as_ref()
+        .map_or_else(|| url.clone(), |(_, u)| u.clone());
     let mut arg_lists = Vec::new();
     for w in 0..args.workers {
         let mut a = vec![
             "check-worker".to_owned(),
             "--url".to_owned(),
-            url.clone(),
+            worker_url.clone(),
             "--store".to_owned(),
             store.addr().to_string(),
             "--lock-name".to_owned(),
@@ -167,9 +208,12 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     // Faulty holders whose lost() came while their fault was still unrecovered.
     let mut early_loss: Vec<(usize, Instant)> = Vec::new();
     let deadline = tokio::time::Instant::now() + args.max_time;
-    // pause-server: stop the server a third of the way into the run (counted in grants).
-    let pause_server_after =
-        (args.fault == CheckFault::PauseServer).then(|| u64::from(args.ops / 3).max(1));
+    // Server-side faults start a third of the way into the run (counted in grants).
+    let pause_server_after = matches!(
+        args.fault,
+        CheckFault::PauseServer | CheckFault::Partition | CheckFault::Latency
+    )
+    .then(|| u64::from(args.ops / 3).max(1));
     let mut server_paused = false;
     loop {
         let next = tokio::time::timeout_at(deadline, fleet.next()).await;
@@ -219,12 +263,35 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
                     injected += 1;
                     // No worker is at fault: any next grant is the recovery.
                     pending.push((usize::MAX, Instant::now()));
-                    signal_tree(args.server_pid, nix::sys::signal::Signal::SIGSTOP);
-                    let (pid, pause) = (args.server_pid, args.ttl + Duration::from_secs(1));
-                    tokio::spawn(async move {
-                        tokio::time::sleep(pause).await;
-                        signal_tree(pid, nix::sys::signal::Signal::SIGCONT);
-                    });
+                    let pause = args.ttl + Duration::from_secs(1);
+                    match &proxy {
+                        Some((p, _)) => {
+                            let p = std::sync::Arc::clone(p);
+                            p.set(if args.fault == CheckFault::Latency {
+                                Fault::Delay(Duration::from_millis(100))
+                            } else {
+                                Fault::Blackhole
+                            });
+                            let partition = args.fault == CheckFault::Partition;
+                            tokio::spawn(async move {
+                                tokio::time::sleep(pause).await;
+                                p.set(Fault::None);
+                                if partition {
+                                    // A blackhole leaves half-sent requests behind:
+                                    // connections time out and are made again.
+                                    p.reset_all();
+                                }
+                            });
+                        }
+                        None => {
+                            signal_tree(args.server_pid, nix::sys::signal::Signal::SIGSTOP);
+                            let pid = args.server_pid;
+                            tokio::spawn(async move {
+                                tokio::time::sleep(pause).await;
+                                signal_tree(pid, nix::sys::signal::Signal::SIGCONT);
+                            });
+                        }
+                    }
                 }
             }
             Some("fail") => failed += 1,

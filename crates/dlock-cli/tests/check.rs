@@ -45,8 +45,7 @@ fn summary(t: &Target, s: Scenario, r: &Value) -> String {
 
 fn check_target(dlock: &Path, t: &Target) {
     for s in SCENARIOS {
-        if s.fault == "pause-server" && t.server_pid.is_none() {
-            // SQLite has no server to pause.
+        if !s.applies(t) {
             continue;
         }
         let (code, r) = run_check(dlock, t, s, 600, &[]);

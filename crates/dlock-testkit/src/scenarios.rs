@@ -14,10 +14,10 @@ pub struct Scenario {
     pub fenced: bool,
 }
 
-/// Fault-free, kill-holder, pause-holder and pause-server against the fenced store,
-/// and pause-holder against the unfenced store (what the lock alone gives).
-/// pause-server needs a server process (not SQLite).
-pub const SCENARIOS: [Scenario; 5] = [
+/// Fault-free, kill-holder, pause-holder, pause-server, partition and latency against
+/// the fenced store, and pause-holder against the unfenced store (what the lock alone
+/// gives). See [`Scenario::applies`].
+pub const SCENARIOS: [Scenario; 7] = [
     Scenario {
         fault: "none",
         fenced: true,
@@ -38,7 +38,31 @@ pub const SCENARIOS: [Scenario; 5] = [
         fault: "pause-server",
         fenced: true,
     },
+    Scenario {
+        fault: "partition",
+        fenced: true,
+    },
+    Scenario {
+        fault: "latency",
+        fenced: true,
+    },
 ];
+
+impl Scenario {
+    /// Whether the scenario can run on `target`: pause-server needs a server process;
+    /// partition and latency put a proxy in front of a single host (not SQLite, not
+    /// Redlock's five).
+    #[must_use]
+    pub fn applies(&self, target: &Target) -> bool {
+        match self.fault {
+            "pause-server" => target.server_pid.is_some(),
+            "partition" | "latency" => {
+                !target.url.starts_with("sqlite:") && !target.url.starts_with("redlock:")
+            }
+            _ => true,
+        }
+    }
+}
 
 /// Run `dlock check --json` on `url`; returns the exit code and the report.
 ///

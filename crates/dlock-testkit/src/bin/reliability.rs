@@ -26,7 +26,7 @@ fn main() {
     let mut rows = String::new();
     for t in &matrix.targets {
         for s in SCENARIOS {
-            if s.fault == "pause-server" && t.server_pid.is_none() {
+            if !s.applies(t) {
                 continue;
             }
             eprintln!(
@@ -73,7 +73,9 @@ fn main() {
          - **stale acc. / rej.**: operations with a token below the highest seen, \
            accepted / rejected by the store (fenced: rejected, by design).\n\
          - **pause-server**: the server process (for Redlock one node of five) SIGSTOPped \
-           for TTL + 1 s a third of the way into the run.\n\
+           for TTL + 1 s a third of the way into the run; **partition** / **latency**: a \
+           loopback proxy between workers and a single-host server goes silent (then resets \
+           its connections) / adds 100 ms each way, for TTL + 1 s.\n\
          - **recovery**: fault → another worker granted, p50 / p99 (ms).\n\
          - **loss notice**: the faulty holder's `lost()` minus the next grant, p99 (ms; \
            positive = the holder learned after the next holder started — a paused process \
