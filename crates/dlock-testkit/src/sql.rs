@@ -44,6 +44,31 @@ fn postgres_user() -> Result<Option<(u32, u32)>, String> {
     }
 }
 
+/// Kill `process` and start it again with `launch`, retrying for up to 10 s (the port
+/// may take a moment to be free).
+///
+/// # Panics
+/// When it does not come back.
+fn relaunch(
+    process: &mut ServerProcess,
+    mut launch: impl FnMut() -> Result<ServerProcess, String>,
+) {
+    process.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match launch() {
+            Ok(p) => {
+                *process = p;
+                return;
+            }
+            Err(e) if Instant::now() > deadline => {
+                panic!("{} did not restart: {e}", process.name())
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// Wait until `log` contains `ready` (or the process exits, or 30 s pass).
 fn wait_for_log(process: &mut ServerProcess, log: &Path, ready: &str) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -201,18 +226,10 @@ impl PgServer {
     /// # Panics
     /// When it does not come back.
     pub fn restart(&mut self) {
-        self.process.kill();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Self::launch(&self.postgres, self.dir.path(), self.port, self.user) {
-                Ok(p) => {
-                    self.process = p;
-                    return;
-                }
-                Err(e) if Instant::now() > deadline => panic!("PostgreSQL did not restart: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
+        let (postgres, dir, port, user) = (&self.postgres, self.dir.path(), self.port, self.user);
+        relaunch(&mut self.process, || {
+            Self::launch(postgres, dir, port, user)
+        });
     }
 
     /// Run SQL through `psql` as the superuser; returns stdout (unaligned, tuples only).
@@ -358,18 +375,8 @@ impl MariaDbServer {
     /// # Panics
     /// When it does not come back.
     pub fn restart(&mut self) {
-        self.process.kill();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Self::launch(&self.server, self.dir.path(), self.port) {
-                Ok(p) => {
-                    self.process = p;
-                    return;
-                }
-                Err(e) if Instant::now() > deadline => panic!("MariaDB did not restart: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
+        let (server, dir, port) = (&self.server, self.dir.path(), self.port);
+        relaunch(&mut self.process, || Self::launch(server, dir, port));
     }
 
     /// Run SQL through the `mariadb` client as root; returns stdout (tab-separated, no
