@@ -36,9 +36,10 @@ impl Crowd {
                     .lock_timeout(&name, Duration::from_secs(120))
                     .await
                     .unwrap_or_else(|e| panic!("waiter: {e}"));
-                let token = g.fencing_token();
+                // Sent while holding, so the order received is the order granted (a
+                // send after the release could be overtaken by the next holder's).
+                let _ = tx.send(g.fencing_token());
                 g.release().await.expect("release");
-                let _ = tx.send(token);
             });
         }
         let end = Instant::now() + Duration::from_secs(60);
