@@ -726,7 +726,30 @@ impl HeldLock for EtcdHeld {
                 Ok(())
             }
             Err(e) => {
-                self.released.store(false, Ordering::SeqCst);
+                // The key lives as long as the session, and the session outlives a
+                // reconnect: finish the delete once the server answers again.
+                let (inner, key, dir, owner) = (
+                    Arc::clone(&self.inner),
+                    self.key.clone(),
+                    self.dir.clone(),
+                    self.owner.clone(),
+                );
+                crate::backend::finish_release_later(self.session.lost.clone(), move || {
+                    let (inner, key, dir, owner) =
+                        (Arc::clone(&inner), key.clone(), dir.clone(), owner.clone());
+                    async move {
+                        let done = inner
+                            .client
+                            .clone()
+                            .delete(key.as_str(), None)
+                            .await
+                            .is_ok();
+                        if done {
+                            inner.free_slot(&dir, &owner);
+                        }
+                        done
+                    }
+                });
                 Err(map_err(&e))
             }
         }

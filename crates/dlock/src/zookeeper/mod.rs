@@ -608,7 +608,18 @@ impl HeldLock for ZkHeld {
         match self.session.client.delete(&self.node, None).await {
             Ok(()) | Err(zk::Error::NoNode) => Ok(()),
             Err(e) => {
-                self.released.store(false, Ordering::SeqCst);
+                // The node lives as long as the session, and the session outlives a
+                // reconnect: finish the delete once the server answers again.
+                let (session, node) = (Arc::clone(&self.session), self.node.clone());
+                crate::backend::finish_release_later(self.session.lost.clone(), move || {
+                    let (session, node) = (Arc::clone(&session), node.clone());
+                    async move {
+                        matches!(
+                            session.client.delete(&node, None).await,
+                            Ok(()) | Err(zk::Error::NoNode)
+                        )
+                    }
+                });
                 Err(map_err(&e))
             }
         }
