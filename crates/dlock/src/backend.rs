@@ -315,6 +315,13 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     fn loss_signal(&self) -> Option<CancellationToken> {
         None
     }
+
+    /// Whether the server keeps a lock-delay after a lease that was not released
+    /// (`lock_delay=`): then the core does not release after a loss, which would end
+    /// the delay at once while the holder may still be finishing its work.
+    fn keeps_lock_delay(&self) -> bool {
+        false
+    }
 }
 
 /// After a release that could not reach the server, keep trying in the background

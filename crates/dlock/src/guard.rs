@@ -426,8 +426,14 @@ impl Keeper {
     /// After a loss the lease may still be ours on the server (e.g. renewals could not
     /// get through); an owner-checked release frees it for others sooner and cannot
     /// harm a new holder.
+    ///
+    /// Not with a lock-delay: the lease must run out unreleased for the delay to hold
+    /// the next owner back while this holder hears of the loss and stops.
     async fn release_after_loss(&mut self) {
         self.next_renew = None;
+        if self.held.keeps_lock_delay() {
+            return;
+        }
         let _ = tokio::time::timeout(LOST_RELEASE_TIMEOUT, self.held.release()).await;
     }
 }

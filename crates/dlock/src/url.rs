@@ -277,6 +277,23 @@ impl ConnectUrl {
         Ok(d)
     }
 
+    /// Take `lock_delay` (default none): how long a lock whose lease ran out without a
+    /// release stays ungrantable to others (the Chubby/Consul lock-delay).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] / [`Error::InvalidDuration`] when it is not a duration of
+    /// at most one hour.
+    pub fn take_lock_delay(&mut self) -> Result<Duration> {
+        let Some(v) = self.params.remove("lock_delay") else {
+            return Ok(Duration::ZERO);
+        };
+        let d = crate::options::parse_duration("lock_delay", &v)?;
+        if d > Duration::from_secs(3600) {
+            return Err(self.invalid("lock_delay must be at most 1h"));
+        }
+        Ok(d)
+    }
+
     /// An [`Error::InvalidUrl`] about this URL.
     #[must_use]
     pub fn invalid(&self, reason: &str) -> Error {

@@ -72,11 +72,15 @@ pub(crate) struct SqlOptions {
     pub sessions: u32,
     /// The database (URL path without its slash), if given.
     pub database: Option<String>,
+    /// Lease mode: a lease that ran out without a release keeps the lock from other
+    /// owners this much longer.
+    pub lock_delay: Duration,
 }
 
 /// The URL options every SQL backend accepts (besides its own).
-pub(crate) const COMMON_OPTIONS: [&str; 8] = [
+pub(crate) const COMMON_OPTIONS: [&str; 9] = [
     "mode",
+    "lock_delay",
     "table_prefix",
     "poll",
     "timeout",
@@ -116,6 +120,12 @@ impl SqlOptions {
                 "table_prefix must be a plain identifier: a letter or _, then letters, digits or _, at most 40 characters",
             ));
         }
+        let lock_delay = url.take_lock_delay()?;
+        if !lock_delay.is_zero() && mode.is_session() {
+            // A session lock is freed by the server the moment the session ends; dlock
+            // has no say in when it is granted next.
+            return Err(url.invalid("lock_delay applies to mode=lease only"));
+        }
         let poll = url.take_duration("poll", poll)?;
         let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
         let heartbeat = url.take_duration("heartbeat", Duration::from_secs(1))?;
@@ -137,6 +147,7 @@ impl SqlOptions {
             pool,
             sessions,
             database,
+            lock_delay,
         })
     }
 }

@@ -28,7 +28,9 @@
 //! # URL
 //! `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:` (one process),
 //! options `synchronous=full|normal` (default `full`; `normal` can lose the last
-//! commits on power loss, so fencing drops to best effort) and `poll=10ms`.
+//! commits on power loss, so fencing drops to best effort), `poll=10ms` and
+//! `lock_delay=DURATION` (default none: a lease that ran out without a release keeps
+//! the lock from other owners this much longer — see the README).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -118,6 +120,7 @@ enum Op<'a> {
     Acquire {
         req: &'a AcquireRequest,
         metadata: &'a str,
+        delay: Duration,
     },
     Renew {
         hold: Hold<'a>,
@@ -161,12 +164,18 @@ impl Op<'_> {
                 statements::collect(conn, now).await?;
                 Done::Nothing
             }
-            Op::Acquire { req, metadata } if req.fair => {
-                Done::Acquired(statements::acquire_fair(conn, req, now, metadata).await?)
+            Op::Acquire {
+                req,
+                metadata,
+                delay,
+            } if req.fair => {
+                Done::Acquired(statements::acquire_fair(conn, req, now, metadata, *delay).await?)
             }
-            Op::Acquire { req, metadata } => {
-                Done::Acquired(statements::acquire(conn, req, now, metadata).await?)
-            }
+            Op::Acquire {
+                req,
+                metadata,
+                delay,
+            } => Done::Acquired(statements::acquire(conn, req, now, metadata, *delay).await?),
             Op::Renew { hold, ttl } => Done::Flag(statements::renew(conn, hold, *ttl, now).await?),
             Op::Release { hold } => Done::Flag(statements::release(conn, hold).await?),
             Op::LeaveQueue { name, owner } => {
@@ -186,6 +195,8 @@ struct Inner {
     poll: Duration,
     durable: bool,
     cross_process: bool,
+    /// A lease that ran out without a release blocks others this much longer.
+    lock_delay: Duration,
 }
 
 /// The SQLite backend.
@@ -213,7 +224,8 @@ impl SqliteBackend {
             }
             None => Duration::from_millis(10),
         };
-        url.finish(&["synchronous", "poll"])?;
+        let lock_delay = url.take_lock_delay()?;
+        url.finish(&["synchronous", "poll", "lock_delay"])?;
         let body = url.body();
         let target = crate::url::percent_decode(body)
             .ok_or_else(|| url.invalid("bad percent-encoding in path"))?;
@@ -260,6 +272,7 @@ impl SqliteBackend {
             poll,
             durable,
             cross_process: !in_memory,
+            lock_delay,
         });
         inner.run(Op::Schema).await?;
         if inner.anything_to_collect().await? {
@@ -394,13 +407,12 @@ impl Backend for SqliteBackend {
         if req.attempt > 0 && req.enqueue.is_none() {
             let (_, row) = inner.read(req.name.as_str()).await?;
             if let Some(row) = row
-                && row.remaining_ms > 0
                 && row.owner != req.owner.as_str()
+                && let blocked = statements::blocked_ms(&row, inner.lock_delay)
+                && blocked > 0
             {
                 return Ok(Attempt::Busy {
-                    retry_after: Some(Duration::from_millis(
-                        u64::try_from(row.remaining_ms).unwrap_or(0),
-                    )),
+                    retry_after: Some(Duration::from_millis(u64::try_from(blocked).unwrap_or(0))),
                 });
             }
         }
@@ -409,6 +421,7 @@ impl Backend for SqliteBackend {
             .run(Op::Acquire {
                 req,
                 metadata: &metadata,
+                delay: inner.lock_delay,
             })
             .await?;
         Ok(match done {
@@ -544,6 +557,10 @@ impl HeldLock for SqliteHeld {
                 Err(e)
             }
         }
+    }
+
+    fn keeps_lock_delay(&self) -> bool {
+        !self.inner.lock_delay.is_zero()
     }
 }
 

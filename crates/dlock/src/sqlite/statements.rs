@@ -47,9 +47,10 @@ CREATE INDEX IF NOT EXISTS dlock_queue_order ON dlock_queue (name, seq);
 const COLLECT_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// Grant (new grant or reentrant hold) in one statement; returns the fence, or no row
-/// when someone else holds the lock.
+/// when someone else holds the lock (or its lease ran out without a release less than
+/// the lock-delay ago).
 /// Binds: 1 name, 2 owner, 3 boot id, 4 new boot expiry, 5 new wall expiry, 6 metadata,
-/// 7 now (boot ms), 8 now (wall ms).
+/// 7 now (boot ms), 8 now (wall ms), 9 now − lock-delay (boot ms), 10 (wall ms).
 const GRANT: &str = "\
 INSERT INTO dlock_locks (name, owner, holds, fence, boot_id, expires_boot_ms, expires_wall_ms, metadata)
 VALUES (?1, ?2, 1, (SELECT value FROM dlock_counters WHERE name = 'fence') + 1, ?3, ?4, ?5, ?6)
@@ -66,7 +67,7 @@ ON CONFLICT (name) DO UPDATE SET
                  THEN metadata ELSE ?6 END,
     owner = ?2,
     boot_id = ?3
-WHERE owner = ?2 OR holds <= 0 OR NOT ((boot_id = ?3 AND expires_boot_ms > ?7) OR (boot_id <> ?3 AND expires_wall_ms > ?8))
+WHERE owner = ?2 OR holds <= 0 OR NOT ((boot_id = ?3 AND expires_boot_ms > ?9) OR (boot_id <> ?3 AND expires_wall_ms > ?10))
 RETURNING fence";
 
 /// Binds: 1 name.
@@ -207,11 +208,21 @@ pub(super) async fn read_lock(
     }))
 }
 
+/// Milliseconds until `row` can be granted to another owner: its remaining lease plus
+/// the lock-delay (a hold left to expire, not released, blocks for `delay` more).
+pub(super) fn blocked_ms(row: &LockRow, delay: Duration) -> i64 {
+    if row.holds <= 0 {
+        return 0;
+    }
+    row.remaining_ms + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
 /// The busy answer for a lock held by someone else.
-fn busy(row: Option<&LockRow>) -> Outcome {
+fn busy(row: Option<&LockRow>, delay: Duration) -> Outcome {
     Outcome::Busy(
-        row.filter(|r| r.remaining_ms > 0)
-            .map(|r| Duration::from_millis(u64::try_from(r.remaining_ms).unwrap_or(0))),
+        row.map(|r| blocked_ms(r, delay))
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
     )
 }
 
@@ -220,8 +231,10 @@ async fn grant(
     req: &AcquireRequest,
     now: &Now,
     metadata: &str,
+    delay: Duration,
 ) -> sqlx::Result<Option<u64>> {
     let (eb, ew) = now.after(req.ttl);
+    let (db, dw) = now.before(delay);
     let fence: Option<i64> = sqlx::query_scalar(GRANT)
         .bind(req.name.as_str())
         .bind(req.owner.as_str())
@@ -231,6 +244,8 @@ async fn grant(
         .bind(metadata)
         .bind(now.boot_ms)
         .bind(now.wall_ms)
+        .bind(db)
+        .bind(dw)
         .fetch_optional(&mut *conn)
         .await?;
     Ok(fence.map(|f| u64::try_from(f).unwrap_or(0)))
@@ -243,12 +258,13 @@ pub(super) async fn acquire(
     req: &AcquireRequest,
     now: &Now,
     metadata: &str,
+    delay: Duration,
 ) -> sqlx::Result<Outcome> {
-    if let Some(fence) = grant(conn, req, now, metadata).await? {
+    if let Some(fence) = grant(conn, req, now, metadata, delay).await? {
         return Ok(Outcome::Granted(fence));
     }
     let row = read_lock(conn, req.name.as_str(), now).await?;
-    Ok(busy(row.as_ref()))
+    Ok(busy(row.as_ref(), delay))
 }
 
 /// Fair acquisition (inside a `BEGIN IMMEDIATE` transaction): only the queue's head
@@ -258,14 +274,15 @@ pub(super) async fn acquire_fair(
     req: &AcquireRequest,
     now: &Now,
     metadata: &str,
+    delay: Duration,
 ) -> sqlx::Result<Outcome> {
     let name = req.name.as_str();
     let row = read_lock(conn, name, now).await?;
-    let held = row.as_ref().is_some_and(|r| r.remaining_ms > 0);
+    let held = row.as_ref().is_some_and(|r| blocked_ms(r, delay) > 0);
     let mine = row.as_ref().is_some_and(|r| r.owner == req.owner.as_str());
     if held && !mine {
         enqueue(conn, req, now).await?;
-        return Ok(busy(row.as_ref()));
+        return Ok(busy(row.as_ref(), delay));
     }
     if !held {
         sqlx::query(PRUNE_QUEUE)
@@ -284,8 +301,8 @@ pub(super) async fn acquire_fair(
             return Ok(Outcome::Busy(None));
         }
     }
-    let Some(fence) = grant(conn, req, now, metadata).await? else {
-        return Ok(busy(row.as_ref()));
+    let Some(fence) = grant(conn, req, now, metadata, delay).await? else {
+        return Ok(busy(row.as_ref(), delay));
     };
     leave_queue(conn, name, req.owner.as_str()).await?;
     Ok(Outcome::Granted(fence))

@@ -184,7 +184,7 @@ impl MysqlBackend {
                 })
             })
             .connect_lazy_with(connect.clone());
-        let sql = Arc::new(Statements::new(&opts.prefix));
+        let sql = Arc::new(Statements::new(&opts.prefix, opts.lock_delay));
         timed(BACKEND, opts.timeout, create_schema(&pool, &sql)).await?;
         let durable: bool = timed(
             BACKEND,
@@ -558,6 +558,10 @@ impl HeldLock for LeaseHeld {
         .await?;
         b.hub.wake(&b.key);
         Ok(())
+    }
+
+    fn keeps_lock_delay(&self) -> bool {
+        !self.base.sql.lock_delay.is_zero()
     }
 }
 

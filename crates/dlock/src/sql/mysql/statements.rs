@@ -17,6 +17,8 @@
 /// The SQL text for one table prefix.
 #[derive(Debug)]
 pub(super) struct Statements {
+    /// Lease mode: how long an unreleased, expired lease still blocks other owners.
+    pub lock_delay: std::time::Duration,
     pub schema: [String; 3],
     pub tables: String,
     pub acquire: String,
@@ -35,11 +37,18 @@ pub(super) struct Statements {
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
 impl Statements {
-    pub(super) fn new(p: &str) -> Self {
-        // A hold is live iff expires_at > now: a release that drops the last hold also
-        // sets expires_at to now, so `holds <= 0` never needs checking on its own.
-        let free = format!("expires_at <= {NOW}");
+    /// `lock_delay`: how long a lease that ran out without a release still blocks
+    /// other owners (a number in the SQL text, not user input).
+    pub(super) fn new(p: &str, lock_delay: std::time::Duration) -> Self {
+        // A hold is live iff expires_at > now. A lease left to run out blocks others
+        // until expires_at + lock_delay; a release that drops the last hold sets
+        // expires_at to now − lock_delay, so the lock is free at once and `holds <= 0`
+        // never needs checking on its own (holds is assigned mid-statement, so a later
+        // condition could not read its old value).
+        let d = lock_delay.as_micros();
+        let free = format!("expires_at <= {NOW} - INTERVAL {d} MICROSECOND");
         Statements {
+            lock_delay,
             schema: [
                 format!(
                     "CREATE TABLE IF NOT EXISTS {p}_locks (
@@ -97,7 +106,8 @@ impl Statements {
             ),
             // Binds: key, owner, fence.
             release: format!(
-                "UPDATE {p}_locks SET expires_at = IF(holds <= 1, {NOW}, expires_at), holds = holds - 1
+                "UPDATE {p}_locks SET expires_at = IF(holds <= 1, {NOW} - INTERVAL {d} MICROSECOND, expires_at),
+                        holds = holds - 1
                  WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0"
             ),
             // Binds: key.

@@ -191,7 +191,7 @@ impl PostgresBackend {
             // connection shows up as a connection error on the statement instead.
             .test_before_acquire(false)
             .connect_lazy_with(connect.clone());
-        let sql = Arc::new(Statements::new(&opts.prefix));
+        let sql = Arc::new(Statements::new(&opts.prefix, opts.lock_delay));
         timed(BACKEND, opts.timeout, create_schema(&pool, &sql)).await?;
         let durable = timed(
             BACKEND,
@@ -622,6 +622,10 @@ impl HeldLock for LeaseHeld {
             b.hub.wake(&b.key);
         }
         Ok(())
+    }
+
+    fn keeps_lock_delay(&self) -> bool {
+        !self.base.sql.lock_delay.is_zero()
     }
 }
 

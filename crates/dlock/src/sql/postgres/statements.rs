@@ -11,6 +11,8 @@
 /// The SQL text for one table prefix.
 #[derive(Debug)]
 pub(super) struct Statements {
+    /// Lease mode: how long an unreleased, expired lease still blocks other owners.
+    pub lock_delay: std::time::Duration,
     pub schema: String,
     pub tables: String,
     pub channel: String,
@@ -33,9 +35,13 @@ const REMAINING_MS: &str =
     "(EXTRACT(EPOCH FROM (l.expires_at - statement_timestamp())) * 1000)::bigint";
 
 impl Statements {
-    pub(super) fn new(p: &str) -> Self {
+    /// `lock_delay`: how long a lease that ran out without a release still blocks
+    /// other owners (a number in the SQL text, not user input).
+    pub(super) fn new(p: &str, lock_delay: std::time::Duration) -> Self {
         let live = "l.owner = $3 AND l.holds > 0 AND l.expires_at > statement_timestamp()";
+        let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
         Statements {
+            lock_delay,
             schema: format!(
                 "CREATE TABLE IF NOT EXISTS {p}_locks (
                     lock_key   bytea PRIMARY KEY,
@@ -77,11 +83,13 @@ impl Statements {
                         metadata = CASE WHEN {live} THEN l.metadata ELSE excluded.metadata END,
                         name = excluded.name,
                         owner = excluded.owner
-                    WHERE l.owner = $3 OR l.holds <= 0 OR l.expires_at <= statement_timestamp()
+                    WHERE l.owner = $3 OR l.holds <= 0 OR l.expires_at + {delay} <= statement_timestamp()
                     RETURNING l.fence)
                  SELECT fence, NULL::bigint FROM ins
                  UNION ALL
-                 SELECT NULL::bigint, {REMAINING_MS} FROM {p}_locks l
+                 SELECT NULL::bigint,
+                        (EXTRACT(EPOCH FROM (l.expires_at + {delay} - statement_timestamp())) * 1000)::bigint
+                 FROM {p}_locks l
                  WHERE l.lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
             // Binds: 1 key, 2 owner, 3 fence, 4 ttl µs.
