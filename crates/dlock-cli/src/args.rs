@@ -76,11 +76,19 @@ pub enum CheckFault {
     /// SIGSTOP the lock server (`--server-pid`, a process on this machine) for TTL + 1 s
     /// a third of the way into the run, then SIGCONT.
     PauseServer,
+    /// SIGKILL the lock server (`--server-pid`) and its child processes a third of the
+    /// way into the run; something else must start it again (systemd, a supervisor,
+    /// the testkit): with persistence the lock state survives, without it does not.
+    RestartServer,
     /// Workers reach the server through a loopback proxy that goes silent for TTL + 1 s
     /// a third of the way into the run, then resets its connections (single-host URLs).
     Partition,
     /// The same proxy adds 100 ms each way for TTL + 1 s.
     Latency,
+    /// The same proxy, for TTL + 1 s, repeatedly drops the server's replies for a few
+    /// milliseconds and then resets every connection: requests that ran on the server
+    /// lose their answers mid-acquire and mid-release.
+    Reset,
 }
 
 impl CheckFault {
@@ -91,8 +99,10 @@ impl CheckFault {
             CheckFault::KillHolder => "kill-holder",
             CheckFault::PauseHolder => "pause-holder",
             CheckFault::PauseServer => "pause-server",
+            CheckFault::RestartServer => "restart-server",
             CheckFault::Partition => "partition",
             CheckFault::Latency => "latency",
+            CheckFault::Reset => "reset",
         }
     }
 }
@@ -127,14 +137,21 @@ pub struct CheckArgs {
     /// Lease of each grant (renewed every third of it).
     #[arg(long, value_parser = ttl, default_value = "1s", value_name = "DURATION")]
     pub ttl: Duration,
+    /// How long `--fault pause-holder` stops a holder [default: TTL + 0.5 s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub pause: Option<Duration>,
     /// Time between the read and the write of a critical section.
     #[arg(long, value_parser = duration, default_value = "1ms", value_name = "DURATION")]
     pub think: Duration,
     /// Stop after this long whatever is left.
     #[arg(long, value_parser = duration, default_value = "120s", value_name = "DURATION")]
     pub max_time: Duration,
-    /// The lock server's process id (for `--fault pause-server`).
-    #[arg(long, value_name = "PID", required_if_eq("fault", "pause-server"))]
+    /// The lock server's process id (for `--fault pause-server|restart-server`).
+    #[arg(
+        long,
+        value_name = "PID",
+        required_if_eq_any([("fault", "pause-server"), ("fault", "restart-server")])
+    )]
     pub server_pid: Option<u32>,
     /// Where to write the history (JSONL) [default: a file in the temp dir].
     #[arg(long, value_name = "FILE")]

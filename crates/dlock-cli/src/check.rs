@@ -26,6 +26,8 @@ struct Report {
     backend: String,
     fault: &'static str,
     fenced: bool,
+    /// The backend's fencing capability: `durable` or `best-effort`.
+    fencing: &'static str,
     workers: u32,
     ops: u64,
     failed_acquires: u64,
@@ -130,6 +132,65 @@ fn signal(pid: Option<u32>, sig: nix::sys::signal::Signal) {
     }
 }
 
+/// Start the server-side fault `fault` now, for `window`; it ends by itself.
+fn server_fault(
+    fault: CheckFault,
+    proxy: Option<&std::sync::Arc<FaultProxy>>,
+    server_pid: Option<u32>,
+    window: Duration,
+    seed: u64,
+) {
+    use nix::sys::signal::Signal;
+    match (fault, proxy) {
+        (CheckFault::RestartServer, _) => signal_tree(server_pid, Signal::SIGKILL),
+        (CheckFault::Reset, Some(p)) => {
+            let p = std::sync::Arc::clone(p);
+            tokio::spawn(async move {
+                let end = tokio::time::Instant::now() + window;
+                let mut rng = seed.max(1);
+                let mut next = |bound: u64| {
+                    // xorshift: where the resets fall, reproducible from the seed.
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    Duration::from_millis(rng % bound)
+                };
+                while tokio::time::Instant::now() < end {
+                    tokio::time::sleep(next(40) + Duration::from_millis(10)).await;
+                    p.set(Fault::DropReplies);
+                    tokio::time::sleep(next(10)).await;
+                    p.reset_all();
+                    p.set(Fault::None);
+                }
+            });
+        }
+        (CheckFault::Partition | CheckFault::Latency, Some(p)) => {
+            let p = std::sync::Arc::clone(p);
+            p.set(if fault == CheckFault::Latency {
+                Fault::Delay(Duration::from_millis(100))
+            } else {
+                Fault::Blackhole
+            });
+            tokio::spawn(async move {
+                tokio::time::sleep(window).await;
+                p.set(Fault::None);
+                if fault == CheckFault::Partition {
+                    // A blackhole leaves half-sent requests behind: connections time
+                    // out and are made again.
+                    p.reset_all();
+                }
+            });
+        }
+        _ => {
+            signal_tree(server_pid, Signal::SIGSTOP);
+            tokio::spawn(async move {
+                tokio::time::sleep(window).await;
+                signal_tree(server_pid, Signal::SIGCONT);
+            });
+        }
+    }
+}
+
 pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     let dir = tempfile::tempdir().map_err(|e| Failure::internal(e.to_string()))?;
     let url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "check.db");
@@ -146,9 +207,11 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
         }
         _ => 0,
     };
-    // partition / latency: workers connect through a loopback fault proxy.
+    // partition / latency / reset: workers connect through a loopback fault proxy.
     let proxy = match args.fault {
-        CheckFault::Partition | CheckFault::Latency => Some(proxy_for(&url).await?),
+        CheckFault::Partition | CheckFault::Latency | CheckFault::Reset => {
+            Some(proxy_for(&url).await?)
+        }
         _ => None,
     };
     let worker_url = proxy
@@ -209,12 +272,16 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     let mut early_loss: Vec<(usize, Instant)> = Vec::new();
     let deadline = tokio::time::Instant::now() + args.max_time;
     // Server-side faults start a third of the way into the run (counted in grants).
-    let pause_server_after = matches!(
+    let server_fault_after = matches!(
         args.fault,
-        CheckFault::PauseServer | CheckFault::Partition | CheckFault::Latency
+        CheckFault::PauseServer
+            | CheckFault::RestartServer
+            | CheckFault::Partition
+            | CheckFault::Latency
+            | CheckFault::Reset
     )
     .then(|| u64::from(args.ops / 3).max(1));
-    let mut server_paused = false;
+    let mut server_faulted = false;
     loop {
         let next = tokio::time::timeout_at(deadline, fleet.next()).await;
         let Ok(Some((w, event))) = next else { break };
@@ -258,40 +325,19 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
                     }
                 }
                 pending = still;
-                if !server_paused && pause_server_after.is_some_and(|n| grants.len() as u64 >= n) {
-                    server_paused = true;
+                if !server_faulted && server_fault_after.is_some_and(|n| grants.len() as u64 >= n) {
+                    server_faulted = true;
                     injected += 1;
                     // No worker is at fault: any next grant is the recovery.
                     pending.push((usize::MAX, Instant::now()));
-                    let pause = args.ttl + Duration::from_secs(1);
-                    match &proxy {
-                        Some((p, _)) => {
-                            let p = std::sync::Arc::clone(p);
-                            p.set(if args.fault == CheckFault::Latency {
-                                Fault::Delay(Duration::from_millis(100))
-                            } else {
-                                Fault::Blackhole
-                            });
-                            let partition = args.fault == CheckFault::Partition;
-                            tokio::spawn(async move {
-                                tokio::time::sleep(pause).await;
-                                p.set(Fault::None);
-                                if partition {
-                                    // A blackhole leaves half-sent requests behind:
-                                    // connections time out and are made again.
-                                    p.reset_all();
-                                }
-                            });
-                        }
-                        None => {
-                            signal_tree(args.server_pid, nix::sys::signal::Signal::SIGSTOP);
-                            let pid = args.server_pid;
-                            tokio::spawn(async move {
-                                tokio::time::sleep(pause).await;
-                                signal_tree(pid, nix::sys::signal::Signal::SIGCONT);
-                            });
-                        }
-                    }
+                    let window = args.ttl + Duration::from_secs(1);
+                    server_fault(
+                        args.fault,
+                        proxy.as_ref().map(|(p, _)| p),
+                        args.server_pid,
+                        window,
+                        args.seed,
+                    );
                 }
             }
             Some("fail") => failed += 1,
@@ -303,7 +349,8 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
             Some("pausing") => {
                 injected += 1;
                 pending.push((w, now));
-                let (pid, pause) = (pids[w], args.ttl + Duration::from_millis(500));
+                let pause = args.pause.unwrap_or(args.ttl + Duration::from_millis(500));
+                let pid = pids[w];
                 tokio::spawn(async move {
                     tokio::time::sleep(pause).await;
                     signal(pid, nix::sys::signal::Signal::SIGCONT);
@@ -333,7 +380,16 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     tokio::time::sleep(args.ttl + Duration::from_millis(500)).await;
     // A backend that cannot answer (e.g. Redlock without a quorum) cannot have handed
     // the lock to anyone either; say that the check could not run.
-    let (orphans, orphan_check) = match locker.inspect(&lock_name).await {
+    // A connection broken by the fault may fail the first command: try a few times.
+    let mut inspected = locker.inspect(&lock_name).await;
+    for _ in 0..5 {
+        if inspected.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        inspected = locker.inspect(&lock_name).await;
+    }
+    let (orphans, orphan_check) = match inspected {
         Ok(held) => (u64::from(held.is_some()), "done".to_owned()),
         Err(e) => (0, format!("not possible: {e}")),
     };
@@ -342,7 +398,9 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     let (final_value, _, _) = store.cell(&lock_name);
     let accepted_writes = log.iter().filter(|o| o.write && o.accepted).count() as u64;
     let durable = locker.capabilities().fencing == dlock::Fencing::Durable;
-    let broken = findings.duplicate_tokens > 0
+    // A token source that is not durable may repeat or go back after a server restart:
+    // its capabilities say so, and the check reports it without calling it broken.
+    let broken = (findings.duplicate_tokens > 0 && (durable || args.fault == CheckFault::None))
         || orphans > 0
         || (durable && findings.token_inversions > 0)
         || (fenced && durable && (findings.stale_accepted > 0 || findings.lost_updates > 0))
@@ -351,6 +409,7 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
         backend: locker.url().to_owned(),
         fault: args.fault.name(),
         fenced,
+        fencing: if durable { "durable" } else { "best-effort" },
         workers: args.workers,
         ops: grants.len() as u64,
         failed_acquires: failed,
@@ -447,6 +506,8 @@ pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
             Ok(g) => g,
             Err(e) => {
                 emit(&json!({"t": "fail", "error": e.to_string()}));
+                // A server that is down answers at once: do not burn the run on it.
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };

@@ -3,10 +3,11 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::restart::{Restartable, relaunch};
 use crate::server::{ServerProcess, find_binary, free_port, skip};
 use crate::tls::TestCerts;
 
@@ -16,8 +17,10 @@ pub struct EtcdServer {
     /// Held to kill the server on Drop.
     process: ServerProcess,
     /// Held to remove the data on Drop.
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     port: u16,
+    peer_port: u16,
+    binary: PathBuf,
     /// With TLS: the HTTPS client port (client certificates required) and the certs.
     tls: Option<(u16, TestCerts)>,
 }
@@ -71,8 +74,10 @@ impl EtcdServer {
                 Ok(process) => {
                     return Some(EtcdServer {
                         process,
-                        _dir: dir,
+                        dir,
                         port,
+                        peer_port,
+                        binary,
                         tls,
                     });
                 }
@@ -158,6 +163,19 @@ impl EtcdServer {
         self.process.pid()
     }
 
+    /// SIGKILL etcd and start it again on the same ports and data dir (its keys and
+    /// leases survive; etcd restarts every lease's countdown).
+    ///
+    /// # Panics
+    /// When it does not come back.
+    pub fn restart(&mut self) {
+        let (binary, dir, port, peer) = (&self.binary, self.dir.path(), self.port, self.peer_port);
+        let tls = self.tls.as_ref();
+        relaunch(&mut self.process, || {
+            Self::launch(binary, dir, port, peer, tls)
+        });
+    }
+
     /// `etcd://127.0.0.1:port`.
     #[must_use]
     pub fn url(&self) -> String {
@@ -218,5 +236,15 @@ impl EtcdServer {
             .filter(|l| l.starts_with(metric) && labels.iter().all(|lab| l.contains(lab)))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
+    }
+}
+
+impl Restartable for EtcdServer {
+    fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    fn restart(&mut self) {
+        EtcdServer::restart(self);
     }
 }

@@ -10,6 +10,7 @@ mod etcd;
 mod fenced;
 mod matrix;
 mod proxy;
+mod restart;
 mod scenarios;
 mod server;
 mod sql;
@@ -21,6 +22,7 @@ pub use etcd::EtcdServer;
 pub use fenced::{FencedStore, StoreClient, StoreOp, StoreReply};
 pub use matrix::{Matrix, Target};
 pub use proxy::{Fault, FaultProxy};
+pub use restart::{Restartable, SharedServer, lock_server};
 pub use scenarios::{SCENARIOS, Scenario, run_check};
 pub use server::{
     PortHolder, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess,

@@ -3,28 +3,60 @@
 //! URLs (with short sessions, so a dead holder's session ends in seconds).
 
 use std::any::Any;
+use std::sync::{Arc, Mutex};
 
-use crate::{EtcdServer, MariaDbServer, PgServer, RedisNodes, RedisOptions, RedisServer, ZkServer};
+use crate::restart::{SharedServer, lock_server};
+use crate::{EtcdServer, MariaDbServer, PgServer, RedisOptions, RedisServer, ZkServer};
 
 /// One backend configuration under test.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Target {
     /// Short label, e.g. `postgres advisory`.
     pub label: String,
     /// The URL.
     pub url: String,
-    /// The server process to pause (`--fault pause-server`); `None` for SQLite, one
-    /// node (a minority) for Redlock.
-    pub server_pid: Option<u32>,
+    /// The server to pause or restart (`--fault pause-server|restart-server`); `None`
+    /// for SQLite, one node (a minority) for Redlock.
+    pub server: Option<SharedServer>,
+}
+
+impl Target {
+    /// A target without a server to fault.
+    #[must_use]
+    pub fn new(label: &str, url: String) -> Self {
+        Target {
+            label: label.to_owned(),
+            url,
+            server: None,
+        }
+    }
+
+    /// The server's current process id (it changes when the server is restarted).
+    #[must_use]
+    pub fn server_pid(&self) -> Option<u32> {
+        self.server.as_ref().map(|s| lock_server(s).process().pid())
+    }
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("label", &self.label)
+            .field("url", &self.url)
+            .field("server_pid", &self.server_pid())
+            .finish()
+    }
 }
 
 /// Running servers and the targets they serve (servers stop on Drop).
 pub struct Matrix {
     /// Every backend configuration.
     pub targets: Vec<Target>,
-    /// Redlock's nodes, for node-loss faults.
-    pub redlock: RedisNodes,
-    /// The servers and the SQLite dir, stopped / removed on Drop.
+    /// Redlock's five nodes, for node-loss faults.
+    pub redlock_nodes: Vec<Arc<Mutex<RedisServer>>>,
+    /// `redlock://` over the five nodes.
+    pub redlock_url: String,
+    /// The SQLite dir, removed on Drop (the servers stop when their last handle goes).
     _keep: Vec<Box<dyn Any + Send>>,
 }
 
@@ -36,10 +68,14 @@ impl std::fmt::Debug for Matrix {
     }
 }
 
+fn shared<T: crate::Restartable + 'static>(server: T) -> Arc<Mutex<T>> {
+    Arc::new(Mutex::new(server))
+}
+
 impl Matrix {
     /// Start every server (or skip, see [`crate::skip`], when one is missing).
     /// Redis and the Redlock nodes persist every write (`appendfsync always`), so their
-    /// tokens are durable.
+    /// tokens are durable; a second Redis runs without persistence, Redis's default.
     #[must_use]
     pub fn start() -> Option<Self> {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -47,65 +83,72 @@ impl Matrix {
             persistent: true,
             ..RedisOptions::default()
         };
-        let mut redis = RedisServer::start_with(persistent.clone())?;
-        let mut redlock = RedisNodes::start(5, &persistent)?;
-        let etcd = EtcdServer::start()?;
-        let zk = ZkServer::start()?;
-        let mut pg = PgServer::start()?;
-        let mut maria = MariaDbServer::start()?;
-        let (redis_pid, node_pid) = (redis.process().pid(), redlock.node(2).process().pid());
-        let (pg_pid, maria_pid) = (pg.process().pid(), maria.process().pid());
-        let t = |label: &str, url: String, pid: Option<u32>| Target {
+        let redis = shared(RedisServer::start_with(persistent.clone())?);
+        let volatile = shared(RedisServer::start()?);
+        let mut redlock_nodes = Vec::new();
+        for _ in 0..5 {
+            redlock_nodes.push(shared(RedisServer::start_with(persistent.clone())?));
+        }
+        let etcd = shared(EtcdServer::start()?);
+        let zk = shared(ZkServer::start()?);
+        let pg = shared(PgServer::start()?);
+        let maria = shared(MariaDbServer::start()?);
+        let node_addrs: Vec<String> = redlock_nodes
+            .iter()
+            .map(|n| lock_server(n).addr().to_string())
+            .collect();
+        let redlock_url = format!("redlock://{}", node_addrs.join(","));
+        let t = |label: &str, url: String, server: SharedServer| Target {
             label: label.to_owned(),
             url,
-            server_pid: pid,
+            server: Some(server),
         };
+        let (pg_url, maria_url) = (lock_server(&pg).url(), lock_server(&maria).url());
+        let (etcd_url, zk_url) = (lock_server(&etcd).url(), lock_server(&zk).url());
         let sqlite = format!("sqlite://{}", dir.path().join("locks.db").display());
-        let (pg_url, maria_url) = (pg.url(), maria.url());
         let targets = vec![
-            t("sqlite", sqlite, None),
-            t("redis", redis.url(), Some(redis_pid)),
-            t("redlock (5 nodes)", redlock.url(), Some(node_pid)),
+            Target::new("sqlite", sqlite),
+            t("redis", lock_server(&redis).url(), redis.clone()),
             t(
-                "etcd",
-                format!("{}?session_ttl=2s", etcd.url()),
-                Some(etcd.pid()),
+                "redis (no persistence)",
+                lock_server(&volatile).url(),
+                volatile.clone(),
             ),
+            t(
+                "redlock (5 nodes)",
+                redlock_url.clone(),
+                redlock_nodes[2].clone(),
+            ),
+            t("etcd", format!("{etcd_url}?session_ttl=2s"), etcd.clone()),
             t(
                 "zookeeper",
-                format!("{}/locks?session_timeout=2s", zk.url()),
-                Some(zk.pid()),
+                format!("{zk_url}/locks?session_timeout=2s"),
+                zk.clone(),
             ),
-            t("postgres lease", pg_url.clone(), Some(pg_pid)),
+            t("postgres lease", pg_url.clone(), pg.clone()),
             t(
                 "postgres advisory",
                 format!("{pg_url}?mode=advisory"),
-                Some(pg_pid),
+                pg.clone(),
             ),
-            t("postgres row", format!("{pg_url}?mode=row"), Some(pg_pid)),
-            t("mariadb lease", maria_url.clone(), Some(maria_pid)),
+            t("postgres row", format!("{pg_url}?mode=row"), pg.clone()),
+            t("mariadb lease", maria_url.clone(), maria.clone()),
             t(
                 "mariadb named",
                 format!("{maria_url}?mode=named"),
-                Some(maria_pid),
+                maria.clone(),
             ),
             t(
                 "mariadb row",
                 format!("{maria_url}?mode=row"),
-                Some(maria_pid),
+                maria.clone(),
             ),
         ];
         Some(Matrix {
             targets,
-            redlock,
-            _keep: vec![
-                Box::new(dir),
-                Box::new(redis),
-                Box::new(etcd),
-                Box::new(zk),
-                Box::new(pg),
-                Box::new(maria),
-            ],
+            redlock_nodes,
+            redlock_url,
+            _keep: vec![Box::new(dir)],
         })
     }
 }

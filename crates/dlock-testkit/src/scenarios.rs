@@ -1,11 +1,50 @@
 //! The `dlock check` scenarios every backend goes through, and running one.
 
+use std::io::Read;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::Target;
+use crate::restart::{SharedServer, lock_server};
+
+/// Run `cmd` to the end, restarting `server` whenever it has died meanwhile.
+fn supervised(mut cmd: Command, server: &SharedServer) -> std::process::Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run dlock check");
+    // Read the pipes on threads so a full pipe cannot stall the child.
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for dlock check") {
+            break status;
+        }
+        {
+            let mut s = lock_server(server);
+            if s.process().has_exited() {
+                s.restart();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
 
 /// One scenario: a fault, against a fenced or an unfenced store.
 #[derive(Debug, Clone, Copy)]
@@ -14,10 +53,10 @@ pub struct Scenario {
     pub fenced: bool,
 }
 
-/// Fault-free, kill-holder, pause-holder, pause-server, partition and latency against
-/// the fenced store, and pause-holder against the unfenced store (what the lock alone
-/// gives). See [`Scenario::applies`].
-pub const SCENARIOS: [Scenario; 7] = [
+/// Fault-free, kill-holder, pause-holder, pause-server, restart-server, partition,
+/// latency and reset against the fenced store, and pause-holder and restart-server
+/// against the unfenced store (what the lock alone gives). See [`Scenario::applies`].
+pub const SCENARIOS: [Scenario; 10] = [
     Scenario {
         fault: "none",
         fenced: true,
@@ -39,6 +78,14 @@ pub const SCENARIOS: [Scenario; 7] = [
         fenced: true,
     },
     Scenario {
+        fault: "restart-server",
+        fenced: true,
+    },
+    Scenario {
+        fault: "restart-server",
+        fenced: false,
+    },
+    Scenario {
         fault: "partition",
         fenced: true,
     },
@@ -46,17 +93,21 @@ pub const SCENARIOS: [Scenario; 7] = [
         fault: "latency",
         fenced: true,
     },
+    Scenario {
+        fault: "reset",
+        fenced: true,
+    },
 ];
 
 impl Scenario {
-    /// Whether the scenario can run on `target`: pause-server needs a server process;
-    /// partition and latency put a proxy in front of a single host (not SQLite, not
-    /// Redlock's five).
+    /// Whether the scenario can run on `target`: pause-server and restart-server need a
+    /// server process; partition, latency and reset put a proxy in front of a single
+    /// host (not SQLite, not Redlock's five).
     #[must_use]
     pub fn applies(&self, target: &Target) -> bool {
         match self.fault {
-            "pause-server" => target.server_pid.is_some(),
-            "partition" | "latency" => {
+            "pause-server" | "restart-server" => target.server.is_some(),
+            "partition" | "latency" | "reset" => {
                 !target.url.starts_with("sqlite:") && !target.url.starts_with("redlock:")
             }
             _ => true,
@@ -64,7 +115,9 @@ impl Scenario {
     }
 }
 
-/// Run `dlock check --json` on `url`; returns the exit code and the report.
+/// Run `dlock check --json` on `url`; returns the exit code and the report. Under
+/// `restart-server`, this plays the supervisor: when `dlock check` has killed the
+/// server, it starts it again on the same port and data dir.
 ///
 /// # Panics
 /// When the binary cannot be run or prints no JSON report.
@@ -77,6 +130,7 @@ pub fn run_check(
     extra: &[&str],
 ) -> (i32, Value) {
     let url = target.url.as_str();
+    let ops_n = ops;
     let ops = ops.to_string();
     let mut cmd = Command::new(dlock);
     cmd.args([
@@ -95,13 +149,18 @@ pub fn run_check(
     if !s.fenced {
         cmd.arg("--unfenced");
     }
-    if let Some(pid) = target.server_pid {
+    if let Some(pid) = target.server_pid() {
         cmd.args(["--server-pid", &pid.to_string()]);
     }
     if !extra.contains(&"--max-time") {
-        cmd.args(["--max-time", "90s"]);
+        // Long runs (the 100k tier) get time in proportion.
+        let secs = (u64::from(ops_n) / 200).max(90);
+        cmd.args(["--max-time", &format!("{secs}s")]);
     }
-    let out = cmd.output().expect("run dlock check");
+    let out = match (&target.server, s.fault) {
+        (Some(server), "restart-server") => supervised(cmd, server),
+        _ => cmd.output().expect("run dlock check"),
+    };
     let stdout = String::from_utf8_lossy(&out.stdout);
     let report: Value = stdout
         .lines()

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use crate::restart::{Restartable, relaunch};
 use crate::tls::TestCerts;
 
 /// Whether tests must fail instead of skipping when a server binary is missing
@@ -340,18 +341,21 @@ impl RedisServer {
     /// # Panics
     /// When it does not come back.
     pub fn restart(&mut self) {
-        self.process.kill();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Self::launch(&self.binary, self.dir.path(), self.port, &self.options) {
-                Ok(p) => {
-                    self.process = p;
-                    return;
-                }
-                Err(e) if Instant::now() > deadline => panic!("redis restart failed: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
+        let (binary, dir, port, options) =
+            (&self.binary, self.dir.path(), self.port, &self.options);
+        relaunch(&mut self.process, || {
+            Self::launch(binary, dir, port, options)
+        });
+    }
+}
+
+impl Restartable for RedisServer {
+    fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    fn restart(&mut self) {
+        RedisServer::restart(self);
     }
 }
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::restart::{Restartable, relaunch};
 use crate::server::{ServerProcess, find_binary, free_port, skip};
 
 /// `binary` on PATH, else in Debian's versioned PostgreSQL directory.
@@ -41,31 +42,6 @@ fn postgres_user() -> Result<Option<(u32, u32)>, String> {
     match nix::unistd::User::from_name("postgres") {
         Ok(Some(u)) => Ok(Some((u.uid.as_raw(), u.gid.as_raw()))),
         _ => Err("running as root and there is no `postgres` user to run PostgreSQL".into()),
-    }
-}
-
-/// Kill `process` and start it again with `launch`, retrying for up to 10 s (the port
-/// may take a moment to be free).
-///
-/// # Panics
-/// When it does not come back.
-fn relaunch(
-    process: &mut ServerProcess,
-    mut launch: impl FnMut() -> Result<ServerProcess, String>,
-) {
-    process.kill();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match launch() {
-            Ok(p) => {
-                *process = p;
-                return;
-            }
-            Err(e) if Instant::now() > deadline => {
-                panic!("{} did not restart: {e}", process.name())
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
     }
 }
 
@@ -263,6 +239,16 @@ impl PgServer {
     }
 }
 
+impl Restartable for PgServer {
+    fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    fn restart(&mut self) {
+        PgServer::restart(self);
+    }
+}
+
 /// A running MariaDB (killed on Drop). User `root` without a password on 127.0.0.1,
 /// binary log off, `innodb_flush_log_at_trx_commit=2`.
 #[derive(Debug)]
@@ -405,5 +391,15 @@ impl MariaDbServer {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Restartable for MariaDbServer {
+    fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    fn restart(&mut self) {
+        MariaDbServer::restart(self);
     }
 }

@@ -4,10 +4,11 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::restart::{Restartable, relaunch};
 use crate::server::{ServerProcess, find_binary, free_port, skip};
 
 /// Where Debian installs ZooKeeper's jar.
@@ -19,8 +20,9 @@ pub struct ZkServer {
     /// Held to kill the server on Drop.
     process: ServerProcess,
     /// Held to remove the data on Drop.
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     port: u16,
+    java: PathBuf,
 }
 
 /// Send a four-letter command and return the answer.
@@ -57,8 +59,9 @@ impl ZkServer {
                 Ok(process) => {
                     return Some(ZkServer {
                         process,
-                        _dir: dir,
+                        dir,
                         port,
+                        java,
                     });
                 }
                 Err(e) => last = e,
@@ -132,6 +135,16 @@ impl ZkServer {
         self.process.pid()
     }
 
+    /// SIGKILL ZooKeeper and start it again on the same port and data dir (its znodes
+    /// and sessions survive; a session whose timeout passed meanwhile expires).
+    ///
+    /// # Panics
+    /// When it does not come back.
+    pub fn restart(&mut self) {
+        let (java, dir, port) = (&self.java, self.dir.path(), self.port);
+        relaunch(&mut self.process, || Self::launch(java, dir, port));
+    }
+
     /// `zk://127.0.0.1:port`.
     #[must_use]
     pub fn url(&self) -> String {
@@ -153,5 +166,15 @@ impl ZkServer {
             .find_map(|l| l.strip_prefix(key)?.strip_prefix('\t'))
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0)
+    }
+}
+
+impl Restartable for ZkServer {
+    fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    fn restart(&mut self) {
+        ZkServer::restart(self);
     }
 }

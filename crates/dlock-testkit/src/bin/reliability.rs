@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use dlock_testkit::{Matrix, SCENARIOS, run_check};
+use dlock_testkit::{Matrix, SCENARIOS, Scenario, Target, run_check};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -37,14 +37,16 @@ fn main() {
             let ms = |k: &str| r[k].as_i64().map_or("–".to_owned(), |v| v.to_string());
             let _ = writeln!(
                 rows,
-                "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} |",
                 t.label,
                 s.fault,
                 if s.fenced { "fenced" } else { "unfenced" },
                 r["ops"],
+                r["failed_acquires"],
                 r["overlaps"],
                 r["stale_accepted"],
                 r["stale_rejected"],
+                r["token_inversions"],
                 ms("recovery_ms_p50"),
                 ms("recovery_ms_p99"),
                 ms("loss_notice_ms_p99"),
@@ -53,6 +55,7 @@ fn main() {
             );
         }
     }
+    let delay_rows = lock_delay_rows(&dlock, &matrix, ops);
     let machine = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -69,13 +72,20 @@ fn main() {
          {ops} critical sections (acquire → read the fenced store with the token → \
          1 ms → write value + 1 → release), lease 1 s, 2 faults per faulty run, servers \
          on loopback started for the run. Machine: {machine}, {cores} cores.\n\n\
+         - **ops / failed**: grants, and acquires that ended in an error.\n\
          - **overlaps**: critical sections that overlapped on the store's clock.\n\
          - **stale acc. / rej.**: operations with a token below the highest seen, \
            accepted / rejected by the store (fenced: rejected, by design).\n\
+         - **inversions**: a later grant with a lower token (a token source that forgot).\n\
          - **pause-server**: the server process (for Redlock one node of five) SIGSTOPped \
-           for TTL + 1 s a third of the way into the run; **partition** / **latency**: a \
-           loopback proxy between workers and a single-host server goes silent (then resets \
-           its connections) / adds 100 ms each way, for TTL + 1 s.\n\
+           for TTL + 1 s a third of the way into the run; **restart-server**: the same \
+           server SIGKILLed there and started again at once on the same port and data \
+           dir (Redis \"no persistence\" loses its data; every other server here persists \
+           its writes); **partition** / **latency**: a loopback proxy between workers and \
+           a single-host server goes silent (then resets its connections) / adds 100 ms \
+           each way, for TTL + 1 s; **reset**: the same proxy, for TTL + 1 s, drops the \
+           server's replies for 0–10 ms and then resets every connection, every 10–50 ms \
+           (requests that ran lose their answers mid-acquire and mid-release).\n\
          - **recovery**: fault → another worker granted, p50 / p99 (ms).\n\
          - **loss notice**: the faulty holder's `lost()` minus the next grant, p99 (ms; \
            positive = the holder learned after the next holder started — a paused process \
@@ -83,16 +93,67 @@ fn main() {
          - **orphans**: the lock still held TTL + 0.5 s after the run.\n\
          - **verdict**: `dlock check`'s exit status (broken = a hard guarantee failed).\n\n\
          Reproduce: `scripts/reliability` (or `dlock check --url URL --fault F [--unfenced]`).\n\n\
-         | backend | fault | store | ops | overlaps | stale acc. | stale rej. | recovery p50 / p99 ms | loss notice p99 ms | orphans | verdict |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n{rows}\n\
+         | backend | fault | store | ops | failed | overlaps | stale acc. | stale rej. | inversions | recovery p50 / p99 ms | loss notice p99 ms | orphans | verdict |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n{rows}\n\
          Session-bound modes (etcd, ZooKeeper, PostgreSQL advisory/row, MariaDB named/row): \
          a killed holder's session ends with its connection (SQL) or after the session \
          timeout (etcd `session_ttl=2s`, ZooKeeper `session_timeout=2s`); a paused holder \
-         keeps its SQL session, so the lock waits for it instead of passing on.\n"
+         keeps its SQL session, so the lock waits for it instead of passing on.\n\n\
+         ## Lock-delay\n\n\
+         `lock_delay=D` (lease-table backends): a lease that ran out without a release \
+         keeps the lock from other owners for D more (a clean release frees it at once). \
+         Unfenced store, a holder paused for P inside its critical section (lease 1 s, \
+         2 pauses per run). A delay that covers the pause leaves nothing stale; a longer \
+         pause brings the stale operations back: the delay narrows the window, only \
+         fencing closes it.\n\n\
+         | backend | lock_delay | pause | ops | overlaps | stale acc. | recovery p50 / p99 ms | verdict |\n\
+         |---|---|---|---|---|---|---|---|\n{delay_rows}"
     );
     if let Err(e) = std::fs::write(out, doc) {
         eprintln!("cannot write {out}: {e}");
         std::process::exit(1);
     }
     eprintln!("reliability: wrote {out}");
+}
+
+/// The lock-delay table: pause-holder against the unfenced store on the lease-table
+/// backends, without a delay, with one that covers the pause, and with a longer pause.
+fn lock_delay_rows(dlock: &std::path::Path, matrix: &Matrix, ops: u32) -> String {
+    let unfenced = Scenario {
+        fault: "pause-holder",
+        fenced: false,
+    };
+    let mut rows = String::new();
+    for t in &matrix.targets {
+        if !["sqlite", "postgres lease", "mariadb lease"].contains(&t.label.as_str()) {
+            continue;
+        }
+        for (delay, pause) in [("none", "1500ms"), ("2s", "1500ms"), ("2s", "4s")] {
+            let url = if delay == "none" {
+                t.url.clone()
+            } else {
+                let sep = if t.url.contains('?') { '&' } else { '?' };
+                format!("{}{sep}lock_delay={delay}", t.url)
+            };
+            eprintln!(
+                "reliability: {} · lock_delay {delay} · pause {pause}",
+                t.label
+            );
+            let target = Target::new(&t.label, url);
+            let (code, r) = run_check(dlock, &target, unfenced, ops, &["--pause", pause]);
+            let ms = |k: &str| r[k].as_i64().map_or("–".to_owned(), |v| v.to_string());
+            let _ = writeln!(
+                rows,
+                "| {} | {delay} | {pause} | {} | {} | {} | {} / {} | {} |",
+                t.label,
+                r["ops"],
+                r["overlaps"],
+                r["stale_accepted"],
+                ms("recovery_ms_p50"),
+                ms("recovery_ms_p99"),
+                if code == 0 { "ok" } else { "**broken**" },
+            );
+        }
+    }
+    rows
 }
