@@ -44,6 +44,9 @@ impl Findings {
     }
 }
 
+/// (lock, worker, token) of a critical section.
+type SectionKey<'a> = (&'a str, u32, u64);
+
 /// Check grants and the store log.
 #[must_use]
 pub fn check(grants: &[Grant], store: &[StoreOp]) -> Findings {
@@ -78,15 +81,20 @@ pub fn check(grants: &[Grant], store: &[StoreOp]) -> Findings {
         }
     }
 
-    // Critical sections on the store's clock: first to last accepted operation of one
-    // worker under one token, per lock; overlaps by a sweep over their starts.
-    let mut sections: HashMap<(&str, u32, u64), (u64, u64)> = HashMap::new();
-    for op in store.iter().filter(|o| o.accepted) {
-        let e = sections
-            .entry((op.lock.as_str(), op.worker, op.token))
-            .or_insert((op.at_ns, op.at_ns));
-        e.0 = e.0.min(op.at_ns);
-        e.1 = e.1.max(op.at_ns);
+    // Critical sections on the store's clock: a worker's accepted read and the writes
+    // after it (under the same token), per lock; overlaps by a sweep over their
+    // starts. Keyed by the read, not by the token: a token source that forgot (a
+    // restarted server without persistence) hands one worker the same token twice,
+    // and those are two sections, not one long one.
+    let mut accepted: Vec<&StoreOp> = store.iter().filter(|o| o.accepted).collect();
+    accepted.sort_by_key(|o| (o.lock.as_str(), o.worker, o.at_ns));
+    let mut sections: Vec<(SectionKey, (u64, u64))> = Vec::new();
+    for op in accepted {
+        let key = (op.lock.as_str(), op.worker, op.token);
+        match sections.last_mut() {
+            Some((k, span)) if op.write && *k == key => span.1 = span.1.max(op.at_ns),
+            _ => sections.push((key, (op.at_ns, op.at_ns))),
+        }
     }
     let mut list: Vec<(&str, u64, u64)> = sections
         .iter()

@@ -110,3 +110,24 @@ proptest! {
         prop_assert!(found >= 1, "{:?} not found: {:?}", a, f);
     }
 }
+
+proptest! {
+    /// A token source that forgot (tokens start over, as on a restarted Redis without
+    /// persistence): duplicates are reported, but a worker given the same token twice
+    /// has two critical sections, not one long one overlapping everyone else's.
+    #[test]
+    fn repeated_tokens_do_not_merge_sections(n in 10usize..200, gaps in prop::collection::vec(0u64..1000, 1..20)) {
+        let (mut grants, mut ops) = clean(n, &gaps);
+        // A multiple of the 5 workers, so the same worker gets the same token again.
+        let half = (n / 10) * 5;
+        for i in half..n {
+            let token = grants[i - half].token;
+            grants[i].token = token;
+            ops[2 * i].token = token;
+            ops[2 * i + 1].token = token;
+        }
+        let f = check(&grants, &ops);
+        prop_assert!(f.duplicate_tokens >= 1);
+        prop_assert_eq!(f.overlaps, 0);
+    }
+}
