@@ -44,9 +44,22 @@ struct Contended {
     jain_fairness: f64,
 }
 
+/// One scenario's headline figures (the `scenarios` list of `--json`).
+#[derive(Debug, Serialize)]
+struct ScenarioRow {
+    scenario: String,
+    ops_per_sec: f64,
+    floor_ops_per_sec: Option<f64>,
+    ratio: Option<f64>,
+    p50_us: Option<u64>,
+    p99_us: Option<u64>,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     url: String,
+    /// Every scenario that ran, flat: what BENCHMARKS.md and scripts read.
+    scenarios: Vec<ScenarioRow>,
     uncontended: Uncontended,
     contended: Option<Contended>,
     handoff: Option<crate::handoff::Handoff>,
@@ -174,7 +187,8 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     } else {
         None
     };
-    let report = Report {
+    let mut report = Report {
+        scenarios: Vec::new(),
         parallel,
         single_node,
         url: locker.url().to_owned(),
@@ -183,6 +197,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         handoff,
         hold,
     };
+    report.scenarios = scenario_rows(&report);
     if args.json {
         let text =
             serde_json::to_string_pretty(&report).map_err(|e| Failure::internal(e.to_string()))?;
@@ -191,6 +206,63 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         print_report(&report);
     }
     Ok(0)
+}
+
+/// The flat list of scenarios from a report.
+fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
+    let u = &r.uncontended;
+    let mut rows = vec![ScenarioRow {
+        scenario: "uncontended-1-task".into(),
+        ops_per_sec: u.cycles_per_sec,
+        floor_ops_per_sec: u.floor_cycles_per_sec,
+        ratio: u.ratio_to_floor,
+        p50_us: Some(u.latency.p50_us),
+        p99_us: Some(u.latency.p99_us),
+    }];
+    if let Some(p) = &r.parallel {
+        rows.push(ScenarioRow {
+            scenario: format!("uncontended-{}-tasks", p.tasks),
+            ops_per_sec: p.cycles_per_sec,
+            floor_ops_per_sec: p.floor_cycles_per_sec,
+            ratio: p.ratio_to_floor,
+            p50_us: None,
+            p99_us: None,
+        });
+    }
+    if let Some(c) = &r.contended {
+        rows.push(ScenarioRow {
+            scenario: format!("contended-{}-processes", c.processes),
+            ops_per_sec: c.acquisitions_per_sec,
+            floor_ops_per_sec: None,
+            ratio: None,
+            p50_us: Some(c.wait.p50_us),
+            p99_us: Some(c.wait.p99_us),
+        });
+    }
+    if let Some(h) = &r.handoff {
+        let floor = h.floor.as_ref().map(|f| f.handoffs_per_sec);
+        rows.push(ScenarioRow {
+            scenario: format!("handoff-{}-waiters", h.dlock.waiters),
+            ops_per_sec: h.dlock.handoffs_per_sec,
+            floor_ops_per_sec: floor,
+            ratio: floor
+                .filter(|f| *f > 0.0)
+                .map(|f| h.dlock.handoffs_per_sec / f),
+            p50_us: Some(h.dlock.handoff.p50_us),
+            p99_us: Some(h.dlock.handoff.p99_us),
+        });
+    }
+    if let Some(s) = &r.single_node {
+        rows.push(ScenarioRow {
+            scenario: "redlock-vs-one-node".into(),
+            ops_per_sec: u.cycles_per_sec,
+            floor_ops_per_sec: Some(s.cycles_per_sec),
+            ratio: Some(s.redlock_ratio),
+            p50_us: Some(u.latency.p50_us),
+            p99_us: Some(u.latency.p99_us),
+        });
+    }
+    rows
 }
 
 fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {

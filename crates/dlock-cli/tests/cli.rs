@@ -418,6 +418,24 @@ fn bench_reports_figures() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert!(v["uncontended"]["cycles_per_sec"].as_f64().expect("rate") > 0.0);
     assert!(v["uncontended"]["ratio_to_floor"].as_f64().expect("ratio") > 0.0);
+    // The flat scenario list: every row has the keys BENCHMARKS.md reads.
+    let rows = v["scenarios"].as_array().expect("scenarios");
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["scenario"].as_str()).collect();
+    assert!(names.contains(&"uncontended-1-task"), "{names:?}");
+    assert!(names.contains(&"contended-2-processes"), "{names:?}");
+    for r in rows {
+        for k in [
+            "scenario",
+            "ops_per_sec",
+            "floor_ops_per_sec",
+            "ratio",
+            "p50_us",
+            "p99_us",
+        ] {
+            assert!(r.get(k).is_some(), "no {k} in {r}");
+        }
+    }
+    assert!(rows[0]["ratio"].as_f64().expect("ratio") > 0.0);
     assert!(v["contended"]["acquisitions"].as_u64().expect("count") > 0);
 }
 
