@@ -304,6 +304,13 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
         crate::guard::drift_margin(ttl)
     }
 
+    /// When the request that made this grant left this process, if that was before the
+    /// attempt that returned it (a lock handed over in-process while its waiter slept).
+    /// The core measures the lease from the earlier of the two. `None` by default.
+    fn granted_at(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// A flag the backend raises while the lock is in doubt (its session disconnected
     /// but not yet expired); shown by `LockGuard::is_suspect`. `None` by default.
     fn suspect_flag(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {

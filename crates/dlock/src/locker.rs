@@ -340,7 +340,7 @@ impl Locker {
                 // An acquisition slower than the lease is worthless: someone else may
                 // already be entitled to the lock. Never report it as a success.
                 Ok(Attempt::Acquired(held))
-                    if sent_at.elapsed()
+                    if lease_start(held.as_ref(), sent_at).elapsed()
                         >= ttl.saturating_sub(held.clock_drift(ttl).max(drift_margin(ttl))) =>
                 {
                     tracing::warn!(lock = %req.name, "acquisition took longer than the TTL; giving it back");
@@ -382,6 +382,7 @@ impl Locker {
         opts: &LockOptions,
         sent_at: Instant,
     ) -> LockGuard {
+        let sent_at = lease_start(held.as_ref(), sent_at);
         LockGuard::start(
             held,
             name,
@@ -394,6 +395,13 @@ impl Locker {
             },
         )
     }
+}
+
+/// When the lease of `held` began, at the latest: `sent_at` (the instant before the
+/// attempt that returned it was sent), or earlier if the grant was made before that.
+fn lease_start(held: &dyn crate::backend::HeldLock, sent_at: Instant) -> Instant {
+    held.granted_at()
+        .map_or(sent_at, |g| Instant::from_std(g).min(sent_at))
 }
 
 /// What an attempt task hands back to the waiting caller.

@@ -12,8 +12,8 @@ const T: Duration = Duration::from_secs(2);
 
 /// The commands dlock needs, as an ACL rule (also in the README).
 const DLOCK_ACL: &str = "+evalsha +eval +script|load +publish +subscribe +unsubscribe +ping \
-     +hgetall +pttl +get +wait +exists +incr +hset +hexists +hincrby +hget +hmget +pexpire \
-     +del +set +lpush +zcard +lindex +lpop +lrem +rpush +zscore +zrem +zadd +time";
+     +hgetall +pttl +get +wait +exists +incr +hset +hexists +hincrby +hget +hmget +hdel +pexpire \
+     +del +set +lpush +zcard +lindex +lpop +lrem +rpush +zscore +zrem +zadd +time +pubsub|numsub";
 
 #[tokio::test]
 async fn min_replicas_waits_for_a_replica_and_refuses_without_enough() {

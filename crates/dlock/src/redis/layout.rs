@@ -147,6 +147,10 @@ static REDISSON_RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_renew.lua")));
 static REDISSON_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_release.lua")));
+pub(crate) static REDISSON_HANDOFF: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/redisson_handoff.lua")));
+pub(crate) static REDISSON_ABANDON: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/redisson_abandon.lua")));
 static PLAIN_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/plain_acquire.lua")));
 static PLAIN_RENEW: LazyLock<Script> =

@@ -25,6 +25,8 @@
 //! or at the holder's remaining lease (PTTL) at the latest, so a lost message costs no
 //! more than that. Each message wakes one local waiter, in arrival order, and a fresh
 //! acquisition in this process queues behind local waiters instead of barging.
+//! Between tasks of one process the lock is handed over directly (see `handoff`): the
+//! release script makes the longest-waiting local task the holder.
 //!
 //! # Fencing
 //! Tokens come from an INCR counter beside the lock (`redisson_lock_token:{name}`),
@@ -38,7 +40,8 @@
 //! `layout=redisson|redis-py|python-redis-lock`, `prefix=TEXT` (prepended to every
 //! lock name), `min_replicas=N` (WAIT for N replicas after each grant, else release and
 //! fail), `wait_timeout=D` (for `min_replicas`, default 1s), `timeout=D` (per command,
-//! default 5s), `poll=D` (waiting on layouts without unlock messages, default 50ms).
+//! default 5s), `poll=D` (waiting on layouts without unlock messages, default 50ms),
+//! `handoff_burst=N` (most in-process hand-offs in a row, default 16; 0 = none).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +60,7 @@ use crate::options::Metadata;
 use crate::url::ConnectUrl;
 
 mod conn;
+mod handoff;
 pub(crate) mod layout;
 mod renewer;
 mod subscriber;
@@ -106,6 +110,8 @@ struct Inner {
     min_replicas: Option<(u32, Duration)>,
     poll: Duration,
     shown: String,
+    /// In-process hand-offs (Redisson layout, unfair locks, no `min_replicas`).
+    handoffs: Option<handoff::Handoffs<RedisHeld>>,
 }
 
 /// The single-node Redis backend.
@@ -163,6 +169,14 @@ impl RedisBackend {
             }
         };
         let poll = url.take_duration("poll", Duration::from_millis(50))?;
+        let handoff_burst = match url.take_param("handoff_burst") {
+            None => DEFAULT_HANDOFF_BURST,
+            Some(n) => n
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n <= 100_000)
+                .ok_or_else(|| url.invalid("handoff_burst must be a number from 0 to 100000"))?,
+        };
         url.finish(&[
             "layout",
             "prefix",
@@ -170,6 +184,7 @@ impl RedisBackend {
             "wait_timeout",
             "timeout",
             "poll",
+            "handoff_burst",
             "db",
             "ca_file",
             "cert_file",
@@ -188,6 +203,7 @@ impl RedisBackend {
                     min_replicas: min_replicas.map(|n| (n, wait_timeout)),
                     poll,
                     timeout,
+                    handoff_burst,
                 },
             )
             .await;
@@ -250,6 +266,7 @@ impl RedisBackend {
                 min_replicas: min_replicas.map(|n| (n, wait_timeout)),
                 poll,
                 timeout,
+                handoff_burst,
             },
         )
         .await
@@ -270,6 +287,10 @@ impl RedisBackend {
         .unwrap_or_else(|_| Err(redis::RedisError::from((redis::ErrorKind::Io, "timed out"))));
         ping.map_err(|e| map_err(&e))?;
         let fencing = probe_fencing(&conn).await;
+        let handoffs = (settings.layout == Layout::Redisson
+            && settings.min_replicas.is_none()
+            && settings.handoff_burst > 0)
+            .then(|| handoff::Handoffs::new(settings.handoff_burst));
         Ok(Arc::new(RedisBackend {
             inner: Arc::new(Inner {
                 renewer: renewer::Renewer::start(conn.clone(), settings.layout, settings.cluster),
@@ -282,6 +303,7 @@ impl RedisBackend {
                 min_replicas: settings.min_replicas,
                 poll: settings.poll,
                 shown: url.to_string(),
+                handoffs,
             }),
         }))
     }
@@ -295,7 +317,11 @@ struct Settings {
     min_replicas: Option<(u32, Duration)>,
     poll: Duration,
     timeout: Duration,
+    handoff_burst: u32,
 }
+
+/// Most consecutive in-process hand-offs of one lock before it is released to everyone.
+const DEFAULT_HANDOFF_BURST: u32 = 16;
 
 /// A connection to the master that the URL's Sentinels name (path: the master name).
 fn sentinel_conn(url: &ConnectUrl, db: i64, timeout: Duration) -> Result<conn::SentinelConn> {
@@ -458,6 +484,19 @@ impl Inner {
             .map_err(|e| map_err(&e))
     }
 
+    /// Undo a hand-off to `owner` whose reply was lost and whose waiter has gone.
+    async fn abandon(&self, keys: &Keys, owner: &str, nonce: &str) -> Result<()> {
+        let _: i64 = layout::REDISSON_ABANDON
+            .key(&keys.lock)
+            .key(&keys.signal)
+            .arg(owner)
+            .arg(nonce)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| map_err(&e))?;
+        Ok(())
+    }
+
     /// After a grant: wait for replicas, or give the grant back and fail.
     async fn await_replicas(&self, keys: &Keys, owner: &str, fence: u64) -> Result<()> {
         let Some((needed, timeout)) = self.min_replicas else {
@@ -517,6 +556,42 @@ impl Backend for RedisBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         let inner = &self.inner;
         let keys = inner.keys(&req.name);
+        // A nonce per attempt: if the connection drops after the server ran the script
+        // but before its reply arrived, the retry finds this attempt's grant instead of
+        // leaving it orphaned (or taking a second hold).
+        // Unique per attempt is all it needs: no OS randomness on the hot path.
+        let mut nonce = format!("{:032x}", fastrand::u128(..));
+        let stored = |nonce: &str| {
+            serde_json::to_string(&StoredMetadata {
+                metadata: &req.metadata,
+                nonce,
+            })
+            .unwrap_or_else(|_| "{}".into())
+        };
+        let mut metadata = stored(&nonce);
+        let mut recovering = false;
+        if let Some(handoffs) = inner.handoffs.as_ref().filter(|_| !req.fair) {
+            let want = || handoff::Want {
+                ttl: req.ttl,
+                metadata: metadata.clone(),
+                nonce: nonce.clone(),
+            };
+            match handoffs.before_attempt(&keys.lock, req.owner.as_str(), want) {
+                handoff::Before::Granted(held) => return Ok(Attempt::Acquired(Box::new(held))),
+                handoff::Before::Recover(lost) => {
+                    // A hand-off to this owner may have landed: find it by its nonce.
+                    metadata = stored(&lost);
+                    nonce = lost;
+                    recovering = true;
+                }
+                handoff::Before::Yield(pause) => {
+                    return Ok(Attempt::Busy {
+                        retry_after: Some(pause),
+                    });
+                }
+                handoff::Before::Ask => {}
+            }
+        }
         // A fresh acquisition queues behind this process's waiters instead of barging
         // past the one an unlock message is about to wake. (Its re-check right after
         // subscribing does go to the server: a waiter whose subscription was not yet
@@ -529,17 +604,6 @@ impl Backend for RedisBackend {
             return Ok(Attempt::Busy { retry_after: None });
         }
         let ttl_ms = u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX);
-        // A nonce per attempt: if the connection drops after the server ran the script
-        // but before its reply arrived, the retry finds this attempt's grant instead of
-        // leaving it orphaned (or taking a second hold).
-        // Unique per attempt is all it needs: no OS randomness on the hot path.
-        let nonce = format!("{:032x}", fastrand::u128(..));
-        let metadata = serde_json::to_string(&StoredMetadata {
-            metadata: &req.metadata,
-            nonce: &nonce,
-        })
-        .unwrap_or_else(|_| "{}".into());
-        let mut recovering = false;
         let mut round = 0u32;
         let (granted, value): (i64, i64) = loop {
             let fair_queue = keys.queue.as_ref().filter(|_| req.fair);
@@ -594,13 +658,14 @@ impl Backend for RedisBackend {
             owner: req.owner.as_str().to_owned(),
             fence,
             released: std::sync::atomic::AtomicBool::new(false),
+            granted_at: None,
         })))
     }
 
     async fn subscribe(
         &self,
         name: &LockName,
-        _owner: &crate::options::Owner,
+        owner: &crate::options::Owner,
     ) -> Result<Box<dyn Waiter>> {
         let inner = &self.inner;
         if !inner.layout.publishes() {
@@ -610,7 +675,14 @@ impl Backend for RedisBackend {
         }
         let keys = inner.keys(name);
         let watch = inner.subscriber.watch(&keys.signal).await?;
-        Ok(Box::new(RedisWaiter { watch }))
+        let slot = inner
+            .handoffs
+            .as_ref()
+            .map(|h| h.register(&keys.lock, owner.as_str()));
+        Ok(Box::new(RedisWaiter {
+            watch,
+            slot: slot.map(|slot| (Arc::clone(inner), keys, slot)),
+        }))
     }
 
     async fn leave_queue(&self, name: &LockName, owner: &crate::options::Owner) -> Result<()> {
@@ -684,15 +756,61 @@ impl Backend for RedisBackend {
     }
 }
 
-#[derive(Debug)]
 struct RedisWaiter {
     watch: Watch,
+    /// Where an in-process hand-off to this waiter lands.
+    slot: Option<(Arc<Inner>, Keys, Arc<handoff::Slot<RedisHeld>>)>,
+}
+
+impl std::fmt::Debug for RedisWaiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisWaiter")
+            .field("watch", &self.watch)
+            .finish_non_exhaustive()
+    }
 }
 
 #[async_trait]
 impl Waiter for RedisWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
-        self.watch.changed(max).await
+        match &self.slot {
+            None => self.watch.changed(max).await,
+            Some((_, _, slot)) => {
+                tokio::select! {
+                    r = self.watch.changed(max) => r,
+                    () = slot.handed() => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RedisWaiter {
+    fn drop(&mut self) {
+        let Some((inner, keys, slot)) = self.slot.take() else {
+            return;
+        };
+        let Some(handoffs) = inner.handoffs.as_ref() else {
+            return;
+        };
+        let Some(leftover) = handoffs.leave(&keys.lock, &slot) else {
+            return;
+        };
+        // A hand-off reached this waiter after it stopped waiting: give the lock back.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            let result = match leftover {
+                handoff::Leftover::Grant(held) => held.release().await,
+                handoff::Leftover::Maybe { owner, nonce } => {
+                    inner.abandon(&keys, &owner, &nonce).await
+                }
+            };
+            if let Err(e) = result {
+                tracing::warn!(lock = %keys.lock, error = %e, "could not give back a lock handed to a waiter that left; it expires with its lease");
+            }
+        });
     }
 }
 
@@ -703,6 +821,8 @@ struct RedisHeld {
     owner: String,
     fence: u64,
     released: std::sync::atomic::AtomicBool,
+    /// Set on a grant handed over in-process: when the hand-off was sent.
+    granted_at: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for RedisHeld {
@@ -711,6 +831,71 @@ impl std::fmt::Debug for RedisHeld {
             .field("name", &self.name)
             .field("fence", &self.fence)
             .finish_non_exhaustive()
+    }
+}
+
+impl RedisHeld {
+    /// Release by handing the lock to the waiter of `offer`: one script, which gives
+    /// back this hold and, if it was the last, makes the waiter the holder with a new
+    /// fencing token (or, at the end of a streak with listeners elsewhere, releases it
+    /// to everyone). `Ok(false)`: the script could not run, release the plain way.
+    async fn hand_off(
+        &self,
+        handoffs: &handoff::Handoffs<RedisHeld>,
+        offer: handoff::Offer<RedisHeld>,
+    ) -> Result<bool> {
+        let sent_at = std::time::Instant::now();
+        let want = &offer.want;
+        let answer: redis::RedisResult<(i64, u64)> = layout::REDISSON_HANDOFF
+            .key(&self.keys.lock)
+            .key(&self.keys.counter)
+            .key(&self.keys.signal)
+            .arg(&self.owner)
+            .arg(self.fence)
+            .arg(offer.owner())
+            .arg(u64::try_from(want.ttl.as_millis()).unwrap_or(u64::MAX))
+            .arg(&want.metadata)
+            .arg(&want.nonce)
+            .arg(if offer.last { "1" } else { "0" })
+            .invoke_async(&mut self.inner.conn.clone())
+            .await;
+        match answer {
+            Ok((0, fence)) => {
+                let grant = RedisHeld {
+                    inner: Arc::clone(&self.inner),
+                    name: self.name.clone(),
+                    keys: self.keys.clone(),
+                    owner: offer.owner().to_owned(),
+                    fence,
+                    released: std::sync::atomic::AtomicBool::new(false),
+                    granted_at: Some(sent_at),
+                };
+                if let Err(grant) = handoffs.deliver(&self.keys.lock, offer, grant) {
+                    // The waiter left while the hand-off was on its way.
+                    grant.release().await?;
+                }
+                Ok(true)
+            }
+            Ok((-2, _)) => {
+                handoffs.released_to_everyone(&self.keys.lock, offer);
+                Ok(true)
+            }
+            Ok(_) => {
+                // Not the last hold, or no longer ours: nothing was handed over.
+                handoffs.decline(offer);
+                Ok(true)
+            }
+            Err(e) if uncertain(&e) => {
+                handoffs.uncertain(offer);
+                Err(map_err(&e))
+            }
+            Err(e) => {
+                // Refused (e.g. a script the ACL does not allow): nothing ran.
+                tracing::debug!(lock = %self.name, error = %e, "hand-off refused; releasing");
+                handoffs.decline(offer);
+                Ok(false)
+            }
+        }
     }
 }
 
@@ -735,16 +920,32 @@ impl HeldLock for RedisHeld {
         }
     }
 
+    fn granted_at(&self) -> Option<std::time::Instant> {
+        self.granted_at
+    }
+
     async fn release(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        match self
-            .inner
-            .release(&self.keys, &self.owner, self.fence)
-            .await
-        {
+        let handed = match &self.inner.handoffs {
+            Some(handoffs) => match handoffs.offer(&self.keys.lock) {
+                Some(offer) => self.hand_off(handoffs, offer).await,
+                None => Ok(false),
+            },
+            None => Ok(false),
+        };
+        let released = match handed {
+            Ok(true) => Ok(()),
+            Err(e) => Err(e),
+            Ok(false) => self
+                .inner
+                .release(&self.keys, &self.owner, self.fence)
+                .await
+                .map(|_| ()),
+        };
+        match released {
             Ok(_) => Ok(()),
             Err(e) => {
                 self.released.store(false, Ordering::SeqCst);

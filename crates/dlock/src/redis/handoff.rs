@@ -1,0 +1,397 @@
+//! In-process hand-off: when a holder releases a lock that other tasks of this process
+//! wait for, the release script passes the lock straight to the longest-waiting of them
+//! (one command, no unlock message, no race with the releaser's own next attempt).
+//!
+//! Without it the releasing task wins its lock back almost every time: its next attempt
+//! leaves before the woken waiter's, so the lock rarely changes hands. A hand-off streak
+//! is capped (`handoff_burst`, default 16): at its end, if another connection listens on
+//! the unlock channel (a waiter in another process), the lock is released to everyone
+//! and this process's waiters hold back for [`YIELD`], so the other process's waiter,
+//! woken by the unlock message, gets there first.
+//!
+//! A waiter registers a [`Slot`] when it subscribes and states what it wants (lease,
+//! metadata) on each attempt. The releaser takes an [`Offer`] for the first waiting
+//! slot, runs the hand-off script and delivers the grant into the slot; the waiter
+//! picks it up on its next attempt without a command. A waiter that leaves with a grant
+//! in its slot gets it back to release; a delivery to a waiter that has left fails and
+//! the releaser releases the grant itself.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+/// How long this process's attempts on a lock hold back after a streak ended with a
+/// release to everyone: long enough for a waiter elsewhere to hear the unlock message
+/// and send its attempt.
+pub(crate) const YIELD: Duration = Duration::from_millis(5);
+
+/// What a waiter asks for when the lock is handed to it.
+#[derive(Debug, Clone)]
+pub(crate) struct Want {
+    pub(crate) ttl: Duration,
+    /// The stored metadata (JSON, with the nonce).
+    pub(crate) metadata: String,
+    /// The nonce written with the grant: if the hand-off's reply is lost, the waiter's
+    /// next attempt recovers the grant by it instead of taking a second hold.
+    pub(crate) nonce: String,
+}
+
+#[derive(Debug)]
+enum State<G> {
+    /// Waiting; `None` until its first attempt states what it wants.
+    Waiting(Option<Want>),
+    /// A releaser is handing the lock to it.
+    Offered(Want),
+    /// Handed over; waiting to be picked up.
+    Granted(G),
+    /// A hand-off may or may not have happened (its reply was lost): the next attempt
+    /// must recover by this nonce.
+    Uncertain(String),
+    /// Picked up, or the waiter left.
+    Done,
+}
+
+/// One waiting owner of one lock.
+#[derive(Debug)]
+pub(crate) struct Slot<G> {
+    owner: String,
+    state: Mutex<State<G>>,
+    wake: Notify,
+}
+
+impl<G> Slot<G> {
+    fn state(&self) -> MutexGuard<'_, State<G>> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Resolves when a grant (or an uncertain hand-off) is put into this slot; a
+    /// delivery made while nobody awaited is kept for the next call.
+    pub(crate) async fn handed(&self) {
+        self.wake.notified().await;
+    }
+}
+
+#[derive(Debug)]
+struct Line<G> {
+    slots: VecDeque<Arc<Slot<G>>>,
+    /// Consecutive in-process hand-offs since the lock was last released to everyone.
+    streak: u32,
+    /// After a release to everyone: this process's attempts wait until then.
+    yield_until: Option<Instant>,
+}
+
+/// What an attempt should do, as far as hand-offs go.
+#[derive(Debug)]
+pub(crate) enum Before<G> {
+    /// The lock was handed over: here is the grant.
+    Granted(G),
+    /// Send the acquire script with this nonce, in recovery mode (a hand-off to this
+    /// owner may have landed).
+    Recover(String),
+    /// Send the acquire script as usual.
+    Ask,
+    /// Hold back this long: the lock was just released to waiters elsewhere.
+    Yield(Duration),
+}
+
+/// A releaser's claim on the first waiting slot.
+#[derive(Debug)]
+pub(crate) struct Offer<G> {
+    slot: Arc<Slot<G>>,
+    pub(crate) want: Want,
+    /// The streak is spent: release to everyone instead if others listen.
+    pub(crate) last: bool,
+}
+
+impl<G> Offer<G> {
+    pub(crate) fn owner(&self) -> &str {
+        &self.slot.owner
+    }
+}
+
+/// Every lock's local waiters, in arrival order.
+#[derive(Debug)]
+pub(crate) struct Handoffs<G> {
+    lines: Mutex<HashMap<String, Line<G>>>,
+    burst: u32,
+}
+
+impl<G> Handoffs<G> {
+    /// `burst`: most consecutive hand-offs of one lock (must be at least 1).
+    pub(crate) fn new(burst: u32) -> Self {
+        Handoffs {
+            lines: Mutex::new(HashMap::new()),
+            burst,
+        }
+    }
+
+    fn lines(&self) -> MutexGuard<'_, HashMap<String, Line<G>>> {
+        self.lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `owner` starts waiting for `lock`.
+    pub(crate) fn register(&self, lock: &str, owner: &str) -> Arc<Slot<G>> {
+        let slot = Arc::new(Slot {
+            owner: owner.to_owned(),
+            state: Mutex::new(State::Waiting(None)),
+            wake: Notify::new(),
+        });
+        self.lines()
+            .entry(lock.to_owned())
+            .or_insert_with(|| Line {
+                slots: VecDeque::new(),
+                streak: 0,
+                yield_until: None,
+            })
+            .slots
+            .push_back(Arc::clone(&slot));
+        slot
+    }
+
+    /// Before an attempt of `owner` on `lock`: take a grant handed to it, or record
+    /// what it wants (`want` is called only then).
+    pub(crate) fn before_attempt(
+        &self,
+        lock: &str,
+        owner: &str,
+        want: impl FnOnce() -> Want,
+    ) -> Before<G> {
+        let lines = self.lines();
+        let Some(line) = lines.get(lock) else {
+            return Before::Ask;
+        };
+        let held_back = line
+            .yield_until
+            .and_then(|t| t.checked_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero());
+        let Some(slot) = line.slots.iter().find(|s| s.owner == owner) else {
+            return held_back.map_or(Before::Ask, Before::Yield);
+        };
+        let mut state = slot.state();
+        match std::mem::replace(&mut *state, State::Done) {
+            State::Granted(g) => Before::Granted(g),
+            State::Uncertain(nonce) => {
+                *state = State::Waiting(Some(want()));
+                Before::Recover(nonce)
+            }
+            State::Offered(w) => {
+                // A hand-off to this owner is running: whichever lands first wins
+                // (the acquire script takes it reentrantly if the hand-off came first).
+                *state = State::Offered(w);
+                Before::Ask
+            }
+            State::Waiting(_) | State::Done => {
+                *state = State::Waiting(Some(want()));
+                held_back.map_or(Before::Ask, Before::Yield)
+            }
+        }
+    }
+
+    /// A releaser of `lock`: claim the first waiting slot. The offer says whether the
+    /// streak is spent.
+    pub(crate) fn offer(&self, lock: &str) -> Option<Offer<G>> {
+        let mut lines = self.lines();
+        let line = lines.get_mut(lock)?;
+        let last = line.streak >= self.burst;
+        for slot in &line.slots {
+            let mut state = slot.state();
+            if let State::Waiting(Some(want)) = &*state {
+                let want = want.clone();
+                *state = State::Offered(want.clone());
+                return Some(Offer {
+                    slot: Arc::clone(slot),
+                    want,
+                    last,
+                });
+            }
+        }
+        None
+    }
+
+    /// The hand-off landed: put the grant in the slot, or give it back if the waiter
+    /// has left meanwhile.
+    pub(crate) fn deliver(&self, lock: &str, offer: Offer<G>, grant: G) -> Result<(), G> {
+        let mut lines = self.lines();
+        let mut state = offer.slot.state();
+        if !matches!(&*state, State::Offered(_)) {
+            return Err(grant);
+        }
+        *state = State::Granted(grant);
+        drop(state);
+        if let Some(line) = lines.get_mut(lock) {
+            line.streak = line.streak.saturating_add(1);
+        }
+        offer.slot.wake.notify_one();
+        Ok(())
+    }
+
+    /// The streak ended with a release to everyone: the streak starts again, and this
+    /// process's attempts hold back for [`YIELD`].
+    pub(crate) fn released_to_everyone(&self, lock: &str, offer: Offer<G>) {
+        if let Some(line) = self.lines().get_mut(lock) {
+            line.streak = 0;
+            line.yield_until = Some(Instant::now() + YIELD);
+        }
+        self.decline(offer);
+    }
+
+    /// The hand-off did not happen (the releaser still held other holds, or no longer
+    /// held the lock): the slot waits on.
+    pub(crate) fn decline(&self, offer: Offer<G>) {
+        let mut state = offer.slot.state();
+        if matches!(&*state, State::Offered(_)) {
+            *state = State::Waiting(Some(offer.want));
+        }
+    }
+
+    /// The hand-off's reply was lost: it may have landed. The waiter recovers by nonce.
+    pub(crate) fn uncertain(&self, offer: Offer<G>) {
+        let mut state = offer.slot.state();
+        if matches!(&*state, State::Offered(_)) {
+            *state = State::Uncertain(offer.want.nonce);
+            drop(state);
+            offer.slot.wake.notify_one();
+        }
+    }
+
+    /// The waiter of `slot` stops waiting. Returns a grant it had not picked up (the
+    /// caller must release it) or the nonce of an uncertain hand-off (the caller must
+    /// release that owner's hold if it landed).
+    pub(crate) fn leave(&self, lock: &str, slot: &Arc<Slot<G>>) -> Option<Leftover<G>> {
+        let mut lines = self.lines();
+        if let Some(line) = lines.get_mut(lock) {
+            line.slots.retain(|s| !Arc::ptr_eq(s, slot));
+            if line.slots.is_empty() {
+                lines.remove(lock);
+            }
+        }
+        match std::mem::replace(&mut *slot.state(), State::Done) {
+            State::Granted(g) => Some(Leftover::Grant(g)),
+            State::Uncertain(nonce) => Some(Leftover::Maybe {
+                owner: slot.owner.clone(),
+                nonce,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// What a leaving waiter may leave behind.
+#[derive(Debug)]
+pub(crate) enum Leftover<G> {
+    /// A grant handed to it.
+    Grant(G),
+    /// A hand-off to this owner, written with this nonce, that may have landed.
+    Maybe { owner: String, nonce: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn want(n: &str) -> Want {
+        Want {
+            ttl: Duration::from_secs(1),
+            metadata: "{}".into(),
+            nonce: n.into(),
+        }
+    }
+
+    #[test]
+    fn first_waiter_with_a_want_is_offered_and_picks_up_its_grant() {
+        let h: Handoffs<u32> = Handoffs::new(16);
+        let a = h.register("l", "a");
+        let _b = h.register("l", "b");
+        // Nobody has stated a want yet: nothing to offer.
+        assert!(h.offer("l").is_none());
+        assert!(matches!(
+            h.before_attempt("l", "b", || want("nb")),
+            Before::Ask
+        ));
+        assert!(matches!(
+            h.before_attempt("l", "a", || want("na")),
+            Before::Ask
+        ));
+        let offer = h.offer("l").expect("a waits");
+        assert_eq!(offer.owner(), "a");
+        assert!(h.deliver("l", offer, 7).is_ok());
+        assert!(matches!(
+            h.before_attempt("l", "a", || want("x")),
+            Before::Granted(7)
+        ));
+        assert!(h.leave("l", &a).is_none());
+        assert_eq!(h.offer("l").expect("b waits").owner(), "b");
+    }
+
+    #[test]
+    fn a_grant_left_behind_goes_back_to_the_caller() {
+        let h: Handoffs<u32> = Handoffs::new(16);
+        let a = h.register("l", "a");
+        let _ = h.before_attempt("l", "a", || want("na"));
+        let offer = h.offer("l").expect("a waits");
+        // Delivered, then the waiter leaves before picking it up.
+        assert!(h.deliver("l", offer, 3).is_ok());
+        assert!(matches!(h.leave("l", &a), Some(Leftover::Grant(3))));
+        // Offered, the waiter leaves, then the hand-off lands: the releaser gets it back.
+        let b = h.register("l", "b");
+        let _ = h.before_attempt("l", "b", || want("nb"));
+        let offer = h.offer("l").expect("b waits");
+        assert!(h.leave("l", &b).is_none());
+        assert_eq!(h.deliver("l", offer, 4), Err(4));
+        assert!(h.lines().is_empty(), "no line outlives its waiters");
+    }
+
+    #[test]
+    fn the_streak_is_capped_then_local_attempts_hold_back() {
+        let h: Handoffs<u32> = Handoffs::new(2);
+        let _a = h.register("l", "a");
+        for round in 0..2 {
+            let _ = h.before_attempt("l", "a", || want("n"));
+            let offer = h.offer("l").expect("offered");
+            assert!(!offer.last, "within the burst");
+            assert!(h.deliver("l", offer, round).is_ok());
+            assert!(matches!(
+                h.before_attempt("l", "a", || want("n")),
+                Before::Granted(_)
+            ));
+        }
+        let _ = h.before_attempt("l", "a", || want("n"));
+        let offer = h.offer("l").expect("offered");
+        assert!(offer.last, "third in a row: the streak is spent");
+        h.released_to_everyone("l", offer);
+        // The waiter and a newcomer of this process hold back; the streak starts again.
+        assert!(matches!(
+            h.before_attempt("l", "a", || want("n")),
+            Before::Yield(_)
+        ));
+        assert!(matches!(
+            h.before_attempt("l", "new", || want("n")),
+            Before::Yield(_)
+        ));
+        assert!(!h.offer("l").expect("offered").last);
+    }
+
+    #[test]
+    fn an_uncertain_hand_off_is_recovered_by_nonce() {
+        let h: Handoffs<u32> = Handoffs::new(16);
+        let a = h.register("l", "a");
+        let _ = h.before_attempt("l", "a", || want("na"));
+        let offer = h.offer("l").expect("a waits");
+        h.uncertain(offer);
+        match h.before_attempt("l", "a", || want("other")) {
+            Before::Recover(n) => assert_eq!(n, "na"),
+            other => panic!("expected recovery, got {other:?}"),
+        }
+        h.uncertain(h.offer("l").expect("waiting again"));
+        assert!(matches!(
+            h.leave("l", &a),
+            Some(Leftover::Maybe { owner, nonce }) if owner == "a" && nonce == "other"
+        ));
+    }
+}

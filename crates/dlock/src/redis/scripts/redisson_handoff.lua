@@ -1,0 +1,34 @@
+-- dlock release with an in-process hand-off, Redisson layout.
+-- KEYS[1] the lock hash, KEYS[2] the token counter, KEYS[3] the unlock channel.
+-- ARGV[1] owner field, ARGV[2] fencing token, ARGV[3] the next owner,
+-- ARGV[4] its lease in ms, ARGV[5] its metadata (JSON), ARGV[6] its nonce,
+-- ARGV[7] '1' when the hand-off streak is spent.
+-- Returns {holds left, 0} when this was not the last hold (nothing handed over),
+-- {-1, 0} if not held, {0, next owner's fencing token} once handed over (no unlock
+-- message: the lock never became free), {-2, 0} when the streak was spent and another
+-- connection listens for the unlock message: then the lock is released to everyone.
+local lock = KEYS[1]
+local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence')
+if not held[1] or held[2] ~= ARGV[2] then
+  return {-1, 0}
+end
+local left = redis.call('hincrby', lock, ARGV[1], -1)
+if left > 0 then
+  return {left, 0}
+end
+if ARGV[7] == '1' then
+  -- Listeners besides this process's own subscriber? (If PUBSUB is not permitted,
+  -- assume so.)
+  local subs = redis.pcall('pubsub', 'numsub', KEYS[3])
+  if type(subs) ~= 'table' or (tonumber(subs[2]) or 2) > 1 then
+    redis.call('del', lock)
+    redis.call('publish', KEYS[3], '0')
+    return {-2, 0}
+  end
+end
+redis.call('hdel', lock, ARGV[1])
+local token = redis.call('incr', KEYS[2])
+redis.call('hset', lock, ARGV[3], 1, 'dlock:fence', token, 'dlock:meta', ARGV[5],
+  'dlock:nonce', ARGV[6])
+redis.call('pexpire', lock, ARGV[4])
+return {0, token}
