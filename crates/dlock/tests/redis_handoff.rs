@@ -182,3 +182,65 @@ async fn handoff_burst_is_validated() {
         assert!(matches!(e, Error::InvalidUrl { .. }), "{bad}: {e}");
     }
 }
+
+/// Subscribers on the lock's unlock channel, as the server counts them.
+fn subscribers(server: &RedisServer, channel: &str) -> u64 {
+    let reply =
+        redis_command(server.addr(), &["PUBSUB", "NUMSUB", channel], T).expect("PUBSUB NUMSUB");
+    // *2 $len channel :count
+    String::from_utf8_lossy(&reply)
+        .lines()
+        .find_map(|l| l.strip_prefix(':')?.trim().parse().ok())
+        .expect("a count in the reply")
+}
+
+/// Many waiters of one Locker share one subscription to the unlock channel, and the
+/// Locker unsubscribes shortly after the last waiter has gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_share_one_subscription_and_it_ends_when_they_do() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let channel = "redisson_lock__channel:{shared-sub}";
+    let holder = locker.lock("shared-sub").await.expect("lock");
+    let mut waiters = Vec::new();
+    for _ in 0..12 {
+        let locker = locker.clone();
+        waiters.push(tokio::spawn(async move {
+            let g = locker
+                .lock_timeout("shared-sub", Duration::from_secs(20))
+                .await?;
+            g.release().await
+        }));
+    }
+    // Wait (bounded) for the subscription to show, then let the rest settle.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while subscribers(&server, channel) == 0 {
+        assert!(Instant::now() < deadline, "the waiters never subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        subscribers(&server, channel),
+        1,
+        "12 waiters must share one subscription"
+    );
+    holder.release().await.expect("release");
+    for w in waiters {
+        tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("waiters finish")
+            .expect("join")
+            .expect("lock cycle");
+    }
+    // Unsubscribed once nobody waits (after a short linger): generous bound.
+    let deadline = Instant::now() + Duration::from_millis(1_500);
+    while subscribers(&server, channel) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "still subscribed 1.5 s after the last waiter left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

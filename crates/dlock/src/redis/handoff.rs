@@ -9,6 +9,12 @@
 //! and this process's waiters hold back for [`YIELD`], so the other process's waiter,
 //! woken by the unlock message, gets there first.
 //!
+//! The table also counts this process's holders of each lock (with their latest lease
+//! end): while a local task holds the lock, a local newcomer sends no attempt at all —
+//! the holder's release will hand the lock to it, or publish the unlock message it is
+//! subscribed to by then (the holder's release and the newcomer's check take the same
+//! mutex, so one of the two always happens).
+//!
 //! A waiter registers a [`Slot`] when it subscribes and states what it wants (lease,
 //! metadata) on each attempt. The releaser takes an [`Offer`] for the first waiting
 //! slot, runs the hand-off script and delivers the grant into the slot; the waiter
@@ -113,10 +119,31 @@ impl<G> Offer<G> {
     }
 }
 
-/// Every lock's local waiters, in arrival order.
+/// This process's holders of one lock.
+#[derive(Debug)]
+struct Holders {
+    /// A hash of each hold's owner (a reentrant owner appears once per hold).
+    owners: Vec<u64>,
+    /// The latest lease end any of them was granted or renewed to.
+    lease_end: Instant,
+}
+
+#[derive(Debug)]
+struct Table<G> {
+    lines: HashMap<String, Line<G>>,
+    /// By a hash of the lock key (a collision only costs a waiter a re-poll).
+    holders: HashMap<u64, Holders>,
+}
+
+fn key_hash(lock: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(lock)
+}
+
+/// Every lock's local waiters, in arrival order, and its local holders.
 #[derive(Debug)]
 pub(crate) struct Handoffs<G> {
-    lines: Mutex<HashMap<String, Line<G>>>,
+    table: Mutex<Table<G>>,
     burst: u32,
 }
 
@@ -124,15 +151,56 @@ impl<G> Handoffs<G> {
     /// `burst`: most consecutive hand-offs of one lock (must be at least 1).
     pub(crate) fn new(burst: u32) -> Self {
         Handoffs {
-            lines: Mutex::new(HashMap::new()),
+            table: Mutex::new(Table {
+                lines: HashMap::new(),
+                holders: HashMap::new(),
+            }),
             burst,
         }
     }
 
-    fn lines(&self) -> MutexGuard<'_, HashMap<String, Line<G>>> {
-        self.lines
+    fn table(&self) -> MutexGuard<'_, Table<G>> {
+        self.table
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `owner`, a task of this process, now holds `lock` until `lease_end` (at the
+    /// latest).
+    pub(crate) fn note_held(&self, lock: &str, owner: &str, lease_end: Instant) {
+        let mut t = self.table();
+        let h = t.holders.entry(key_hash(lock)).or_insert(Holders {
+            owners: Vec::new(),
+            lease_end,
+        });
+        h.owners.push(key_hash(owner));
+        h.lease_end = h.lease_end.max(lease_end);
+    }
+
+    /// A local holder's lease was renewed to `lease_end`.
+    pub(crate) fn note_renewed(&self, lock: &str, lease_end: Instant) {
+        if let Some(h) = self.table().holders.get_mut(&key_hash(lock)) {
+            h.lease_end = h.lease_end.max(lease_end);
+        }
+    }
+
+    /// A hold of `owner`, a local holder, is gone (released, or dropped) without an
+    /// offer.
+    pub(crate) fn note_gone(&self, lock: &str, owner: &str) {
+        Self::holder_left(&mut self.table(), lock, owner);
+    }
+
+    fn holder_left(t: &mut Table<G>, lock: &str, owner: &str) {
+        let key = key_hash(lock);
+        if let Some(h) = t.holders.get_mut(&key) {
+            let owner = key_hash(owner);
+            if let Some(i) = h.owners.iter().position(|o| *o == owner) {
+                h.owners.swap_remove(i);
+            }
+            if h.owners.is_empty() {
+                t.holders.remove(&key);
+            }
+        }
     }
 
     /// `owner` starts waiting for `lock`.
@@ -142,7 +210,8 @@ impl<G> Handoffs<G> {
             state: Mutex::new(State::Waiting(None)),
             wake: Notify::new(),
         });
-        self.lines()
+        self.table()
+            .lines
             .entry(lock.to_owned())
             .or_insert_with(|| Line {
                 slots: VecDeque::new(),
@@ -162,13 +231,24 @@ impl<G> Handoffs<G> {
         owner: &str,
         want: impl FnOnce() -> Want,
     ) -> Before<G> {
-        let lines = self.lines();
-        let Some(line) = lines.get(lock) else {
-            return Before::Ask;
+        let t = self.table();
+        let now = Instant::now();
+        // A local holder will hand over or publish: no need to ask the server (unless
+        // the holder is this very owner, re-entering).
+        let local_hold = t
+            .holders
+            .get(&key_hash(lock))
+            .filter(|h| !h.owners.contains(&key_hash(owner)))
+            .map(|h| h.lease_end.saturating_duration_since(now));
+        let Some(line) = t.lines.get(lock) else {
+            return local_hold
+                .filter(|d| !d.is_zero())
+                .map_or(Before::Ask, Before::Yield);
         };
         let held_back = line
             .yield_until
-            .and_then(|t| t.checked_duration_since(Instant::now()))
+            .map(|t| t.saturating_duration_since(now))
+            .max(local_hold)
             .filter(|d| !d.is_zero());
         let Some(slot) = line.slots.iter().find(|s| s.owner == owner) else {
             return held_back.map_or(Before::Ask, Before::Yield);
@@ -193,11 +273,15 @@ impl<G> Handoffs<G> {
         }
     }
 
-    /// A releaser of `lock`: claim the first waiting slot. The offer says whether the
-    /// streak is spent.
-    pub(crate) fn offer(&self, lock: &str) -> Option<Offer<G>> {
-        let mut lines = self.lines();
-        let line = lines.get_mut(lock)?;
+    /// A releaser of `lock` (counted as a local holder under `holder`, and no longer
+    /// from now on): claim the first waiting slot. The offer says whether the streak
+    /// is spent.
+    pub(crate) fn offer(&self, lock: &str, holder: Option<&str>) -> Option<Offer<G>> {
+        let mut t = self.table();
+        if let Some(owner) = holder {
+            Self::holder_left(&mut t, lock, owner);
+        }
+        let line = t.lines.get_mut(lock)?;
         let last = line.streak >= self.burst;
         for slot in &line.slots {
             let mut state = slot.state();
@@ -217,14 +301,14 @@ impl<G> Handoffs<G> {
     /// The hand-off landed: put the grant in the slot, or give it back if the waiter
     /// has left meanwhile.
     pub(crate) fn deliver(&self, lock: &str, offer: Offer<G>, grant: G) -> Result<(), G> {
-        let mut lines = self.lines();
+        let mut t = self.table();
         let mut state = offer.slot.state();
         if !matches!(&*state, State::Offered(_)) {
             return Err(grant);
         }
         *state = State::Granted(grant);
         drop(state);
-        if let Some(line) = lines.get_mut(lock) {
+        if let Some(line) = t.lines.get_mut(lock) {
             line.streak = line.streak.saturating_add(1);
         }
         offer.slot.wake.notify_one();
@@ -234,7 +318,7 @@ impl<G> Handoffs<G> {
     /// The streak ended with a release to everyone: the streak starts again, and this
     /// process's attempts hold back for [`YIELD`].
     pub(crate) fn released_to_everyone(&self, lock: &str, offer: Offer<G>) {
-        if let Some(line) = self.lines().get_mut(lock) {
+        if let Some(line) = self.table().lines.get_mut(lock) {
             line.streak = 0;
             line.yield_until = Some(Instant::now() + YIELD);
         }
@@ -264,11 +348,11 @@ impl<G> Handoffs<G> {
     /// caller must release it) or the nonce of an uncertain hand-off (the caller must
     /// release that owner's hold if it landed).
     pub(crate) fn leave(&self, lock: &str, slot: &Arc<Slot<G>>) -> Option<Leftover<G>> {
-        let mut lines = self.lines();
-        if let Some(line) = lines.get_mut(lock) {
+        let mut t = self.table();
+        if let Some(line) = t.lines.get_mut(lock) {
             line.slots.retain(|s| !Arc::ptr_eq(s, slot));
             if line.slots.is_empty() {
-                lines.remove(lock);
+                t.lines.remove(lock);
             }
         }
         match std::mem::replace(&mut *slot.state(), State::Done) {
@@ -309,7 +393,7 @@ mod tests {
         let a = h.register("l", "a");
         let _b = h.register("l", "b");
         // Nobody has stated a want yet: nothing to offer.
-        assert!(h.offer("l").is_none());
+        assert!(h.offer("l", None).is_none());
         assert!(matches!(
             h.before_attempt("l", "b", || want("nb")),
             Before::Ask
@@ -318,7 +402,7 @@ mod tests {
             h.before_attempt("l", "a", || want("na")),
             Before::Ask
         ));
-        let offer = h.offer("l").expect("a waits");
+        let offer = h.offer("l", None).expect("a waits");
         assert_eq!(offer.owner(), "a");
         assert!(h.deliver("l", offer, 7).is_ok());
         assert!(matches!(
@@ -326,7 +410,7 @@ mod tests {
             Before::Granted(7)
         ));
         assert!(h.leave("l", &a).is_none());
-        assert_eq!(h.offer("l").expect("b waits").owner(), "b");
+        assert_eq!(h.offer("l", None).expect("b waits").owner(), "b");
     }
 
     #[test]
@@ -334,17 +418,17 @@ mod tests {
         let h: Handoffs<u32> = Handoffs::new(16);
         let a = h.register("l", "a");
         let _ = h.before_attempt("l", "a", || want("na"));
-        let offer = h.offer("l").expect("a waits");
+        let offer = h.offer("l", None).expect("a waits");
         // Delivered, then the waiter leaves before picking it up.
         assert!(h.deliver("l", offer, 3).is_ok());
         assert!(matches!(h.leave("l", &a), Some(Leftover::Grant(3))));
         // Offered, the waiter leaves, then the hand-off lands: the releaser gets it back.
         let b = h.register("l", "b");
         let _ = h.before_attempt("l", "b", || want("nb"));
-        let offer = h.offer("l").expect("b waits");
+        let offer = h.offer("l", None).expect("b waits");
         assert!(h.leave("l", &b).is_none());
         assert_eq!(h.deliver("l", offer, 4), Err(4));
-        assert!(h.lines().is_empty(), "no line outlives its waiters");
+        assert!(h.table().lines.is_empty(), "no line outlives its waiters");
     }
 
     #[test]
@@ -353,7 +437,7 @@ mod tests {
         let _a = h.register("l", "a");
         for round in 0..2 {
             let _ = h.before_attempt("l", "a", || want("n"));
-            let offer = h.offer("l").expect("offered");
+            let offer = h.offer("l", None).expect("offered");
             assert!(!offer.last, "within the burst");
             assert!(h.deliver("l", offer, round).is_ok());
             assert!(matches!(
@@ -362,7 +446,7 @@ mod tests {
             ));
         }
         let _ = h.before_attempt("l", "a", || want("n"));
-        let offer = h.offer("l").expect("offered");
+        let offer = h.offer("l", None).expect("offered");
         assert!(offer.last, "third in a row: the streak is spent");
         h.released_to_everyone("l", offer);
         // The waiter and a newcomer of this process hold back; the streak starts again.
@@ -374,7 +458,47 @@ mod tests {
             h.before_attempt("l", "new", || want("n")),
             Before::Yield(_)
         ));
-        assert!(!h.offer("l").expect("offered").last);
+        assert!(!h.offer("l", None).expect("offered").last);
+    }
+
+    #[test]
+    fn while_a_local_task_holds_the_lock_newcomers_wait_without_asking() {
+        let h: Handoffs<u32> = Handoffs::new(16);
+        let end = Instant::now() + Duration::from_secs(5);
+        h.note_held("l", "holder", end);
+        assert!(
+            matches!(h.before_attempt("l", "new", || want("n")), Before::Yield(d) if d > Duration::from_secs(4))
+        );
+        // The holder itself re-entering does ask the server.
+        assert!(matches!(
+            h.before_attempt("l", "holder", || want("h")),
+            Before::Ask
+        ));
+        let a = h.register("l", "a");
+        assert!(matches!(
+            h.before_attempt("l", "a", || want("na")),
+            Before::Yield(_)
+        ));
+        // The holder's release offers to the waiter and stops counting as a holder.
+        let offer = h.offer("l", Some("holder")).expect("a waits");
+        assert!(h.deliver("l", offer, 1).is_ok());
+        assert!(matches!(
+            h.before_attempt("l", "a", || want("x")),
+            Before::Granted(1)
+        ));
+        assert!(h.leave("l", &a).is_none());
+        assert!(matches!(
+            h.before_attempt("l", "new", || want("n")),
+            Before::Ask
+        ));
+        // A lease that ran out (the holder vanished unreleased): ask the server.
+        h.note_held("m", "holder", Instant::now());
+        assert!(matches!(
+            h.before_attempt("m", "new", || want("n")),
+            Before::Ask
+        ));
+        h.note_gone("m", "holder");
+        assert!(h.table().holders.is_empty());
     }
 
     #[test]
@@ -382,13 +506,13 @@ mod tests {
         let h: Handoffs<u32> = Handoffs::new(16);
         let a = h.register("l", "a");
         let _ = h.before_attempt("l", "a", || want("na"));
-        let offer = h.offer("l").expect("a waits");
+        let offer = h.offer("l", None).expect("a waits");
         h.uncertain(offer);
         match h.before_attempt("l", "a", || want("other")) {
             Before::Recover(n) => assert_eq!(n, "na"),
             other => panic!("expected recovery, got {other:?}"),
         }
-        h.uncertain(h.offer("l").expect("waiting again"));
+        h.uncertain(h.offer("l", None).expect("waiting again"));
         assert!(matches!(
             h.leave("l", &a),
             Some(Leftover::Maybe { owner, nonce }) if owner == "a" && nonce == "other"

@@ -604,6 +604,7 @@ impl Backend for RedisBackend {
             return Ok(Attempt::Busy { retry_after: None });
         }
         let ttl_ms = u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX);
+        let started = std::time::Instant::now();
         let mut round = 0u32;
         let (granted, value): (i64, i64) = loop {
             let fair_queue = keys.queue.as_ref().filter(|_| req.fair);
@@ -651,7 +652,7 @@ impl Backend for RedisBackend {
         inner
             .await_replicas(&keys, req.owner.as_str(), fence)
             .await?;
-        Ok(Attempt::Acquired(Box::new(RedisHeld {
+        let held = RedisHeld {
             inner: Arc::clone(inner),
             name: req.name.clone(),
             keys,
@@ -659,7 +660,12 @@ impl Backend for RedisBackend {
             fence,
             released: std::sync::atomic::AtomicBool::new(false),
             granted_at: None,
-        })))
+            counted: std::sync::atomic::AtomicBool::new(inner.handoffs.is_some()),
+        };
+        if let Some(h) = &inner.handoffs {
+            h.note_held(&held.keys.lock, held.owner.as_str(), started + req.ttl);
+        }
+        Ok(Attempt::Acquired(Box::new(held)))
     }
 
     async fn subscribe(
@@ -823,6 +829,20 @@ struct RedisHeld {
     released: std::sync::atomic::AtomicBool,
     /// Set on a grant handed over in-process: when the hand-off was sent.
     granted_at: Option<std::time::Instant>,
+    /// Counted among this process's holders of the lock (see `handoff`).
+    counted: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for RedisHeld {
+    fn drop(&mut self) {
+        if self
+            .counted
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+            && let Some(h) = &self.inner.handoffs
+        {
+            h.note_gone(&self.keys.lock, self.owner.as_str());
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisHeld {
@@ -869,7 +889,9 @@ impl RedisHeld {
                     fence,
                     released: std::sync::atomic::AtomicBool::new(false),
                     granted_at: Some(sent_at),
+                    counted: std::sync::atomic::AtomicBool::new(true),
                 };
+                handoffs.note_held(&self.keys.lock, offer.owner(), sent_at + want.ttl);
                 if let Err(grant) = handoffs.deliver(&self.keys.lock, offer, grant) {
                     // The waiter left while the hand-off was on its way.
                     grant.release().await?;
@@ -906,12 +928,16 @@ impl HeldLock for RedisHeld {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
+        let sent = std::time::Instant::now();
         let held = self
             .inner
             .renewer
             .renew(&self.keys, &self.owner, self.fence, ttl)
             .await?;
         if held {
+            if let Some(h) = &self.inner.handoffs {
+                h.note_renewed(&self.keys.lock, sent + ttl);
+            }
             Ok(())
         } else {
             Err(Error::NotOwner {
@@ -930,10 +956,17 @@ impl HeldLock for RedisHeld {
             return Ok(());
         }
         let handed = match &self.inner.handoffs {
-            Some(handoffs) => match handoffs.offer(&self.keys.lock) {
-                Some(offer) => self.hand_off(handoffs, offer).await,
-                None => Ok(false),
-            },
+            Some(handoffs) => {
+                match handoffs.offer(
+                    &self.keys.lock,
+                    self.counted
+                        .swap(false, Ordering::SeqCst)
+                        .then_some(self.owner.as_str()),
+                ) {
+                    Some(offer) => self.hand_off(handoffs, offer).await,
+                    None => Ok(false),
+                }
+            }
             None => Ok(false),
         };
         let released = match handed {

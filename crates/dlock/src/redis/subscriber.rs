@@ -1,7 +1,9 @@
 //! One shared pub/sub connection per backend, for every waiter of every lock.
 //!
 //! A waiter registers interest in a lock's unlock channel ([`Subscriber::watch`]); the
-//! first interest SUBSCRIBEs, the last one leaving UNSUBSCRIBEs. Each unlock message
+//! first interest SUBSCRIBEs, and [`LINGER`] after the last one left (if nobody came
+//! back meanwhile) the channel is UNSUBSCRIBEd — so tasks taking turns on a lock do not
+//! subscribe and unsubscribe on every turn. Each unlock message
 //! wakes **one** local waiter of that lock (`Notify::notify_one`, which hands the wake-up
 //! to the next waiter if the chosen one has gone), in the order they started waiting,
 //! so a release costs one attempt per process instead of a stampede. If the pub/sub
@@ -17,6 +19,9 @@ use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
 
+/// How long a channel stays subscribed after its last waiter left.
+pub(crate) const LINGER: Duration = Duration::from_millis(250);
+
 #[derive(Debug)]
 struct Entry {
     notify: Arc<Notify>,
@@ -24,6 +29,10 @@ struct Entry {
     watchers: usize,
     /// Whether the server has confirmed our SUBSCRIBE on the current connection.
     subscribed: bool,
+    /// When the last watcher left (while `watchers` is 0).
+    idle_since: Option<std::time::Instant>,
+    /// A task is waiting to unsubscribe this channel once it has been idle for LINGER.
+    reaper: bool,
 }
 
 /// Where the pub/sub connection goes.
@@ -82,8 +91,11 @@ impl Subscriber {
                 notify: Arc::new(Notify::new()),
                 watchers: 0,
                 subscribed: false,
+                idle_since: None,
+                reaper: false,
             });
             entry.watchers += 1;
+            entry.idle_since = None;
             Arc::clone(&entry.notify)
         };
         let watch = Watch {
@@ -156,23 +168,56 @@ impl Subscriber {
     }
 
     fn leave(self: &Arc<Self>, channel: &str) {
-        let last = {
+        let start_reaper = {
             let mut map = self.channels();
             match map.get_mut(channel) {
                 Some(e) => {
                     e.watchers = e.watchers.saturating_sub(1);
-                    e.watchers == 0
+                    if e.watchers == 0 {
+                        e.idle_since = Some(std::time::Instant::now());
+                    }
+                    let start = e.watchers == 0 && !e.reaper;
+                    if start {
+                        e.reaper = true;
+                    }
+                    start
                 }
                 None => false,
             }
         };
-        if !last {
+        if !start_reaper {
             return;
         }
-        let this = Arc::clone(self);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.channels().remove(channel);
+            return;
+        };
+        // One reaper per idle channel: it unsubscribes once the channel has had no
+        // watcher for LINGER, and stands down if a watcher came back.
+        let weak = Arc::downgrade(self);
         let channel = channel.to_owned();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
+        rt.spawn(async move {
+            let mut wait = LINGER;
+            loop {
+                tokio::time::sleep(wait).await;
+                let Some(this) = weak.upgrade() else { return };
+                {
+                    let mut map = this.channels();
+                    let Some(e) = map.get_mut(&channel) else {
+                        return;
+                    };
+                    match e.idle_since {
+                        None => {
+                            e.reaper = false;
+                            return;
+                        }
+                        Some(since) if since.elapsed() < LINGER => {
+                            wait = LINGER - since.elapsed();
+                            continue;
+                        }
+                        Some(_) => {}
+                    }
+                }
                 let mut sink = this.sink.lock().await;
                 // Only if still nobody watches (a new waiter may have come meanwhile).
                 let unsubscribe = {
@@ -183,7 +228,13 @@ impl Subscriber {
                             map.remove(&channel);
                             was
                         }
-                        _ => false,
+                        Some(_) => {
+                            if let Some(e) = map.get_mut(&channel) {
+                                e.reaper = false;
+                            }
+                            false
+                        }
+                        None => false,
                     }
                 };
                 if unsubscribe
@@ -192,8 +243,9 @@ impl Subscriber {
                 {
                     *sink = None;
                 }
-            });
-        }
+                return;
+            }
+        });
     }
 }
 
