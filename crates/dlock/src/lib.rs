@@ -51,6 +51,7 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod guard;
+mod hex;
 mod locker;
 pub mod memory;
 pub mod name;

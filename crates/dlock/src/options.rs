@@ -32,7 +32,6 @@ impl Owner {
     #[must_use]
     pub fn random() -> Self {
         use std::cell::RefCell;
-        use std::fmt::Write as _;
         thread_local! {
             static POOL: RefCell<(Vec<u8>, usize)> = const { RefCell::new((Vec::new(), 0)) };
         }
@@ -49,11 +48,7 @@ impl Owner {
             pool[*used..*used + 16].fill(0);
             *used += 16;
         });
-        let mut s = String::with_capacity(32);
-        for b in bytes {
-            let _ = write!(s, "{b:02x}");
-        }
-        Owner(s)
+        Owner(crate::hex::encode(&bytes))
     }
 
     /// The token text.

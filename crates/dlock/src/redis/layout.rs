@@ -130,11 +130,18 @@ pub(crate) struct Keys {
 
 /// `prefix:{name}`, or `prefix:name` when the name already carries a hash tag.
 pub(crate) fn suffixed(prefix: &str, name: &str) -> String {
+    // Built by hand: this runs for every key of every acquisition.
+    let mut key = String::with_capacity(prefix.len() + name.len() + 3);
+    key.push_str(prefix);
+    key.push(':');
     if name.contains('{') {
-        format!("{prefix}:{name}")
+        key.push_str(name);
     } else {
-        format!("{prefix}:{{{name}}}")
+        key.push('{');
+        key.push_str(name);
+        key.push('}');
     }
+    key
 }
 
 static REDISSON_ACQUIRE: LazyLock<Script> =

@@ -560,7 +560,7 @@ impl Backend for RedisBackend {
         // but before its reply arrived, the retry finds this attempt's grant instead of
         // leaving it orphaned (or taking a second hold).
         // Unique per attempt is all it needs: no OS randomness on the hot path.
-        let mut nonce = format!("{:032x}", fastrand::u128(..));
+        let mut nonce = crate::hex::u128_32(fastrand::u128(..));
         let stored = |nonce: &str| {
             serde_json::to_string(&StoredMetadata {
                 metadata: &req.metadata,

@@ -179,16 +179,7 @@ pub fn lock_key(name: &LockName) -> [u8; 32] {
     Sha256::digest(name.as_str().as_bytes()).into()
 }
 
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
+pub(crate) use crate::hex::encode as hex;
 
 /// Metadata as stored (JSON text).
 pub(crate) fn metadata_json(m: &crate::Metadata) -> String {

@@ -209,7 +209,7 @@ fn contenders(mut children: Vec<String>) -> Vec<String> {
 /// A fresh uuid in the usual 8-4-4-4-12 form (version 4 bits set).
 fn uuid() -> String {
     let r = fastrand::u128(..);
-    let hex = format!("{r:032x}");
+    let hex = crate::hex::u128_32(r);
     format!(
         "{}-{}-4{}-{}-{}",
         &hex[0..8],
