@@ -1,22 +1,15 @@
 //! `dlock bench`: uncontended cycles against the raw backend floor, and contended
 //! throughput across worker processes.
 //!
-//! The floor is what the same backend does with bare commands in the same run: for
-//! SQLite, two autocommitted writes per cycle on the same file with the same durability
-//! settings — insert a lease row (name, 32-character owner, expiry), delete it if the
-//! owner matches — which is the least any lease lock on SQLite must do. For Redis, the
-//! same client's bare `SET NX PX` + `EVALSHA` compare-and-delete. For Redlock, the same
-//! cycles on the first node alone (same layout), measured in the same run. For etcd,
-//! the same client crate's bare put-with-lease + delete; for ZooKeeper, its bare
-//! create-ephemeral + delete.
+//! The floor (`floor`) is what the same backend does with the bare requests of a lock
+//! cycle in the same run, alternating with dlock's cycles. For Redlock, the same cycles
+//! on the first node alone (same layout), measured in the same run.
 
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use dlock::Locker;
 use serde::Serialize;
 use serde_json::json;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::args::{BenchArgs, BenchWorkerArgs};
 use crate::exit::Failure;
@@ -77,30 +70,6 @@ struct SingleNode {
     redlock_ratio: f64,
 }
 
-/// `cycles` acquire+release cycles on `name`, one at a time.
-async fn measure_cycles(
-    locker: &Locker,
-    name: &str,
-    cycles: u32,
-) -> Result<(f64, Latency), Failure> {
-    // Warm up connections (and load scripts), then measure.
-    for _ in 0..20 {
-        locker.lock(name).await?.release().await?;
-    }
-    let mut samples = Vec::with_capacity(cycles as usize);
-    let start = Instant::now();
-    for _ in 0..cycles {
-        let t = Instant::now();
-        let g = locker.lock(name).await?;
-        g.release().await?;
-        samples.push(micros(t.elapsed()));
-    }
-    Ok((
-        f64::from(cycles) / start.elapsed().as_secs_f64(),
-        Latency::of(&samples),
-    ))
-}
-
 /// `redis://[userinfo@]first-host?layout=redis-py` for a `redlock://` URL.
 fn first_node_url(url: &str) -> Option<String> {
     let rest = url.strip_prefix("redlock://")?;
@@ -118,40 +87,32 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     let url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "bench.db");
     let locker = Locker::connect(&url).await?;
     let name = format!("bench:{}", dlock::Owner::random());
-    let (cycles_per_sec, latency) = measure_cycles(&locker, &name, args.cycles).await?;
+    let mut floor = crate::floor::Floor::connect(&url).await?;
+    let (ours, bare) = crate::floor::measure(&locker, &name, floor.as_mut(), args.cycles).await?;
+    if let Some(f) = floor {
+        f.close().await;
+    }
     let single_node = match first_node_url(&url) {
         None => None,
         Some(single) => {
             let one = Locker::connect(&single).await?;
-            let (rate, lat) = measure_cycles(&one, &format!("{name}:single"), args.cycles).await?;
+            let (side, _) =
+                crate::floor::measure(&one, &format!("{name}:single"), None, args.cycles).await?;
             Some(SingleNode {
                 url: one.url().to_owned(),
-                cycles_per_sec: rate,
-                latency: lat,
-                redlock_ratio: cycles_per_sec / rate,
+                cycles_per_sec: side.per_sec,
+                latency: side.latency,
+                redlock_ratio: ours.per_sec / side.per_sec,
             })
         }
     };
-    let floor = match sqlite_floor(&url, args.cycles).await? {
-        Some(f) => Some(f),
-        None => match redis_floor(&url, args.cycles).await? {
-            Some(f) => Some(f),
-            None => match etcd_floor(&url, args.cycles).await? {
-                Some(f) => Some(f),
-                None => match zk_floor(&url, args.cycles).await? {
-                    Some(f) => Some(f),
-                    None => crate::raw_sql::floor(&url, args.cycles).await?,
-                },
-            },
-        },
-    };
     let uncontended = Uncontended {
         cycles: u64::from(args.cycles),
-        cycles_per_sec,
-        latency,
-        floor_cycles_per_sec: floor.as_ref().map(|f| f.0),
-        floor_latency: floor.as_ref().map(|f| f.1),
-        ratio_to_floor: floor.as_ref().map(|f| cycles_per_sec / f.0),
+        cycles_per_sec: ours.per_sec,
+        latency: ours.latency,
+        floor_cycles_per_sec: bare.map(|f| f.per_sec),
+        floor_latency: bare.map(|f| f.latency),
+        ratio_to_floor: bare.map(|f| ours.per_sec / f.per_sec),
     };
 
     let contended = if args.processes > 0 {
@@ -374,84 +335,6 @@ fn print_report(r: &Report) {
     }
 }
 
-/// The bare-transaction floor for an SQLite URL (`None` for other backends).
-async fn sqlite_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
-    let Some(path) = url.strip_prefix("sqlite://") else {
-        return Ok(None);
-    };
-    if path.starts_with(':') || path.contains('?') {
-        return Ok(None);
-    }
-    let db = |e: sqlx::Error| Failure::internal(format!("floor: {e}"));
-    let opts = SqliteConnectOptions::from_str("sqlite://floor")
-        .map_err(db)?
-        .filename(path)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full);
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(opts)
-        .await
-        .map_err(db)?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS dlock_bench_floor \
-         (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires INTEGER NOT NULL) WITHOUT ROWID",
-    )
-    .execute(&pool)
-    .await
-    .map_err(db)?;
-    let mut conn = pool.acquire().await.map_err(db)?;
-    let owner = dlock::Owner::random();
-    let mut samples = Vec::with_capacity(cycles as usize);
-    let start = Instant::now();
-    for i in 0..cycles {
-        let t = Instant::now();
-        sqlx::query(
-            "INSERT INTO dlock_bench_floor (name, owner, expires) VALUES ('floor', ?1, ?2)",
-        )
-        .bind(owner.as_str())
-        .bind(i64::from(i))
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
-        sqlx::query("DELETE FROM dlock_bench_floor WHERE name = 'floor' AND owner = ?1")
-            .bind(owner.as_str())
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-        samples.push(micros(t.elapsed()));
-    }
-    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
-    Ok(Some((per_sec, Latency::of(&samples))))
-}
-
-/// The bare-command floor for a `redis://` URL: the same client crate issuing
-/// `SET key owner NX PX` and an `EVALSHA` compare-and-delete, nothing else.
-async fn redis_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
-    let Some(bare) = crate::raw_redis::bare_url(url) else {
-        return Ok(None);
-    };
-    let mut conn = crate::raw_redis::connect(&bare).await?;
-    let owner = dlock::Owner::random();
-    let key = format!("dlock-bench-floor:{owner}");
-    for _ in 0..20 {
-        crate::raw_redis::floor_cycle(&mut conn, &key, owner.as_str())
-            .await
-            .map_err(crate::raw_redis::err)?;
-    }
-    let mut samples = Vec::with_capacity(cycles as usize);
-    let start = Instant::now();
-    for _ in 0..cycles {
-        let t = Instant::now();
-        crate::raw_redis::floor_cycle(&mut conn, &key, owner.as_str())
-            .await
-            .map_err(crate::raw_redis::err)?;
-        samples.push(micros(t.elapsed()));
-    }
-    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
-    Ok(Some((per_sec, Latency::of(&samples))))
-}
-
 async fn contended(url: &str, name: &str, args: &BenchArgs) -> Result<Contended, Failure> {
     let lists = (0..args.processes)
         .map(|_| {
@@ -520,80 +403,4 @@ pub async fn worker(args: BenchWorkerArgs) -> Result<i32, Failure> {
         "waits_us": waits,
     }));
     Ok(0)
-}
-
-/// The bare-request floor for a plain `etcd://` URL: the same client crate putting a
-/// key attached to a lease and deleting it, nothing else (the lease granted once).
-async fn etcd_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
-    let Some(rest) = url.strip_prefix("etcd://") else {
-        return Ok(None);
-    };
-    let authority = rest.split(['/', '?']).next().unwrap_or_default();
-    if authority.contains('@') {
-        return Ok(None);
-    }
-    let endpoints: Vec<String> = authority
-        .split(',')
-        .filter(|h| !h.is_empty())
-        .map(|h| format!("http://{h}"))
-        .collect();
-    let err = |e: etcd_client::Error| Failure::internal(format!("bench's bare etcd client: {e}"));
-    let mut client = etcd_client::Client::connect(endpoints, None)
-        .await
-        .map_err(err)?;
-    let lease = client.lease_grant(10, None).await.map_err(err)?.id();
-    let key = format!("dlock-bench-floor/{lease:x}");
-    let put = etcd_client::PutOptions::new().with_lease(lease);
-    let cycle = async |client: &mut etcd_client::Client| -> Result<(), Failure> {
-        client
-            .put(key.as_str(), "", Some(put.clone()))
-            .await
-            .map_err(err)?;
-        client.delete(key.as_str(), None).await.map_err(err)?;
-        Ok(())
-    };
-    for _ in 0..20 {
-        cycle(&mut client).await?;
-    }
-    let mut samples = Vec::with_capacity(cycles as usize);
-    let start = Instant::now();
-    for _ in 0..cycles {
-        let t = Instant::now();
-        cycle(&mut client).await?;
-        samples.push(micros(t.elapsed()));
-    }
-    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
-    let _ = client.lease_revoke(lease).await;
-    Ok(Some((per_sec, Latency::of(&samples))))
-}
-
-/// The bare-request floor for a `zk://` URL: the same client crate creating an
-/// ephemeral node and deleting it, nothing else.
-async fn zk_floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
-    use zookeeper_client as zk;
-    let Some(rest) = url.strip_prefix("zk://") else {
-        return Ok(None);
-    };
-    let authority = rest.split(['/', '?']).next().unwrap_or_default();
-    if authority.contains('@') {
-        return Ok(None);
-    }
-    let err = |e: zk::Error| Failure::internal(format!("bench's bare ZooKeeper client: {e}"));
-    let client = zk::Client::connect(authority).await.map_err(err)?;
-    let node = format!("/dlock-bench-floor-{}", dlock::Owner::random());
-    let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
-    for _ in 0..20 {
-        client.create(&node, b"", &ephemeral).await.map_err(err)?;
-        client.delete(&node, None).await.map_err(err)?;
-    }
-    let mut samples = Vec::with_capacity(cycles as usize);
-    let start = Instant::now();
-    for _ in 0..cycles {
-        let t = Instant::now();
-        client.create(&node, b"", &ephemeral).await.map_err(err)?;
-        client.delete(&node, None).await.map_err(err)?;
-        samples.push(micros(t.elapsed()));
-    }
-    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
-    Ok(Some((per_sec, Latency::of(&samples))))
 }

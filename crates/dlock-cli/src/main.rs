@@ -6,6 +6,7 @@ mod check;
 mod demo;
 mod exit;
 mod fleet;
+mod floor;
 mod handoff;
 mod hold;
 mod inventory;

@@ -2,15 +2,12 @@
 //! floor (the bare statements of one lock cycle in the URL's mode, through the same
 //! client crate) and the flash-sale demo's inventory table.
 
-use std::time::Instant;
-
 use dlock::url::ConnectUrl;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, Executor};
 
 use crate::exit::Failure;
-use crate::stats::{Latency, micros};
 
 /// A bare connection to the database a dlock SQL URL names.
 pub enum SqlConn {
@@ -183,30 +180,31 @@ async fn floor_cycle(conn: &mut SqlConn, mode: &str, i: i64) -> Result<(), Failu
 /// The bare-statement floor for a SQL URL in its mode (`None` for other backends):
 /// lease → insert + owner-checked delete of a row; advisory → `pg_try_advisory_lock` +
 /// `pg_advisory_unlock`; named → `GET_LOCK` + `RELEASE_LOCK`; row → `BEGIN`,
-/// `SELECT … FOR UPDATE NOWAIT`, `COMMIT`.
-pub async fn floor(url: &str, cycles: u32) -> Result<Option<(f64, Latency)>, Failure> {
-    let Some((_, mode)) = target(url) else {
-        return Ok(None);
-    };
-    let mut conn = SqlConn::connect(url).await?;
-    conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor (id BIGINT PRIMARY KEY, expires BIGINT NOT NULL)")
-        .await?;
-    conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor_row (id BIGINT PRIMARY KEY)")
-        .await?;
-    conn.exec("DELETE FROM dlock_bench_floor").await?;
-    conn.exec("DELETE FROM dlock_bench_floor_row").await?;
-    conn.exec("INSERT INTO dlock_bench_floor_row (id) VALUES (1)")
-        .await?;
-    for i in 0..20 {
-        floor_cycle(&mut conn, &mode, i).await?;
+/// `SELECT … FOR UPDATE NOWAIT`, `COMMIT`. Tables made, cycles not yet run.
+pub struct SqlFloor {
+    conn: SqlConn,
+    mode: String,
+}
+
+impl SqlFloor {
+    pub async fn connect(url: &str) -> Result<Option<Self>, Failure> {
+        let Some((_, mode)) = target(url) else {
+            return Ok(None);
+        };
+        let mut conn = SqlConn::connect(url).await?;
+        conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor (id BIGINT PRIMARY KEY, expires BIGINT NOT NULL)")
+            .await?;
+        conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor_row (id BIGINT PRIMARY KEY)")
+            .await?;
+        conn.exec("DELETE FROM dlock_bench_floor").await?;
+        conn.exec("DELETE FROM dlock_bench_floor_row").await?;
+        conn.exec("INSERT INTO dlock_bench_floor_row (id) VALUES (1)")
+            .await?;
+        Ok(Some(SqlFloor { conn, mode }))
     }
-    let mut samples = Vec::with_capacity(cycles as usize);
-    let start = Instant::now();
-    for i in 0..i64::from(cycles) {
-        let t = Instant::now();
-        floor_cycle(&mut conn, &mode, i).await?;
-        samples.push(micros(t.elapsed()));
+
+    /// One bare cycle, `i` distinguishing cycles.
+    pub async fn cycle(&mut self, i: i64) -> Result<(), Failure> {
+        floor_cycle(&mut self.conn, &self.mode, i).await
     }
-    let per_sec = f64::from(cycles) / start.elapsed().as_secs_f64();
-    Ok(Some((per_sec, Latency::of(&samples))))
 }

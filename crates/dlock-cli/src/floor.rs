@@ -1,0 +1,296 @@
+//! The uncontended floor: what the same backend does with the bare requests of one lock
+//! cycle, through the same client crate, in the same run.
+//!
+//! - SQLite: two autocommitted writes on the same file with the same durability
+//!   settings — insert a lease row (name, 32-character owner, expiry), delete it if the
+//!   owner matches — the least any lease lock on SQLite must do.
+//! - Redis: `SET NX PX` + `EVALSHA` compare-and-delete.
+//! - etcd: put a key attached to a lease (granted once) + delete it.
+//! - ZooKeeper: create an ephemeral node + delete it.
+//! - PostgreSQL / MySQL: the bare statements of the URL's mode (see `raw_sql`).
+//!
+//! [`measure`] alternates dlock's cycles and the floor's in rounds, so a change in the
+//! machine's speed during the run (CPU frequency, other processes) lands on both sides.
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use dlock::Locker;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use zookeeper_client as zk;
+
+use crate::exit::Failure;
+use crate::stats::{Latency, micros};
+
+/// Rounds the measurement alternates dlock and the floor in.
+const ROUNDS: u32 = 10;
+/// Untimed cycles on each side first (connections, scripts, caches).
+const WARM_UP: u32 = 20;
+
+/// A connection ready to run bare lock cycles.
+pub enum Floor {
+    Sqlite {
+        conn: sqlx::pool::PoolConnection<sqlx::Sqlite>,
+        owner: dlock::Owner,
+    },
+    Redis {
+        conn: redis::aio::ConnectionManager,
+        key: String,
+        owner: dlock::Owner,
+    },
+    Etcd {
+        client: Box<etcd_client::Client>,
+        key: String,
+        lease: i64,
+    },
+    Zk {
+        client: zk::Client,
+        node: String,
+    },
+    Sql(crate::raw_sql::SqlFloor),
+}
+
+impl Floor {
+    /// The floor for `url`'s backend; `None` where there is none (Redlock, Sentinel,
+    /// Cluster, credentials the bare clients are not given, in-memory SQLite).
+    pub async fn connect(url: &str) -> Result<Option<Self>, Failure> {
+        if let Some(f) = sqlite(url).await? {
+            return Ok(Some(f));
+        }
+        if let Some(bare) = crate::raw_redis::bare_url(url) {
+            let conn = crate::raw_redis::connect(&bare).await?;
+            let owner = dlock::Owner::random();
+            let key = format!("dlock-bench-floor:{owner}");
+            return Ok(Some(Floor::Redis { conn, key, owner }));
+        }
+        if let Some(f) = etcd(url).await? {
+            return Ok(Some(f));
+        }
+        if let Some(f) = zookeeper(url).await? {
+            return Ok(Some(f));
+        }
+        Ok(crate::raw_sql::SqlFloor::connect(url)
+            .await?
+            .map(Floor::Sql))
+    }
+
+    /// One bare lock cycle (`i` distinguishes cycles where a backend needs it).
+    pub async fn cycle(&mut self, i: i64) -> Result<(), Failure> {
+        match self {
+            Floor::Sqlite { conn, owner } => {
+                let db = |e: sqlx::Error| Failure::internal(format!("floor: {e}"));
+                sqlx::query(
+                    "INSERT INTO dlock_bench_floor (name, owner, expires) VALUES ('floor', ?1, ?2)",
+                )
+                .bind(owner.as_str())
+                .bind(i)
+                .execute(&mut **conn)
+                .await
+                .map_err(db)?;
+                sqlx::query("DELETE FROM dlock_bench_floor WHERE name = 'floor' AND owner = ?1")
+                    .bind(owner.as_str())
+                    .execute(&mut **conn)
+                    .await
+                    .map_err(db)?;
+                Ok(())
+            }
+            Floor::Redis { conn, key, owner } => {
+                crate::raw_redis::floor_cycle(conn, key, owner.as_str())
+                    .await
+                    .map_err(crate::raw_redis::err)
+            }
+            Floor::Etcd { client, key, lease } => {
+                let put = etcd_client::PutOptions::new().with_lease(*lease);
+                client
+                    .put(key.as_str(), "", Some(put))
+                    .await
+                    .map_err(etcd_err)?;
+                client.delete(key.as_str(), None).await.map_err(etcd_err)?;
+                Ok(())
+            }
+            Floor::Zk { client, node } => {
+                let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+                client.create(node, b"", &ephemeral).await.map_err(zk_err)?;
+                client.delete(node, None).await.map_err(zk_err)?;
+                Ok(())
+            }
+            Floor::Sql(f) => f.cycle(i).await,
+        }
+    }
+
+    /// Give back what the floor holds on the server (the etcd lease).
+    pub async fn close(self) {
+        if let Floor::Etcd {
+            mut client, lease, ..
+        } = self
+        {
+            let _ = client.lease_revoke(lease).await;
+        }
+    }
+}
+
+/// One side of a measurement: cycles per second and per-cycle latency.
+#[derive(Debug, Clone, Copy)]
+pub struct Side {
+    pub per_sec: f64,
+    pub latency: Latency,
+}
+
+/// Timed samples of one side, gathered over rounds.
+#[derive(Default)]
+struct Samples {
+    us: Vec<u64>,
+    elapsed: Duration,
+}
+
+impl Samples {
+    fn side(&self) -> Side {
+        let secs = self.elapsed.as_secs_f64();
+        Side {
+            per_sec: if secs > 0.0 {
+                self.us.len() as f64 / secs
+            } else {
+                0.0
+            },
+            latency: Latency::of(&self.us),
+        }
+    }
+}
+
+/// `n` dlock acquire+release cycles on `name`, one at a time, appended to `into`.
+async fn dlock_cycles(
+    locker: &Locker,
+    name: &str,
+    n: u32,
+    into: &mut Samples,
+) -> Result<(), Failure> {
+    let start = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        let g = locker.lock(name).await?;
+        g.release().await?;
+        into.us.push(micros(t.elapsed()));
+    }
+    into.elapsed += start.elapsed();
+    Ok(())
+}
+
+async fn floor_cycles(
+    floor: &mut Floor,
+    next: &mut i64,
+    n: u32,
+    into: &mut Samples,
+) -> Result<(), Failure> {
+    let start = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        floor.cycle(*next).await?;
+        *next += 1;
+        into.us.push(micros(t.elapsed()));
+    }
+    into.elapsed += start.elapsed();
+    Ok(())
+}
+
+/// `cycles` uncontended dlock cycles on `name` and, with a floor, as many bare cycles,
+/// alternating in [`ROUNDS`] rounds.
+pub async fn measure(
+    locker: &Locker,
+    name: &str,
+    mut floor: Option<&mut Floor>,
+    cycles: u32,
+) -> Result<(Side, Option<Side>), Failure> {
+    let (mut ours, mut bare) = (Samples::default(), Samples::default());
+    let mut next = 0i64;
+    dlock_cycles(locker, name, WARM_UP, &mut Samples::default()).await?;
+    if let Some(f) = floor.as_deref_mut() {
+        floor_cycles(f, &mut next, WARM_UP, &mut Samples::default()).await?;
+    }
+    for round in 0..ROUNDS {
+        let n = cycles / ROUNDS + u32::from(round < cycles % ROUNDS);
+        dlock_cycles(locker, name, n, &mut ours).await?;
+        if let Some(f) = floor.as_deref_mut() {
+            floor_cycles(f, &mut next, n, &mut bare).await?;
+        }
+    }
+    Ok((ours.side(), floor.map(|_| bare.side())))
+}
+
+async fn sqlite(url: &str) -> Result<Option<Floor>, Failure> {
+    let Some(path) = url.strip_prefix("sqlite://") else {
+        return Ok(None);
+    };
+    if path.starts_with(':') || path.contains('?') {
+        return Ok(None);
+    }
+    let db = |e: sqlx::Error| Failure::internal(format!("floor: {e}"));
+    let opts = SqliteConnectOptions::from_str("sqlite://floor")
+        .map_err(db)?
+        .filename(path)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts)
+        .await
+        .map_err(db)?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS dlock_bench_floor \
+         (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires INTEGER NOT NULL) WITHOUT ROWID",
+    )
+    .execute(&pool)
+    .await
+    .map_err(db)?;
+    let conn = pool.acquire().await.map_err(db)?;
+    Ok(Some(Floor::Sqlite {
+        conn,
+        owner: dlock::Owner::random(),
+    }))
+}
+
+fn etcd_err(e: etcd_client::Error) -> Failure {
+    Failure::internal(format!("bench's bare etcd client: {e}"))
+}
+
+fn zk_err(e: zk::Error) -> Failure {
+    Failure::internal(format!("bench's bare ZooKeeper client: {e}"))
+}
+
+/// The host list of a URL without credentials; `None` with credentials.
+fn plain_authority<'a>(url: &'a str, scheme: &str) -> Option<&'a str> {
+    let rest = url.strip_prefix(scheme)?;
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    (!authority.contains('@')).then_some(authority)
+}
+
+async fn etcd(url: &str) -> Result<Option<Floor>, Failure> {
+    let Some(authority) = plain_authority(url, "etcd://") else {
+        return Ok(None);
+    };
+    let endpoints: Vec<String> = authority
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("http://{h}"))
+        .collect();
+    let mut client = etcd_client::Client::connect(endpoints, None)
+        .await
+        .map_err(etcd_err)?;
+    // Long enough for the whole interleaved measurement.
+    let lease = client.lease_grant(3600, None).await.map_err(etcd_err)?.id();
+    Ok(Some(Floor::Etcd {
+        client: Box::new(client),
+        key: format!("dlock-bench-floor/{lease:x}"),
+        lease,
+    }))
+}
+
+async fn zookeeper(url: &str) -> Result<Option<Floor>, Failure> {
+    let Some(authority) = plain_authority(url, "zk://") else {
+        return Ok(None);
+    };
+    let client = zk::Client::connect(authority).await.map_err(zk_err)?;
+    Ok(Some(Floor::Zk {
+        client,
+        node: format!("/dlock-bench-floor-{}", dlock::Owner::random()),
+    }))
+}
