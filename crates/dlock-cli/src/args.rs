@@ -351,15 +351,41 @@ pub struct BenchArgs {
     /// How long to hold them.
     #[arg(long, value_parser = duration, default_value = "30s", value_name = "DURATION")]
     pub hold_for: Duration,
-    /// Lease of the held locks (renewed every third of it).
-    #[arg(long, value_parser = ttl, default_value = "30s", value_name = "DURATION")]
-    pub hold_ttl: Duration,
+    /// Lease of the held locks (renewed every third of it) [default: --ttl].
+    #[arg(long, value_parser = ttl, value_name = "DURATION")]
+    pub hold_ttl: Option<Duration>,
     /// Tasks of this process contending for one lock in the hand-off run (0 skips it).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(0..=10_000))]
     pub waiters: u32,
+    /// Run only these scenarios (repeat the flag or separate with commas) [default:
+    /// uncontended, and each other scenario whose count is not 0].
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "NAME")]
+    pub scenario: Vec<Scenario>,
+    /// Distinct locks: in `parallel`, the tasks share this many (default one per task,
+    /// so no contention); in `hold`, how many are held (default: --hold, else 100000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub keys: Option<u64>,
+    /// Lease of every lock the bench takes (the held locks: --hold-ttl if given).
+    #[arg(long, value_parser = ttl, default_value = "30s", value_name = "DURATION")]
+    pub ttl: Duration,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A `dlock bench` scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// One task cycling one lock, against the floor (always the first figure).
+    Uncontended,
+    /// --tasks tasks cycling their own locks (or --keys shared ones).
+    Parallel,
+    /// --processes worker processes on one lock.
+    Contended,
+    /// --waiters tasks of this process on one lock: real hand-offs.
+    Handoff,
+    /// --keys locks held with automatic renewal for --hold-for.
+    Hold,
 }
 
 /// `dlock bench-worker` (internal).
@@ -373,4 +399,6 @@ pub struct BenchWorkerArgs {
     pub duration: Duration,
     #[arg(long)]
     pub max_cycles: u64,
+    #[arg(long, value_parser = ttl, default_value = "30s")]
+    pub ttl: Duration,
 }

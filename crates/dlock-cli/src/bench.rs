@@ -7,11 +7,12 @@
 
 use std::time::{Duration, Instant};
 
-use dlock::Locker;
+use clap::ValueEnum as _;
+use dlock::{LockOptions, Locker};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::args::{BenchArgs, BenchWorkerArgs};
+use crate::args::{BenchArgs, BenchWorkerArgs, Scenario};
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit, numbers};
 use crate::stats::{Latency, jain, micros, show_us};
@@ -53,7 +54,7 @@ struct Report {
     url: String,
     /// Every scenario that ran, flat: what BENCHMARKS.md and scripts read.
     scenarios: Vec<ScenarioRow>,
-    uncontended: Uncontended,
+    uncontended: Option<Uncontended>,
     contended: Option<Contended>,
     handoff: Option<crate::handoff::Handoff>,
     hold: Option<crate::hold::HoldRun>,
@@ -82,69 +83,129 @@ fn first_node_url(url: &str) -> Option<String> {
     Some(format!("redis://{userinfo}{first}?layout=redis-py"))
 }
 
+/// Which scenarios run: the named ones, else uncontended and every one whose count is
+/// not 0. A named scenario whose count is 0 is an error.
+fn chosen(args: &BenchArgs) -> Result<Vec<Scenario>, Failure> {
+    let counts = [
+        (Scenario::Uncontended, "--cycles", 1),
+        (Scenario::Parallel, "--tasks", u64::from(args.tasks)),
+        (
+            Scenario::Contended,
+            "--processes",
+            u64::from(args.processes),
+        ),
+        (Scenario::Handoff, "--waiters", u64::from(args.waiters)),
+        (
+            Scenario::Hold,
+            "--hold",
+            if args.scenario.contains(&Scenario::Hold) {
+                1
+            } else {
+                args.hold
+            },
+        ),
+    ];
+    if args.scenario.is_empty() {
+        return Ok(counts
+            .iter()
+            .filter(|(_, _, n)| *n > 0)
+            .map(|(s, _, _)| *s)
+            .collect());
+    }
+    for (s, flag, n) in counts {
+        if n == 0 && args.scenario.contains(&s) {
+            return Err(Failure::new(
+                crate::exit::USAGE,
+                format!(
+                    "--scenario {} needs {flag} above 0",
+                    s.to_possible_value()
+                        .map(|v| v.get_name().to_owned())
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    Ok(args.scenario.clone())
+}
+
 pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
+    let scenarios = chosen(&args)?;
+    let runs = |s: Scenario| scenarios.contains(&s);
     let dir = tempfile::tempdir().map_err(|e| Failure::internal(e.to_string()))?;
     let url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "bench.db");
     let locker = Locker::connect(&url).await?;
     let name = format!("bench:{}", dlock::Owner::random());
-    let mut floor = crate::floor::Floor::connect(&url).await?;
-    let (ours, bare) = crate::floor::measure(&locker, &name, floor.as_mut(), args.cycles).await?;
-    if let Some(f) = floor {
-        f.close().await;
-    }
-    let single_node = match first_node_url(&url) {
-        None => None,
-        Some(single) => {
+    let opts = LockOptions::new().ttl(args.ttl);
+    let mut uncontended = None;
+    let mut single_node = None;
+    if runs(Scenario::Uncontended) {
+        let mut floor = crate::floor::Floor::connect(&url).await?;
+        let (ours, bare) =
+            crate::floor::measure(&locker, &name, &opts, floor.as_mut(), args.cycles).await?;
+        if let Some(f) = floor {
+            f.close().await;
+        }
+        if let Some(single) = first_node_url(&url) {
             let one = Locker::connect(&single).await?;
             let (side, _) =
-                crate::floor::measure(&one, &format!("{name}:single"), None, args.cycles).await?;
-            Some(SingleNode {
+                crate::floor::measure(&one, &format!("{name}:single"), &opts, None, args.cycles)
+                    .await?;
+            single_node = Some(SingleNode {
                 url: one.url().to_owned(),
                 cycles_per_sec: side.per_sec,
                 latency: side.latency,
                 redlock_ratio: ours.per_sec / side.per_sec,
-            })
+            });
         }
-    };
-    let uncontended = Uncontended {
-        cycles: u64::from(args.cycles),
-        cycles_per_sec: ours.per_sec,
-        latency: ours.latency,
-        floor_cycles_per_sec: bare.map(|f| f.per_sec),
-        floor_latency: bare.map(|f| f.latency),
-        ratio_to_floor: bare.map(|f| ours.per_sec / f.per_sec),
-    };
-
-    let contended = if args.processes > 0 {
+        uncontended = Some(Uncontended {
+            cycles: u64::from(args.cycles),
+            cycles_per_sec: ours.per_sec,
+            latency: ours.latency,
+            floor_cycles_per_sec: bare.map(|f| f.per_sec),
+            floor_latency: bare.map(|f| f.latency),
+            ratio_to_floor: bare.map(|f| ours.per_sec / f.per_sec),
+        });
+    }
+    let contended = if runs(Scenario::Contended) {
         Some(contended(&url, &name, &args).await?)
     } else {
         None
     };
-    let handoff = if args.waiters > 0 {
+    let handoff = if runs(Scenario::Handoff) {
         let hname = format!("{name}:handoff");
-        Some(crate::handoff::run(&locker, &url, &hname, args.waiters, args.duration).await?)
+        Some(crate::handoff::run(&locker, &url, &hname, &opts, args.waiters, args.duration).await?)
     } else {
         None
     };
-    let hold = if args.hold > 0 {
+    let hold = if runs(Scenario::Hold) {
         let prefix = format!("{name}:held");
+        let locks = match (args.keys, args.hold) {
+            (Some(k), _) => k,
+            (None, 0) => 100_000,
+            (None, h) => h,
+        };
         Some(
             crate::hold::run(
                 &locker,
                 &url,
                 &prefix,
-                args.hold,
+                locks,
                 args.hold_for,
-                args.hold_ttl,
+                args.hold_ttl.unwrap_or(args.ttl),
             )
             .await?,
         )
     } else {
         None
     };
-    let parallel = if args.tasks > 0 {
+    let parallel = if runs(Scenario::Parallel) {
         let pname = format!("{name}:parallel");
-        Some(crate::parallel::run(&locker, &url, &pname, args.tasks, args.duration).await?)
+        let shape = crate::parallel::Shape {
+            tasks: args.tasks,
+            keys: args.keys.unwrap_or(u64::from(args.tasks)),
+            duration: args.duration,
+        };
+        Some(crate::parallel::run(&locker, &url, &pname, &opts, shape).await?)
     } else {
         None
     };
@@ -171,18 +232,24 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
 
 /// The flat list of scenarios from a report.
 fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
-    let u = &r.uncontended;
-    let mut rows = vec![ScenarioRow {
-        scenario: "uncontended-1-task".into(),
-        ops_per_sec: u.cycles_per_sec,
-        floor_ops_per_sec: u.floor_cycles_per_sec,
-        ratio: u.ratio_to_floor,
-        p50_us: Some(u.latency.p50_us),
-        p99_us: Some(u.latency.p99_us),
-    }];
+    let mut rows = Vec::new();
+    if let Some(u) = &r.uncontended {
+        rows.push(ScenarioRow {
+            scenario: "uncontended-1-task".into(),
+            ops_per_sec: u.cycles_per_sec,
+            floor_ops_per_sec: u.floor_cycles_per_sec,
+            ratio: u.ratio_to_floor,
+            p50_us: Some(u.latency.p50_us),
+            p99_us: Some(u.latency.p99_us),
+        });
+    }
     if let Some(p) = &r.parallel {
         rows.push(ScenarioRow {
-            scenario: format!("uncontended-{}-tasks", p.tasks),
+            scenario: if p.keys == u64::from(p.tasks) {
+                format!("uncontended-{}-tasks", p.tasks)
+            } else {
+                format!("parallel-{}-tasks-{}-keys", p.tasks, p.keys)
+            },
             ops_per_sec: p.cycles_per_sec,
             floor_ops_per_sec: p.floor_cycles_per_sec,
             ratio: p.ratio_to_floor,
@@ -213,7 +280,17 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             p99_us: Some(h.dlock.handoff.p99_us),
         });
     }
-    if let Some(s) = &r.single_node {
+    if let Some(h) = &r.hold {
+        rows.push(ScenarioRow {
+            scenario: format!("hold-{}-locks", h.locks),
+            ops_per_sec: h.renewals_per_sec,
+            floor_ops_per_sec: None,
+            ratio: None,
+            p50_us: None,
+            p99_us: None,
+        });
+    }
+    if let (Some(s), Some(u)) = (&r.single_node, &r.uncontended) {
         rows.push(ScenarioRow {
             scenario: "redlock-vs-one-node".into(),
             ops_per_sec: u.cycles_per_sec,
@@ -243,9 +320,7 @@ fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {
     );
 }
 
-fn print_report(r: &Report) {
-    let u = &r.uncontended;
-    println!("backend: {}", r.url);
+fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
     println!(
         "uncontended, 1 task: {:.0} cycles/s (acquire+release), p50 {}, p99 {}",
         u.cycles_per_sec,
@@ -256,13 +331,13 @@ fn print_report(r: &Report) {
         (u.floor_cycles_per_sec, u.floor_latency, u.ratio_to_floor)
     {
         println!(
-            "  floor (the bare commands of a lock cycle, same client, same run): {f:.0} cycles/s, \
-             p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
+            "  floor (the bare commands of a lock cycle, same client, same run, alternating): \
+             {f:.0} cycles/s, p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
             show_us(fl.p50_us),
             show_us(fl.p99_us)
         );
     }
-    if let Some(s) = &r.single_node {
+    if let Some(s) = single {
         println!(
             "  one of its nodes alone ({}, same run): {:.0} cycles/s, p50 {}, p99 {} -> redlock at {:.2}x",
             s.url,
@@ -272,10 +347,18 @@ fn print_report(r: &Report) {
             s.redlock_ratio
         );
     }
+}
+
+fn print_report(r: &Report) {
+    println!("backend: {}", r.url);
+    if let Some(u) = &r.uncontended {
+        print_uncontended(u, r.single_node.as_ref());
+    }
     if let Some(p) = &r.parallel {
         println!(
-            "uncontended, {} tasks on their own locks: {:.0} cycles/s{}",
+            "{} tasks cycling {} locks: {:.0} cycles/s{}",
             p.tasks,
+            p.keys,
             p.cycles_per_sec,
             match (p.floor_cycles_per_sec, p.ratio_to_floor) {
                 (Some(f), Some(ratio)) => format!(
@@ -348,6 +431,8 @@ async fn contended(url: &str, name: &str, args: &BenchArgs) -> Result<Contended,
                 format!("{}ms", args.duration.as_millis()),
                 "--max-cycles".to_owned(),
                 "1000000".to_owned(),
+                "--ttl".to_owned(),
+                format!("{}ms", args.ttl.as_millis()),
             ]
         })
         .collect();
@@ -382,14 +467,15 @@ async fn contended(url: &str, name: &str, args: &BenchArgs) -> Result<Contended,
 /// One contended worker: lock/release as fast as it can until the time or count runs out.
 pub async fn worker(args: BenchWorkerArgs) -> Result<i32, Failure> {
     let locker = Locker::connect(&args.url).await?;
+    let opts = LockOptions::new()
+        .ttl(args.ttl)
+        .wait(dlock::Wait::Timeout(Duration::from_secs(30)));
     let mut waits = Vec::new();
     let start = Instant::now();
     let mut cycles = 0u64;
     while start.elapsed() < args.duration && cycles < args.max_cycles {
         let t = Instant::now();
-        let g = locker
-            .lock_timeout(&args.lock_name, Duration::from_secs(30))
-            .await?;
+        let g = locker.lock_with(&args.lock_name, &opts).await?;
         if waits.len() < 200_000 {
             waits.push(micros(t.elapsed()));
         }

@@ -15,7 +15,7 @@
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use dlock::Locker;
+use dlock::{LockOptions, Locker};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use zookeeper_client as zk;
 
@@ -161,13 +161,14 @@ impl Samples {
 async fn dlock_cycles(
     locker: &Locker,
     name: &str,
+    opts: &LockOptions,
     n: u32,
     into: &mut Samples,
 ) -> Result<(), Failure> {
     let start = Instant::now();
     for _ in 0..n {
         let t = Instant::now();
-        let g = locker.lock(name).await?;
+        let g = locker.lock_with(name, opts).await?;
         g.release().await?;
         into.us.push(micros(t.elapsed()));
     }
@@ -197,18 +198,19 @@ async fn floor_cycles(
 pub async fn measure(
     locker: &Locker,
     name: &str,
+    opts: &LockOptions,
     mut floor: Option<&mut Floor>,
     cycles: u32,
 ) -> Result<(Side, Option<Side>), Failure> {
     let (mut ours, mut bare) = (Samples::default(), Samples::default());
     let mut next = 0i64;
-    dlock_cycles(locker, name, WARM_UP, &mut Samples::default()).await?;
+    dlock_cycles(locker, name, opts, WARM_UP, &mut Samples::default()).await?;
     if let Some(f) = floor.as_deref_mut() {
         floor_cycles(f, &mut next, WARM_UP, &mut Samples::default()).await?;
     }
     for round in 0..ROUNDS {
         let n = cycles / ROUNDS + u32::from(round < cycles % ROUNDS);
-        dlock_cycles(locker, name, n, &mut ours).await?;
+        dlock_cycles(locker, name, opts, n, &mut ours).await?;
         if let Some(f) = floor.as_deref_mut() {
             floor_cycles(f, &mut next, n, &mut bare).await?;
         }

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock::Locker;
+use dlock::{LockOptions, Locker, Wait};
 use serde::Serialize;
 
 use crate::exit::Failure;
@@ -87,9 +87,12 @@ pub async fn run(
     locker: &Locker,
     url: &str,
     name: &str,
+    opts: &LockOptions,
     waiters: u32,
     duration: Duration,
 ) -> Result<Handoff, Failure> {
+    // Every acquisition gives up after 30 s (a stuck hand-off fails the run).
+    let opts = opts.clone().wait(Wait::Timeout(Duration::from_secs(30)));
     let redis_url = crate::raw_redis::bare_url(url);
     let before = match &redis_url {
         Some(u) => Some(crate::raw_redis::command_calls(u, LOCK_COMMANDS).await?),
@@ -100,10 +103,15 @@ pub async fn run(
     let deadline = start + duration;
     let mut tasks = Vec::new();
     for task in 0..waiters {
-        let (locker, name, events) = (locker.clone(), name.to_owned(), Arc::clone(&events));
+        let (locker, name, events, opts) = (
+            locker.clone(),
+            name.to_owned(),
+            Arc::clone(&events),
+            opts.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
-                let g = locker.lock_timeout(&name, Duration::from_secs(30)).await?;
+                let g = locker.lock_with(&name, &opts).await?;
                 record(&events, task);
                 g.release().await?;
             }

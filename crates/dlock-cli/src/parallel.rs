@@ -1,11 +1,12 @@
-//! The uncontended-in-parallel scenario of `dlock bench`: many tasks of one process,
-//! each cycling its own lock (no contention), sharing the backend's connections. The
-//! floor for `redis://` is as many tasks issuing the bare `SET NX PX` + `EVALSHA`
+//! The parallel scenario of `dlock bench`: many tasks of one process cycling locks,
+//! sharing the backend's connections — by default each its own lock (uncontended); with
+//! `--keys K` below the task count, task `t` cycles lock `t mod K`. The floor for
+//! `redis://` (own locks only) is as many tasks issuing the bare `SET NX PX` + `EVALSHA`
 //! compare-and-delete on one shared multiplexed connection, in the same run.
 
 use std::time::{Duration, Instant};
 
-use dlock::Locker;
+use dlock::{LockOptions, Locker};
 use serde::Serialize;
 
 use crate::exit::Failure;
@@ -14,27 +15,43 @@ use crate::exit::Failure;
 #[derive(Debug, Serialize)]
 pub struct Parallel {
     pub tasks: u32,
+    /// Distinct locks the tasks cycle.
+    pub keys: u64,
     pub cycles_per_sec: f64,
     pub floor_cycles_per_sec: Option<f64>,
     pub ratio_to_floor: Option<f64>,
+}
+
+/// How many tasks, on how many locks, for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub tasks: u32,
+    pub keys: u64,
+    pub duration: Duration,
 }
 
 pub async fn run(
     locker: &Locker,
     url: &str,
     name: &str,
-    tasks: u32,
-    duration: Duration,
+    opts: &LockOptions,
+    shape: Shape,
 ) -> Result<Parallel, Failure> {
+    let Shape {
+        tasks,
+        keys,
+        duration,
+    } = shape;
     let start = Instant::now();
     let deadline = start + duration;
     let mut joins = Vec::new();
     for t in 0..tasks {
-        let (locker, key) = (locker.clone(), format!("{name}:{t}"));
+        let key = format!("{name}:{}", u64::from(t) % keys.max(1));
+        let (locker, opts) = (locker.clone(), opts.clone());
         joins.push(tokio::spawn(async move {
             let mut n = 0u64;
             while Instant::now() < deadline {
-                locker.lock(&key).await?.release().await?;
+                locker.lock_with(&key, &opts).await?.release().await?;
                 n += 1;
             }
             Ok::<u64, dlock::Error>(n)
@@ -46,11 +63,14 @@ pub async fn run(
     }
     let cycles_per_sec = total as f64 / start.elapsed().as_secs_f64();
     let floor = match crate::raw_redis::bare_url(url) {
-        Some(bare) => Some(redis_floor(&bare, name, tasks, duration).await?),
-        None => None,
+        Some(bare) if keys >= u64::from(tasks) => {
+            Some(redis_floor(&bare, name, tasks, duration).await?)
+        }
+        _ => None,
     };
     Ok(Parallel {
         tasks,
+        keys,
         cycles_per_sec,
         floor_cycles_per_sec: floor,
         ratio_to_floor: floor.map(|f| cycles_per_sec / f),

@@ -299,6 +299,10 @@ fn usage_errors_are_one_line_and_exit_2() {
         &["status"],
         &["frobnicate"],
         &["bench", "--cycles", "0"],
+        &["bench", "--scenario", "bogus"],
+        &["bench", "--scenario", "parallel", "--tasks", "0"],
+        &["bench", "--keys", "0"],
+        &["bench", "--ttl", "0s"],
         &["check", "--fault", "pause-server"],
         &["check", "--fenced", "--unfenced"],
         &["check", "--workers", "0"],
@@ -437,6 +441,52 @@ fn bench_reports_figures() {
     }
     assert!(rows[0]["ratio"].as_f64().expect("ratio") > 0.0);
     assert!(v["contended"]["acquisitions"].as_u64().expect("count") > 0);
+}
+
+/// `--scenario` runs only what it names; `--keys` and `--ttl` shape the runs.
+#[test]
+fn bench_runs_the_named_scenarios_only() {
+    let env = Env::new();
+    let out = env
+        .cmd()
+        .env_remove("DLOCK_URL")
+        .args([
+            "bench",
+            "--scenario",
+            "parallel,handoff",
+            "--tasks",
+            "6",
+            "--keys",
+            "2",
+            "--waiters",
+            "3",
+            "--duration",
+            "300ms",
+            "--ttl",
+            "5s",
+            "--json",
+        ])
+        .output()
+        .expect("bench");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["uncontended"].is_null(), "not asked for: {v}");
+    assert!(v["contended"].is_null(), "not asked for: {v}");
+    assert_eq!(v["parallel"]["keys"].as_u64(), Some(2));
+    assert!(v["parallel"]["cycles_per_sec"].as_f64().expect("rate") > 0.0);
+    assert!(
+        v["handoff"]["dlock"]["acquisitions"]
+            .as_u64()
+            .expect("count")
+            > 0
+    );
+    let names: Vec<&str> = v["scenarios"]
+        .as_array()
+        .expect("scenarios")
+        .iter()
+        .filter_map(|r| r["scenario"].as_str())
+        .collect();
+    assert_eq!(names, ["parallel-6-tasks-2-keys", "handoff-3-waiters"]);
 }
 
 #[test]
