@@ -202,7 +202,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         let pname = format!("{name}:parallel");
         let shape = crate::parallel::Shape {
             tasks: args.tasks,
-            keys: args.keys.unwrap_or(u64::from(args.tasks)),
+            keys: args.keys.unwrap_or(u64::MAX).min(u64::from(args.tasks)),
             duration: args.duration,
         };
         Some(crate::parallel::run(&locker, &url, &pname, &opts, shape).await?)

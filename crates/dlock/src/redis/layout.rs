@@ -65,17 +65,14 @@ impl Layout {
                 counter: suffixed("redisson_lock_token", name),
                 signal: suffixed("redisson_lock__channel", name),
                 meta: None,
-                queue: Some((
-                    suffixed("dlock_lock_queue", name),
-                    suffixed("dlock_lock_timeout", name),
-                )),
+                fair_queue: true,
             },
             Layout::RedisPy => Keys {
                 lock: name.to_owned(),
                 counter: suffixed("dlock_token", name),
                 signal: suffixed("dlock_unlock", name),
                 meta: Some(suffixed("dlock_meta", name)),
-                queue: None,
+                fair_queue: false,
             },
             Layout::PythonRedisLock => {
                 let lock = format!("lock:{name}");
@@ -83,7 +80,7 @@ impl Layout {
                     counter: suffixed("dlock_token", &lock),
                     signal: format!("lock-signal:{name}"),
                     meta: Some(suffixed("dlock_meta", &lock)),
-                    queue: None,
+                    fair_queue: false,
                     lock,
                 }
             }
@@ -123,9 +120,22 @@ pub(crate) struct Keys {
     pub signal: String,
     /// Plain layouts: where dlock keeps the holder's metadata (same lease as the lock).
     pub meta: Option<String>,
+    /// Whether the layout has a fair mode (see [`Keys::queue`]).
+    pub fair_queue: bool,
+}
+
+impl Keys {
     /// Redisson layout, fair mode: the FIFO list of waiters and their deadlines
     /// (dlock's own keys: Redisson's RFairLock keeps different semantics in its own).
-    pub queue: Option<(String, String)>,
+    /// Made on demand: most locks are never fair, and a held lock keeps its keys.
+    pub fn queue(&self) -> Option<(String, String)> {
+        self.fair_queue.then(|| {
+            (
+                suffixed("dlock_lock_queue", &self.lock),
+                suffixed("dlock_lock_timeout", &self.lock),
+            )
+        })
+    }
 }
 
 /// `prefix:{name}`, or `prefix:name` when the name already carries a hash tag.

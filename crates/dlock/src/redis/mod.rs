@@ -606,8 +606,9 @@ impl Backend for RedisBackend {
         let ttl_ms = u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX);
         let started = std::time::Instant::now();
         let mut round = 0u32;
+        let fair_keys = if req.fair { keys.queue() } else { None };
         let (granted, value): (i64, i64) = loop {
-            let fair_queue = keys.queue.as_ref().filter(|_| req.fair);
+            let fair_queue = fair_keys.as_ref();
             let script = match fair_queue {
                 Some(_) => &*layout::REDISSON_FAIR_ACQUIRE,
                 None => inner.layout.acquire_script(),
@@ -693,7 +694,7 @@ impl Backend for RedisBackend {
 
     async fn leave_queue(&self, name: &LockName, owner: &crate::options::Owner) -> Result<()> {
         let keys = self.inner.keys(name);
-        let Some((queue, deadlines)) = &keys.queue else {
+        let Some((queue, deadlines)) = &keys.queue() else {
             return Ok(());
         };
         let _: i64 = layout::REDISSON_LEAVE_QUEUE
@@ -712,7 +713,7 @@ impl Backend for RedisBackend {
         let keys = inner.keys(name);
         let mut conn = inner.conn.clone();
         let info = if inner.layout == Layout::Redisson {
-            let deadlines = keys.queue.as_ref().map(|q| q.1.clone()).unwrap_or_default();
+            let deadlines = keys.queue().map(|q| q.1).unwrap_or_default();
             let (fields, pttl, counter, waiters): (Vec<(String, String)>, i64, Option<u64>, usize) =
                 redis::pipe()
                     .hgetall(&keys.lock)
