@@ -147,6 +147,40 @@ async fn contended_mariadb_lease_rows_never_deadlock() {
     );
 }
 
+/// Row mode on MariaDB, many clients on fresh names at once, each hold longer than the
+/// statement timeout: a waiter that found no row must not block behind a holder's row
+/// lock while creating it (INSERT IGNORE waits for the lock of a row that exists).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fresh_row_locks_under_contention_never_block_a_waiter() {
+    let Some(maria) = MariaDbServer::start() else {
+        return;
+    };
+    let url = format!("{}?mode=row&timeout=1s", maria.url());
+    for round in 0..2 {
+        let name = unique(&format!("rowfresh{round}"));
+        let mut tasks = Vec::new();
+        for t in 0..8usize {
+            let (url, name) = (url.clone(), name.clone());
+            tasks.push(tokio::spawn(async move {
+                let locker = Locker::connect(&url).await.expect("connect");
+                let g = locker
+                    .lock_timeout(&name, Duration::from_secs(60))
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round} task {t}: {e}"));
+                // Longer than the 1 s statement timeout.
+                tokio::time::sleep(Duration::from_millis(1_200)).await;
+                g.release().await.unwrap_or_else(|e| panic!("release: {e}"));
+            }));
+        }
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(90), t)
+                .await
+                .expect("the waiters finish")
+                .expect("task");
+        }
+    }
+}
+
 /// `advisory_key=number` shares PostgreSQL advisory locks with code that calls
 /// `pg_advisory_lock(N)` itself; a name that is not a number is a typed error.
 #[tokio::test]

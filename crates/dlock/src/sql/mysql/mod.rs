@@ -224,6 +224,17 @@ impl MysqlBackend {
         );
         timed(BACKEND, self.opts.timeout, async {
             conn.execute(AssertSqlSafe(set)).await?;
+            // Row mode creates a lock's row on this connection: a lock wait there means
+            // the row is held, so it must not last (NOWAIT reads never wait anyway).
+            // MariaDB takes 0 (do not wait); MySQL's least is 1 s.
+            if conn
+                .execute("SET SESSION innodb_lock_wait_timeout = 0")
+                .await
+                .is_err()
+            {
+                conn.execute("SET SESSION innodb_lock_wait_timeout = 1")
+                    .await?;
+            }
             conn.execute(READ_COMMITTED).await
         })
         .await?;
@@ -357,12 +368,30 @@ impl MysqlBackend {
                     conn.execute("ROLLBACK")
                         .await
                         .map_err(|e| db_err(BACKEND, &e))?;
-                    retrying(self.opts.timeout, || {
+                    // On the pinned connection, whose lock waits give up at once (1 s on
+                    // MySQL):
+                    // INSERT IGNORE waits for the lock on a row another session has
+                    // just created and locked — for that holder's whole hold (seen:
+                    // statement timeouts under contention on fresh names). A lock wait
+                    // means the row exists and is held: try the locking read again.
+                    let created = tokio::time::timeout(
+                        self.opts.timeout,
                         sqlx::query(AssertSqlSafe(&*self.sql.row_ensure))
                             .bind(&key[..])
-                            .execute(&self.pool)
-                    })
-                    .await?;
+                            .execute(&mut conn),
+                    )
+                    .await;
+                    match created {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) if has_number(&e, &RETRYABLE) => {}
+                        Ok(Err(e)) => return Err(db_err(BACKEND, &e)),
+                        Err(_) => {
+                            return Err(Error::connection(
+                                BACKEND,
+                                format!("no answer within {:?}", self.opts.timeout),
+                            ));
+                        }
+                    }
                 }
                 Err(e) if has_number(&e, &NOWAIT_BUSY) => {
                     conn.execute("ROLLBACK")
