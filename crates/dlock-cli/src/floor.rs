@@ -157,40 +157,22 @@ impl Samples {
     }
 }
 
-/// `n` dlock acquire+release cycles on `name`, one at a time, appended to `into`.
-async fn dlock_cycles(
-    locker: &Locker,
-    name: &str,
-    opts: &LockOptions,
-    n: u32,
-    into: &mut Samples,
-) -> Result<(), Failure> {
-    let start = Instant::now();
-    for _ in 0..n {
-        let t = Instant::now();
-        let g = locker.lock_with(name, opts).await?;
-        g.release().await?;
-        into.us.push(micros(t.elapsed()));
+impl Samples {
+    /// Run `cycle` `n` times, one at a time, timing each.
+    async fn time(
+        &mut self,
+        n: u32,
+        mut cycle: impl AsyncFnMut() -> Result<(), Failure>,
+    ) -> Result<(), Failure> {
+        let start = Instant::now();
+        for _ in 0..n {
+            let t = Instant::now();
+            cycle().await?;
+            self.us.push(micros(t.elapsed()));
+        }
+        self.elapsed += start.elapsed();
+        Ok(())
     }
-    into.elapsed += start.elapsed();
-    Ok(())
-}
-
-async fn floor_cycles(
-    floor: &mut Floor,
-    next: &mut i64,
-    n: u32,
-    into: &mut Samples,
-) -> Result<(), Failure> {
-    let start = Instant::now();
-    for _ in 0..n {
-        let t = Instant::now();
-        floor.cycle(*next).await?;
-        *next += 1;
-        into.us.push(micros(t.elapsed()));
-    }
-    into.elapsed += start.elapsed();
-    Ok(())
 }
 
 /// `cycles` uncontended dlock cycles on `name` and, with a floor, as many bare cycles,
@@ -202,20 +184,31 @@ pub async fn measure(
     mut floor: Option<&mut Floor>,
     cycles: u32,
 ) -> Result<(Side, Option<Side>), Failure> {
+    let has_floor = floor.is_some();
     let (mut ours, mut bare) = (Samples::default(), Samples::default());
     let mut next = 0i64;
-    dlock_cycles(locker, name, opts, WARM_UP, &mut Samples::default()).await?;
-    if let Some(f) = floor.as_deref_mut() {
-        floor_cycles(f, &mut next, WARM_UP, &mut Samples::default()).await?;
-    }
+    let mut dlock_cycle = async || -> Result<(), Failure> {
+        locker.lock_with(name, opts).await?.release().await?;
+        Ok(())
+    };
+    let mut floor_cycle = async || -> Result<(), Failure> {
+        if let Some(f) = floor.as_deref_mut() {
+            f.cycle(next).await?;
+            next += 1;
+        }
+        Ok(())
+    };
+    let floor_n = |n: u32| if has_floor { n } else { 0 };
+    Samples::default().time(WARM_UP, &mut dlock_cycle).await?;
+    Samples::default()
+        .time(floor_n(WARM_UP), &mut floor_cycle)
+        .await?;
     for round in 0..ROUNDS {
         let n = cycles / ROUNDS + u32::from(round < cycles % ROUNDS);
-        dlock_cycles(locker, name, opts, n, &mut ours).await?;
-        if let Some(f) = floor.as_deref_mut() {
-            floor_cycles(f, &mut next, n, &mut bare).await?;
-        }
+        ours.time(n, &mut dlock_cycle).await?;
+        bare.time(floor_n(n), &mut floor_cycle).await?;
     }
-    Ok((ours.side(), floor.map(|_| bare.side())))
+    Ok((ours.side(), has_floor.then(|| bare.side())))
 }
 
 async fn sqlite(url: &str) -> Result<Option<Floor>, Failure> {
