@@ -347,11 +347,13 @@ pub(crate) async fn timed<T>(
 ) -> Result<T> {
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r.map_err(|e| db_err(backend, &e)),
-        Err(_) => Err(Error::connection(
-            backend,
-            format!("no answer within {timeout:?}"),
-        )),
+        Err(_) => Err(no_answer(backend, timeout)),
     }
+}
+
+/// A statement that did not finish within the statement timeout.
+pub(crate) fn no_answer(backend: &'static str, timeout: Duration) -> Error {
+    Error::connection(backend, format!("no answer within {timeout:?}"))
 }
 
 /// Capabilities of an SQL backend in `mode`; fencing is durable when the server flushes

@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     COMMON_OPTIONS, IdleConns, Mode, Pinned, Session, SqlOptions, SqlWaiter, db_err, hex, lock_key,
-    metadata_from, metadata_json, timed,
+    metadata_from, metadata_json, no_answer, timed,
 };
 use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Waiter};
 use crate::error::{Error, Result};
@@ -112,12 +112,7 @@ where
                 tokio::time::sleep(Duration::from_micros(fastrand::u64(100..2000))).await;
             }
             Ok(Err(e)) => return Err(db_err(BACKEND, &e)),
-            Err(_) => {
-                return Err(Error::connection(
-                    BACKEND,
-                    format!("no answer within {timeout:?}"),
-                ));
-            }
+            Err(_) => return Err(no_answer(BACKEND, timeout)),
         }
     }
 }
@@ -368,12 +363,12 @@ impl MysqlBackend {
                     conn.execute("ROLLBACK")
                         .await
                         .map_err(|e| db_err(BACKEND, &e))?;
-                    // On the pinned connection, whose lock waits give up at once (1 s on
-                    // MySQL):
-                    // INSERT IGNORE waits for the lock on a row another session has
-                    // just created and locked — for that holder's whole hold (seen:
-                    // statement timeouts under contention on fresh names). A lock wait
-                    // means the row exists and is held: try the locking read again.
+                    // On the pinned connection, whose lock waits give up at once (1 s
+                    // on MySQL): INSERT IGNORE waits for the lock on a row another
+                    // session has just created and locked — for that holder's whole
+                    // hold (seen: statement timeouts under contention on fresh names).
+                    // A lock wait (or deadlock) means the row exists: try the locking
+                    // read again.
                     let created = tokio::time::timeout(
                         self.opts.timeout,
                         sqlx::query(AssertSqlSafe(&*self.sql.row_ensure))
@@ -385,12 +380,7 @@ impl MysqlBackend {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) if has_number(&e, &RETRYABLE) => {}
                         Ok(Err(e)) => return Err(db_err(BACKEND, &e)),
-                        Err(_) => {
-                            return Err(Error::connection(
-                                BACKEND,
-                                format!("no answer within {:?}", self.opts.timeout),
-                            ));
-                        }
+                        Err(_) => return Err(no_answer(BACKEND, self.opts.timeout)),
                     }
                 }
                 Err(e) if has_number(&e, &NOWAIT_BUSY) => {
