@@ -34,6 +34,7 @@ async fn handoffs_keep_exclusion_and_fencing_and_serve_everyone() {
     };
     let locker = Locker::connect(&server.url()).await.expect("connect");
     let publishes_before = calls(&server, "publish");
+    let scripts_before = calls(&server, "evalsha") + calls(&server, "eval");
     let tasks = 20u32;
     let per_task = 40u32;
     // The racy counter and the tokens, touched only under the lock.
@@ -79,7 +80,15 @@ async fn handoffs_keep_exclusion_and_fencing_and_serve_everyone() {
     );
     assert!(per.lock().expect("per").iter().all(|&n| n == per_task));
     let publishes = calls(&server, "publish") - publishes_before;
-    eprintln!("{total} acquisitions, {publishes} unlock messages");
+    let scripts = calls(&server, "evalsha") + calls(&server, "eval") - scripts_before;
+    eprintln!("{total} acquisitions, {publishes} unlock messages, {scripts} scripts run");
+    // A hand-off is one script for a release and the next grant; while a task of this
+    // process holds the lock the others send nothing (2 scripts per acquisition when
+    // they each asked the server once).
+    assert!(
+        scripts * 2 < total * 3,
+        "{scripts} scripts for {total} acquisitions: waiters ask the server while a local task holds the lock"
+    );
     // Without hand-offs every release publishes; with them only the end of each streak
     // (at most one in 17) and the last releases do.
     assert!(
