@@ -191,6 +191,15 @@ fn server_fault(
     }
 }
 
+/// How long after its holder dies a lock must be free: the TTL, or the session
+/// timeout where that is longer.
+fn release_bound(locker: &Locker, ttl: Duration) -> Duration {
+    locker
+        .capabilities()
+        .session_timeout
+        .map_or(ttl, |s| s.max(ttl))
+}
+
 pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     let dir = tempfile::tempdir().map_err(|e| Failure::internal(e.to_string()))?;
     let url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "check.db");
@@ -376,8 +385,9 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     }
     let _ = history.flush();
     fleet.kill_all().await;
-    // Whatever a dead worker held must be free after its lease.
-    tokio::time::sleep(args.ttl + Duration::from_millis(500)).await;
+    // Whatever a dead worker held must be free after its lease — or, where locks end
+    // with a session (etcd, ZooKeeper), after the server gives up on the session.
+    tokio::time::sleep(release_bound(&locker, args.ttl) + Duration::from_millis(500)).await;
     // A backend that cannot answer (e.g. Redlock without a quorum) cannot have handed
     // the lock to anyone either; say that the check could not run.
     // A connection broken by the fault may fail the first command: try a few times.
@@ -464,7 +474,7 @@ fn print_report(r: &Report) {
         ("duplicate tokens", f.duplicate_tokens.to_string()),
         ("lost updates", f.lost_updates.to_string()),
         (
-            "orphans after TTL + 0.5 s",
+            "orphans after TTL (or session timeout) + 0.5 s",
             format!("{} (check {})", r.orphans, r.orphan_check),
         ),
         (

@@ -45,6 +45,9 @@ impl fmt::Display for Fencing {
     }
 }
 
+/// The session timeout etcd and ZooKeeper backends use unless the URL says otherwise.
+pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What a backend guarantees; tests and users can ask before relying on a property.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -67,6 +70,12 @@ pub struct Capabilities {
     /// or not; the core removes it (`leave_queue`) when the acquisition ends without
     /// the lock.
     pub queued_waiting: bool,
+    /// How long the server keeps a silent client's session — and every lock it holds —
+    /// when locks end with a session that has its own timeout (etcd's session lease,
+    /// ZooKeeper's session timeout as negotiated) rather than with each lock's TTL. A
+    /// holder that dies is let go within this bound (plus the server's tick), whatever
+    /// the TTL. `None`: the TTL (or the connection) bounds it.
+    pub session_timeout: Option<Duration>,
 }
 
 impl Capabilities {
@@ -82,19 +91,21 @@ impl Capabilities {
             cross_process: false,
             max_ttl: None,
             queued_waiting: false,
+            session_timeout: None,
         }
     }
 
     /// The shape etcd and ZooKeeper share: a server-side queue every waiter joins, a
     /// watch on the predecessor, a session, and durable tokens (revision / zxid).
     #[must_use]
-    pub(crate) fn queue_and_watch() -> Self {
+    pub(crate) fn queue_and_watch(session_timeout: Duration) -> Self {
         let mut caps = Capabilities::new(Fencing::Durable);
         caps.fifo = true;
         caps.native_wait = true;
         caps.session_bound = true;
         caps.cross_process = true;
         caps.queued_waiting = true;
+        caps.session_timeout = Some(session_timeout);
         caps
     }
 }

@@ -129,6 +129,7 @@ impl Backend for MemoryBackend {
             cross_process: false,
             max_ttl: None,
             queued_waiting: false,
+            session_timeout: None,
         }
     }
 

@@ -90,7 +90,8 @@ pub fn schemes() -> Vec<SchemeInfo> {
         feature: Some("zookeeper"),
         available: cfg!(feature = "zookeeper"),
         description: "ZooKeeper: ephemeral sequential nodes, Curator InterProcessMutex layout",
-        capabilities: cfg!(feature = "zookeeper").then(Capabilities::queue_and_watch),
+        capabilities: cfg!(feature = "zookeeper")
+            .then(|| Capabilities::queue_and_watch(crate::backend::DEFAULT_SESSION_TIMEOUT)),
     });
     for scheme in ["postgres", "postgresql"] {
         out.push(SchemeInfo {
@@ -156,7 +157,9 @@ fn redis_caps() -> Option<Capabilities> {
 
 #[cfg(feature = "etcd")]
 fn etcd_caps() -> Option<Capabilities> {
-    Some(Capabilities::queue_and_watch())
+    Some(Capabilities::queue_and_watch(
+        crate::backend::DEFAULT_SESSION_TIMEOUT,
+    ))
 }
 
 #[cfg(not(feature = "etcd"))]

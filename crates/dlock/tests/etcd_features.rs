@@ -323,3 +323,49 @@ async fn a_reply_lost_mid_acquire_leaves_no_key_behind() {
     let keys = etcd.etcdctl_output(&["get", "/dlock/", "--prefix", "--keys-only"]);
     assert!(keys.trim().is_empty(), "keys left: {keys}");
 }
+
+/// A waiter is cancelled while its connection is cut: its delete cannot get through
+/// and fails. The session lease outlives the outage (30 s), so the key would queue
+/// every other contender until the process ends; it is deleted once etcd answers
+/// again.
+#[tokio::test]
+async fn a_waiter_leaving_during_an_outage_leaves_no_key_behind() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(etcd.addr()).await.expect("proxy");
+    let cut = Locker::connect(&format!(
+        "etcd://{}?session_ttl=30s&timeout=1s",
+        proxy.addr()
+    ))
+    .await
+    .expect("connect through proxy");
+    let other = Locker::connect(&etcd.url()).await.expect("connect");
+    let held = other.lock("leaving").await.expect("lock");
+    let waiting = cut.clone();
+    let waiter = tokio::spawn(async move { waiting.lock("leaving").await });
+    let end = Instant::now() + Duration::from_secs(5);
+    while other
+        .inspect("leaving")
+        .await
+        .expect("inspect")
+        .and_then(|i| i.waiters)
+        != Some(1)
+    {
+        assert!(Instant::now() < end, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Cancelled while nothing gets through: the delete times out, then the reset.
+    proxy.set(Fault::Blackhole);
+    waiter.abort();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.reset_all();
+    proxy.set(Fault::None);
+    held.release().await.expect("release");
+    let freed = other
+        .lock_timeout("leaving", Duration::from_secs(5))
+        .await
+        .expect("the waiter's key stayed under its live session");
+    freed.release().await.expect("release");
+    drop(cut);
+}

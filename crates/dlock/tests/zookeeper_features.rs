@@ -258,3 +258,48 @@ async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
     assert!(noticed < recovered, "lost() fired after the lock was free");
     freed.release().await.expect("release");
 }
+
+/// A waiter is cancelled while its connection is cut: its delete is swallowed, then
+/// the connection resets (ConnectionLoss). The session outlives the outage, so the
+/// node would queue every other contender until the process ends; it is deleted
+/// once the server answers again.
+#[tokio::test]
+async fn a_waiter_leaving_during_an_outage_leaves_no_node_behind() {
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(zk.addr()).await.expect("proxy");
+    let cut = Locker::connect(&format!("zk://{}/locks?session_timeout=25s", proxy.addr()))
+        .await
+        .expect("connect through proxy");
+    let other = Locker::connect(&format!("{}/locks", zk.url()))
+        .await
+        .expect("connect");
+    let held = other.lock("leaving").await.expect("lock");
+    let waiting = cut.clone();
+    let waiter = tokio::spawn(async move { waiting.lock("leaving").await });
+    let end = Instant::now() + T;
+    while other
+        .inspect("leaving")
+        .await
+        .expect("inspect")
+        .and_then(|i| i.waiters)
+        != Some(1)
+    {
+        assert!(Instant::now() < end, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Cancelled while nothing gets through: the delete is swallowed, then the reset.
+    proxy.set(Fault::Blackhole);
+    waiter.abort();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.reset_all();
+    proxy.set(Fault::None);
+    held.release().await.expect("release");
+    let freed = other
+        .lock_timeout("leaving", Duration::from_secs(5))
+        .await
+        .expect("the waiter's node stayed in its live session");
+    freed.release().await.expect("release");
+    drop(cut);
+}

@@ -126,7 +126,8 @@ impl EtcdBackend {
     pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
         let tls = url.scheme() == "etcds";
         let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
-        let session_ttl = url.take_duration("session_ttl", Duration::from_secs(10))?;
+        let session_ttl =
+            url.take_duration("session_ttl", crate::backend::DEFAULT_SESSION_TIMEOUT)?;
         if session_ttl < Duration::from_secs(2) || session_ttl.subsec_nanos() != 0 {
             return Err(url.invalid("session_ttl must be whole seconds, at least 2s"));
         }
@@ -274,6 +275,52 @@ impl Inner {
         }
     }
 
+    /// Delete a contender's key and free its slot. The key lives as long as the
+    /// session, and the session outlives a reconnect: when the server cannot be
+    /// reached, the slot stays closed and the delete is finished in the background
+    /// once the server answers again (or the session ends and takes the key).
+    async fn delete_and_free(
+        self: &Arc<Self>,
+        session: &Session,
+        key: &str,
+        dir: &str,
+        owner: &str,
+    ) -> Result<()> {
+        match self.client.clone().delete(key, None).await {
+            Ok(_) => {
+                self.free_slot(dir, owner);
+                Ok(())
+            }
+            Err(e) => {
+                let (inner, key, dir, owner) = (
+                    Arc::clone(self),
+                    key.to_owned(),
+                    dir.to_owned(),
+                    owner.to_owned(),
+                );
+                // Should the session end first, the key goes with it and
+                // `claim_slot` drops the slot.
+                crate::backend::finish_release_later(session.lost.clone(), move || {
+                    let (inner, key, dir, owner) =
+                        (Arc::clone(&inner), key.clone(), dir.clone(), owner.clone());
+                    async move {
+                        let done = inner
+                            .client
+                            .clone()
+                            .delete(key.as_str(), None)
+                            .await
+                            .is_ok();
+                        if done {
+                            inner.free_slot(&dir, &owner);
+                        }
+                        done
+                    }
+                });
+                Err(map_err(&e))
+            }
+        }
+    }
+
     /// The live session, opening a new one if there is none or it was lost.
     async fn session(&self) -> Result<Arc<Session>> {
         let mut current = self.session.lock().await;
@@ -297,7 +344,14 @@ impl Inner {
     /// Take the local slot for `dir` for `owner`, or say who has it.
     async fn claim_slot(&self, dir: &str, owner: &str) -> Result<Option<(Arc<Session>, String)>> {
         {
-            let slots = self.slots();
+            let mut slots = self.slots();
+            if slots
+                .get(dir)
+                .is_some_and(|s| s.session.lost.is_cancelled())
+            {
+                // Its key went with its session (a delete left pending included).
+                slots.remove(dir);
+            }
             if let Some(s) = slots.get(dir) {
                 if s.owner != owner || s.held {
                     return Ok(None);
@@ -480,7 +534,7 @@ impl Backend for EtcdBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::queue_and_watch()
+        Capabilities::queue_and_watch(self.inner.session_ttl)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -523,19 +577,24 @@ impl Backend for EtcdBackend {
     async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
         let inner = &self.inner;
         let dir = inner.dir(name);
-        let key = {
-            let slots = inner.slots();
-            match slots.get(&dir) {
-                Some(s) if s.owner == owner.as_str() && !s.held => Some(s.key.clone()),
+        let slot = {
+            let mut slots = inner.slots();
+            match slots.get_mut(&dir) {
+                Some(s) if s.owner == owner.as_str() && !s.held => {
+                    // Closed to every local owner until the key is gone: a later
+                    // acquisition must not reuse a key whose delete is still pending.
+                    s.held = true;
+                    Some((s.key.clone(), Arc::clone(&s.session)))
+                }
                 _ => None,
             }
         };
-        let Some(key) = key else {
+        let Some((key, session)) = slot else {
             return Ok(());
         };
-        let deleted = inner.client.clone().delete(key, None).await;
-        inner.free_slot(&dir, owner.as_str());
-        deleted.map(|_| ()).map_err(|e| map_err(&e))
+        inner
+            .delete_and_free(&session, &key, &dir, owner.as_str())
+            .await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
@@ -714,45 +773,9 @@ impl HeldLock for EtcdHeld {
             self.inner.free_slot(&self.dir, &self.owner);
             return Ok(());
         }
-        match self
-            .inner
-            .client
-            .clone()
-            .delete(self.key.as_str(), None)
+        self.inner
+            .delete_and_free(&self.session, &self.key, &self.dir, &self.owner)
             .await
-        {
-            Ok(_) => {
-                self.inner.free_slot(&self.dir, &self.owner);
-                Ok(())
-            }
-            Err(e) => {
-                // The key lives as long as the session, and the session outlives a
-                // reconnect: finish the delete once the server answers again.
-                let (inner, key, dir, owner) = (
-                    Arc::clone(&self.inner),
-                    self.key.clone(),
-                    self.dir.clone(),
-                    self.owner.clone(),
-                );
-                crate::backend::finish_release_later(self.session.lost.clone(), move || {
-                    let (inner, key, dir, owner) =
-                        (Arc::clone(&inner), key.clone(), dir.clone(), owner.clone());
-                    async move {
-                        let done = inner
-                            .client
-                            .clone()
-                            .delete(key.as_str(), None)
-                            .await
-                            .is_ok();
-                        if done {
-                            inner.free_slot(&dir, &owner);
-                        }
-                        done
-                    }
-                });
-                Err(map_err(&e))
-            }
-        }
     }
 
     fn loss_signal(&self) -> Option<tokio_util::sync::CancellationToken> {

@@ -550,6 +550,7 @@ impl Backend for RedisBackend {
             cross_process: true,
             max_ttl: None,
             queued_waiting: false,
+            session_timeout: None,
         }
     }
 

@@ -397,6 +397,7 @@ impl Backend for SqliteBackend {
             cross_process: self.inner.cross_process,
             max_ttl: None,
             queued_waiting: false,
+            session_timeout: None,
         }
     }
 

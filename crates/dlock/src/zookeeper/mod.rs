@@ -33,7 +33,7 @@
 //! cannot delete them).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,49 @@ fn uncertain(e: &zk::Error) -> bool {
             | zk::Error::UnexpectedError(_)
             | zk::Error::Custom(_)
     )
+}
+
+/// Delete a contender's node. It lives as long as the session, and the session
+/// outlives a reconnect: when the server cannot be reached, the delete is finished in
+/// the background once it answers again (or the session ends and takes the node).
+async fn delete_node(session: &Arc<Session>, node: &str) -> Result<()> {
+    match session.client.delete(node, None).await {
+        Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+        Err(e) => {
+            let (session, node) = (Arc::clone(session), node.to_owned());
+            crate::backend::finish_release_later(session.lost.clone(), move || {
+                let (session, node) = (Arc::clone(&session), node.clone());
+                async move {
+                    matches!(
+                        session.client.delete(&node, None).await,
+                        Ok(()) | Err(zk::Error::NoNode)
+                    )
+                }
+            });
+            Err(map_err(&e))
+        }
+    }
+}
+
+/// Delete the children of `dir` whose names start with `mine` (a contender's
+/// `_c_<uuid>-lock-`); true once the server has answered for all of them.
+async fn delete_by_prefix(session: &Session, dir: &str, mine: &str) -> bool {
+    let children = match session.client.list_children(dir).await {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => return true,
+        Err(_) => return false,
+    };
+    let mut done = true;
+    for child in children.iter().filter(|c| c.starts_with(mine)) {
+        let node = format!("{dir}/{child}");
+        if !matches!(
+            session.client.delete(&node, None).await,
+            Ok(()) | Err(zk::Error::NoNode)
+        ) {
+            done = false;
+        }
+    }
+    done
 }
 
 fn map_err(e: &zk::Error) -> Error {
@@ -164,6 +207,8 @@ struct Queued {
 struct Inner {
     cluster: String,
     session_timeout: Duration,
+    /// The session timeout the server granted last (ms), 0 before the first session.
+    negotiated_ms: AtomicU64,
     timeout: Duration,
     auth: Option<String>,
     root: String,
@@ -222,7 +267,8 @@ fn uuid() -> String {
 
 impl ZkBackend {
     pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
-        let session_timeout = url.take_duration("session_timeout", Duration::from_secs(10))?;
+        let session_timeout =
+            url.take_duration("session_timeout", crate::backend::DEFAULT_SESSION_TIMEOUT)?;
         let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
         url.finish(&["session_timeout", "timeout"])?;
         let mut root = url.path().trim_end_matches('/').to_owned();
@@ -256,6 +302,7 @@ impl ZkBackend {
             inner: Arc::new(Inner {
                 cluster: hosts.join(","),
                 session_timeout,
+                negotiated_ms: AtomicU64::new(0),
                 timeout,
                 auth,
                 root,
@@ -308,6 +355,10 @@ impl Inner {
                 Error::connection(SCHEME, format!("connecting to {} timed out", self.shown))
             })?
             .map_err(|e| map_err(&e))?;
+        self.negotiated_ms.store(
+            u64::try_from(client.session_timeout().as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         let lost = CancellationToken::new();
         let suspect = Arc::new(AtomicBool::new(false));
         tokio::spawn(watch_session(
@@ -335,13 +386,49 @@ impl Inner {
     }
 
     /// Create this contender's node (the lock node and root as containers if needed),
-    /// finding it by its uuid if the connection dropped mid-create.
-    async fn create(&self, session: &Session, dir: &str, data: &[u8]) -> Result<(String, u64)> {
+    /// finding it by its uuid if the connection dropped mid-create. When that search
+    /// cannot finish, the node may exist in this (live) session with no one knowing
+    /// it: every other contender would queue behind it for as long as the process
+    /// lives. A background task deletes whatever carries the uuid once the server
+    /// answers again.
+    async fn create(
+        &self,
+        session: &Arc<Session>,
+        dir: &str,
+        data: &[u8],
+    ) -> Result<(String, u64)> {
         let prefix = format!("{dir}/_c_{}-lock-", uuid());
+        let mut maybe_created = false;
+        let created = self
+            .create_protected(session, dir, &prefix, data, &mut maybe_created)
+            .await;
+        if created.is_err() && maybe_created {
+            let (session, dir) = (Arc::clone(session), dir.to_owned());
+            let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
+            crate::backend::finish_release_later(session.lost.clone(), move || {
+                let (session, dir, mine) = (Arc::clone(&session), dir.clone(), mine.clone());
+                async move { delete_by_prefix(&session, &dir, &mine).await }
+            });
+        }
+        created
+    }
+
+    async fn create_protected(
+        &self,
+        session: &Session,
+        dir: &str,
+        prefix: &str,
+        data: &[u8],
+        maybe_created: &mut bool,
+    ) -> Result<(String, u64)> {
         let acls = self.acls();
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
         for round in 0..4 {
-            match session.client.create(&prefix, data, &options).await {
+            let sent = session.client.create(prefix, data, &options).await;
+            if sent.as_ref().is_err_and(uncertain) {
+                *maybe_created = true;
+            }
+            match sent {
                 Ok((stat, seq)) => {
                     return Ok((format!("{prefix}{seq}"), stat.czxid.unsigned_abs()));
                 }
@@ -405,7 +492,9 @@ impl Backend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::queue_and_watch()
+        // The server may have raised the timeout asked for (2 to 20 ticks).
+        let negotiated = Duration::from_millis(self.inner.negotiated_ms.load(Ordering::Relaxed));
+        Capabilities::queue_and_watch(self.inner.session_timeout.max(negotiated))
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -484,10 +573,7 @@ impl Backend for ZkBackend {
         let Some(q) = self.inner.queued().remove(&slot) else {
             return Ok(());
         };
-        match q.session.client.delete(&q.node, None).await {
-            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-            Err(e) => Err(map_err(&e)),
-        }
+        delete_node(&q.session, &q.node).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
@@ -605,24 +691,7 @@ impl HeldLock for ZkHeld {
         if self.session.lost.is_cancelled() {
             return Ok(());
         }
-        match self.session.client.delete(&self.node, None).await {
-            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-            Err(e) => {
-                // The node lives as long as the session, and the session outlives a
-                // reconnect: finish the delete once the server answers again.
-                let (session, node) = (Arc::clone(&self.session), self.node.clone());
-                crate::backend::finish_release_later(self.session.lost.clone(), move || {
-                    let (session, node) = (Arc::clone(&session), node.clone());
-                    async move {
-                        matches!(
-                            session.client.delete(&node, None).await,
-                            Ok(()) | Err(zk::Error::NoNode)
-                        )
-                    }
-                });
-                Err(map_err(&e))
-            }
-        }
+        delete_node(&self.session, &self.node).await
     }
 
     fn loss_signal(&self) -> Option<CancellationToken> {
