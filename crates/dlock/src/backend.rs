@@ -347,6 +347,7 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
 /// `gone` is cancelled (the session ended and took the lock with it). On a
 /// session-bound backend the lock would otherwise stay held for as long as this
 /// process's session lives, which after a reconnect is indefinitely.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) fn finish_release_later<F, Fut>(gone: CancellationToken, mut attempt: F)
 where
     F: FnMut() -> Fut + Send + 'static,
