@@ -368,6 +368,9 @@ pub struct BenchArgs {
     /// Lease of every lock the bench takes (the held locks: --hold-ttl if given).
     #[arg(long, value_parser = ttl, default_value = "30s", value_name = "DURATION")]
     pub ttl: Duration,
+    /// Take every lock in fair (first come, first served) mode.
+    #[arg(long)]
+    pub fair: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -386,6 +389,9 @@ pub enum Scenario {
     Handoff,
     /// --keys locks held with automatic renewal for --hold-for.
     Hold,
+    /// The hand-off run with waiters that poll (`try_lock`, 10 ms sleep when busy)
+    /// instead of waiting for a notification.
+    Polling,
 }
 
 /// `dlock bench-worker` (internal).

@@ -15,7 +15,12 @@ use serde_json::json;
 use crate::args::{BenchArgs, BenchWorkerArgs, Scenario};
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit, numbers};
+use crate::handoff::Waiting;
 use crate::stats::{Latency, jain, micros, show_us};
+
+/// How long a polling waiter sleeps after a busy `try_lock` (redis-py's `Lock` sleeps
+/// 100 ms by default; 10 ms favours polling).
+const POLL_EVERY: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Serialize)]
 struct Uncontended {
@@ -57,6 +62,8 @@ struct Report {
     uncontended: Option<Uncontended>,
     contended: Option<Contended>,
     handoff: Option<crate::handoff::Handoff>,
+    /// The hand-off run with polling waiters.
+    polling: Option<crate::handoff::HandoffRun>,
     hold: Option<crate::hold::HoldRun>,
     parallel: Option<crate::parallel::Parallel>,
     single_node: Option<SingleNode>,
@@ -95,6 +102,7 @@ fn chosen(args: &BenchArgs) -> Result<Vec<Scenario>, Failure> {
             u64::from(args.processes),
         ),
         (Scenario::Handoff, "--waiters", u64::from(args.waiters)),
+        (Scenario::Polling, "--waiters", u64::from(args.waiters)),
         (Scenario::Hold, "--hold", args.hold),
     ];
     if args.scenario.is_empty() {
@@ -128,7 +136,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     let url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "bench.db");
     let locker = Locker::connect(&url).await?;
     let name = format!("bench:{}", dlock::Owner::random());
-    let opts = LockOptions::new().ttl(args.ttl);
+    let opts = LockOptions::new().ttl(args.ttl).fair(args.fair);
     let mut uncontended = None;
     let mut single_node = None;
     if runs(Scenario::Uncontended) {
@@ -166,7 +174,19 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     };
     let handoff = if runs(Scenario::Handoff) {
         let hname = format!("{name}:handoff");
-        Some(crate::handoff::run(&locker, &url, &hname, &opts, args.waiters, args.duration).await?)
+        let shape = (args.waiters, args.duration, Waiting::Notified);
+        Some(crate::handoff::run(&locker, &url, &hname, &opts, shape).await?)
+    } else {
+        None
+    };
+    let polling = if runs(Scenario::Polling) {
+        let pname = format!("{name}:polling");
+        let shape = (args.waiters, args.duration, Waiting::Polling(POLL_EVERY));
+        Some(
+            crate::handoff::run(&locker, &url, &pname, &opts, shape)
+                .await?
+                .dlock,
+        )
     } else {
         None
     };
@@ -210,6 +230,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         uncontended,
         contended,
         handoff,
+        polling,
         hold,
     };
     report.scenarios = scenario_rows(&report);
@@ -273,6 +294,16 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             p99_us: Some(h.dlock.handoff.p99_us),
         });
     }
+    if let Some(p) = &r.polling {
+        rows.push(ScenarioRow {
+            scenario: format!("polling-{}-waiters", p.waiters),
+            ops_per_sec: p.handoffs_per_sec,
+            floor_ops_per_sec: None,
+            ratio: None,
+            p50_us: Some(p.handoff.p50_us),
+            p99_us: Some(p.handoff.p99_us),
+        });
+    }
     if let Some(h) = &r.hold {
         rows.push(ScenarioRow {
             scenario: format!("hold-{}-locks", h.locks),
@@ -299,7 +330,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
 fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {
     println!(
         "  {label}: {} real hand-offs of {} acquisitions in {:.1}s = {:.0}/s; hand-off p50 {}, p99 {}; \
-         fairness (Jain) {:.3}{}",
+         fairness (Jain) {:.3}; releaser took it back {:.1}%{}",
         h.real_handoffs,
         h.acquisitions,
         h.seconds,
@@ -307,6 +338,7 @@ fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {
         show_us(h.handoff.p50_us),
         show_us(h.handoff.p99_us),
         h.jain_fairness,
+        h.reacquired_pct,
         h.commands_per_acquisition
             .map(|c| format!("; {c:.2} commands per acquisition"))
             .unwrap_or_default()
@@ -389,6 +421,14 @@ fn print_report(r: &Report) {
                 h.dlock.handoff.p99_us as f64 / f.handoff.p99_us.max(1) as f64
             );
         }
+    }
+    if let Some(p) = &r.polling {
+        println!(
+            "polling, {} tasks of one process on one lock (try_lock, {} ms sleep when busy):",
+            p.waiters,
+            POLL_EVERY.as_millis()
+        );
+        print_handoff("dlock", p);
     }
     if let Some(h) = &r.hold {
         println!(

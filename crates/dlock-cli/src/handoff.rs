@@ -2,6 +2,9 @@
 //! one lock. A hand-off is *real* when the lock passes to a different task; its latency
 //! is from the moment the previous holder starts releasing to the next grant.
 //!
+//! The same run with polling waiters (`try_lock`, then a fixed sleep when busy — how
+//! clients without notifications wait) shows what waiting by notification is worth.
+//!
 //! The floor, for `redis://`, is a bare hand-written hand-off in the same run: as many
 //! tasks, each on its own connection, blocked in `BLPOP` on one list; the holder passes
 //! on by `LPUSH`ing the token back. Redis serves blocked clients first come, first
@@ -33,6 +36,9 @@ pub struct HandoffRun {
     pub handoffs_per_sec: f64,
     pub handoff: Latency,
     pub jain_fairness: f64,
+    /// Share of acquisitions (after the first) by the task that held the lock just
+    /// before: 100 % means the releaser always took it straight back.
+    pub reacquired_pct: f64,
     /// Redis only: client commands (EVALSHA/EVAL/SUBSCRIBE/UNSUBSCRIBE) per acquisition.
     pub commands_per_acquisition: Option<f64>,
 }
@@ -79,17 +85,28 @@ fn summarize(mut events: Vec<Event>, waiters: u32, seconds: f64) -> HandoffRun {
         handoffs_per_sec: latencies.len() as f64 / seconds.max(1e-9),
         handoff: Latency::of(&latencies),
         jain_fairness: jain(&per_task),
+        reacquired_pct: 100.0 * (events.len().saturating_sub(1) - latencies.len()) as f64
+            / events.len().saturating_sub(1).max(1) as f64,
         commands_per_acquisition: None,
     }
 }
 
+/// How the waiters of a hand-off run wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// `lock_with`: dlock's notified waiting.
+    Notified,
+    /// `try_lock_with`, then this sleep while busy.
+    Polling(Duration),
+}
+
+/// dlock's hand-off run and, for `Waiting::Notified` on Redis, the BLPOP floor.
 pub async fn run(
     locker: &Locker,
     url: &str,
     name: &str,
     opts: &LockOptions,
-    waiters: u32,
-    duration: Duration,
+    (waiters, duration, waiting): (u32, Duration, Waiting),
 ) -> Result<Handoff, Failure> {
     // Every acquisition gives up after 30 s (a stuck hand-off fails the run).
     let opts = opts.clone().wait(Wait::Timeout(Duration::from_secs(30)));
@@ -111,7 +128,22 @@ pub async fn run(
         );
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
-                let g = locker.lock_with(&name, &opts).await?;
+                let g = match waiting {
+                    Waiting::Notified => locker.lock_with(&name, &opts).await?,
+                    Waiting::Polling(every) => {
+                        let mut got = None;
+                        while got.is_none() && Instant::now() < deadline {
+                            got = locker.try_lock_with(&name, &opts).await?;
+                            if got.is_none() {
+                                tokio::time::sleep(every).await;
+                            }
+                        }
+                        match got {
+                            Some(g) => g,
+                            None => break,
+                        }
+                    }
+                };
                 record(&events, task);
                 g.release().await?;
             }
@@ -129,9 +161,9 @@ pub async fn run(
         dlock_run.commands_per_acquisition =
             Some(after.saturating_sub(before) as f64 / dlock_run.acquisitions.max(1) as f64);
     }
-    let floor = match &redis_url {
-        Some(u) => Some(blpop_floor(u, name, waiters, duration).await?),
-        None => None,
+    let floor = match (&redis_url, waiting) {
+        (Some(u), Waiting::Notified) => Some(blpop_floor(u, name, waiters, duration).await?),
+        _ => None,
     };
     Ok(Handoff {
         dlock: dlock_run,

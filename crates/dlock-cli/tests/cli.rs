@@ -301,6 +301,7 @@ fn usage_errors_are_one_line_and_exit_2() {
         &["bench", "--cycles", "0"],
         &["bench", "--scenario", "bogus"],
         &["bench", "--scenario", "parallel", "--tasks", "0"],
+        &["bench", "--scenario", "polling", "--waiters", "0"],
         &["bench", "--keys", "0"],
         &["bench", "--ttl", "0s"],
         &["check", "--fault", "pause-server"],
@@ -487,6 +488,51 @@ fn bench_runs_the_named_scenarios_only() {
         .filter_map(|r| r["scenario"].as_str())
         .collect();
     assert_eq!(names, ["parallel-6-tasks-2-keys", "handoff-3-waiters"]);
+}
+
+/// `--fair` reaches the locks the bench takes (on SQLite the queue hands the lock to
+/// the longest waiter, so the releaser does not take it straight back), and the
+/// polling scenario reports the same figures as the hand-off run.
+#[test]
+fn bench_fair_hand_off_and_polling() {
+    let env = Env::new();
+    let out = env
+        .cmd()
+        .env_remove("DLOCK_URL")
+        .args([
+            "bench",
+            "--fair",
+            "--scenario",
+            "handoff,polling",
+            "--waiters",
+            "4",
+            "--duration",
+            "1s",
+            "--json",
+        ])
+        .output()
+        .expect("bench");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let fair = &v["handoff"]["dlock"];
+    assert!(fair["acquisitions"].as_u64().expect("count") > 4, "{v}");
+    let took_back = fair["reacquired_pct"].as_f64().expect("share");
+    assert!(
+        took_back < 50.0,
+        "fair mode, yet the releaser took it back {took_back}%: {v}"
+    );
+    assert!(
+        v["polling"]["acquisitions"].as_u64().expect("count") > 0,
+        "{v}"
+    );
+    assert!(v["polling"]["reacquired_pct"].is_f64(), "{v}");
+    let names: Vec<&str> = v["scenarios"]
+        .as_array()
+        .expect("scenarios")
+        .iter()
+        .filter_map(|r| r["scenario"].as_str())
+        .collect();
+    assert_eq!(names, ["handoff-4-waiters", "polling-4-waiters"]);
 }
 
 #[test]

@@ -75,6 +75,7 @@ pub struct Capabilities {
     /// ZooKeeper's session timeout as negotiated) rather than with each lock's TTL. A
     /// holder that dies is let go within this bound (plus the server's tick), whatever
     /// the TTL. `None`: the TTL (or the connection) bounds it.
+    #[serde(serialize_with = "ser_opt_ms", rename = "session_timeout_ms")]
     pub session_timeout: Option<Duration>,
 }
 

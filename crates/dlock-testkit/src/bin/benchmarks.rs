@@ -65,10 +65,19 @@ fn bench(dlock: &Path, url: &str, extra: &[&str]) -> Option<Value> {
     json_line(&out)
 }
 
-/// A peer script: one JSON line with `ops_per_sec`, `p50_us`, `p99_us`.
+/// A peer script (Python, or Node for `.js`): one JSON line with `ops_per_sec`,
+/// `p50_us`, `p99_us`.
 fn peer(script: &Path, target: &str, cycles: u32) -> Option<Value> {
-    let python = find_binary("python3")?;
-    let out = pinned(&python)
+    let interpreter = if script.extension().is_some_and(|e| e == "js") {
+        "node"
+    } else {
+        "python3"
+    };
+    let Some(interpreter) = find_binary(interpreter) else {
+        eprintln!("benchmarks: no {interpreter}: {} skipped", script.display());
+        return None;
+    };
+    let out = pinned(&interpreter)
         .arg(script)
         .args([target, &cycles.to_string()])
         .output()
@@ -174,6 +183,47 @@ fn main() {
         }
     }
 
+    // Waiting by notification against polling, from the same reports.
+    let mut waiting_rows = String::new();
+    let pct = |v: &Value| {
+        v["reacquired_pct"]
+            .as_f64()
+            .map_or("–".into(), |p| format!("{p:.1} %"))
+    };
+    let jain_of = |v: &Value| {
+        v["jain_fairness"]
+            .as_f64()
+            .map_or("–".into(), |j| format!("{j:.3}"))
+    };
+    for (t, r) in &reports {
+        let (n, p) = (&r["handoff"]["dlock"], &r["polling"]);
+        if n.is_null() || p.is_null() {
+            continue;
+        }
+        let _ = writeln!(
+            waiting_rows,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            t.label,
+            num(&n["handoffs_per_sec"]),
+            pct(n),
+            jain_of(n),
+            num(&n["handoff"]["p99_us"]),
+            num(&p["handoffs_per_sec"]),
+            pct(p),
+            jain_of(p),
+            num(&p["handoff"]["p99_us"]),
+        );
+    }
+    // SQLite's fair mode: the same hand-off run with `--fair`.
+    let sqlite_url = matrix
+        .targets
+        .iter()
+        .find(|t| t.label == "sqlite")
+        .map(|t| t.url.clone())
+        .unwrap_or_default();
+    eprintln!("benchmarks: dlock bench --fair on sqlite");
+    let sqlite_fair = bench(&dlock, &sqlite_url, &["--fair", "--scenario", "handoff"]);
+
     // 2. Peers, against the floor of the same backend from step 1.
     let redis = report_of("redis (no persistence)");
     let redis_url = matrix
@@ -224,6 +274,7 @@ fn main() {
         redis.and_then(|r| row(r, "uncontended-1-task").cloned()),
     );
     for (label, script) in [
+        ("node `redlock` (ioredis)", "node/node_redlock.js"),
         ("redis-py `Lock`", "redis_py_lock.py"),
         ("python-redis-lock", "python_redis_lock.py"),
     ] {
@@ -424,6 +475,32 @@ fn main() {
         per_lock.map_or("–".into(), |b| format!("{b:.0} B")),
         per_lock.map(|b| b <= 300.0),
     );
+    let unfair = report_of("sqlite").map(|r| &r["handoff"]["dlock"]);
+    let fair = sqlite_fair.as_ref().map(|r| &r["handoff"]["dlock"]);
+    let took_back = |v: Option<&Value>| v.and_then(|v| v["reacquired_pct"].as_f64());
+    let fair_jain = fair.and_then(|v| v["jain_fairness"].as_f64());
+    target(
+        "SQLite default, fair mode actually fair (50 waiters): releaser takes the lock back, Jain",
+        format!(
+            "fair: {} , Jain {} (without fair: {})",
+            took_back(fair).map_or("–".into(), |p| format!("{p:.1} %")),
+            fair_jain.map_or("–".into(), |j| format!("{j:.3}")),
+            took_back(unfair).map_or("–".into(), |p| format!("{p:.1} %")),
+        ),
+        took_back(fair)
+            .zip(fair_jain)
+            .map(|(p, j)| p <= 5.0 && j >= 0.95),
+    );
+    if let Some(f) = fair {
+        let _ = writeln!(
+            waiting_rows,
+            "| sqlite, `--fair` | {} | {} | {} | {} | | | | |",
+            num(&f["handoffs_per_sec"]),
+            pct(f),
+            jain_of(f),
+            num(&f["handoff"]["p99_us"]),
+        );
+    }
     let sr = ratio_of(report_of("sqlite"), "uncontended-1-task");
     target(
         "SQLite uncontended (not an issue target; for the record)",
@@ -472,9 +549,18 @@ fn main() {
          lock; p50/p99 = wait); `handoff-50-waiters` (50 tasks on one lock: real hand-offs \
          to a different waiter per second, p50/p99 release → next grant; floor where \
          there is one: a bare hand-written hand-off, e.g. BLPOP on a signal list); \
+         `polling-50-waiters` (the same with polling waiters, below); \
          `redlock-vs-one-node`.\n\n\
          | backend | scenario | ops/s | floor ops/s | ratio | p50 µs | p99 µs |\n\
          |---|---|---|---|---|---|---|\n{table}\n\
+         ## Waiting: notification against polling\n\n\
+         The hand-off run (50 tasks of one process looping on one lock for 3 s) twice: \
+         waiters that wait as dlock does (notification where the backend has one), and \
+         waiters that poll (`try_lock`, then 10 ms sleep when busy — redis-py's `Lock` \
+         sleeps 100 ms). *Taken back*: share of acquisitions by the task that had just \
+         released; real hand-offs/s count only grants to a different task.\n\n\
+         | backend | waiting: hand-offs/s | taken back | Jain | p99 µs | polling: hand-offs/s | taken back | Jain | p99 µs |\n\
+         |---|---|---|---|---|---|---|---|---|\n{waiting_rows}\n\
          ## Peers (uncontended cycles, same floor)\n\n\
          | client | backend | cycles/s | × floor | p50 µs | p99 µs |\n\
          |---|---|---|---|---|---|\n{peer_rows}\n\
