@@ -59,7 +59,7 @@ mod statements;
 
 use clock::{Now, read_boot_id};
 pub use statements::SCHEMA;
-use statements::{Hold, Outcome};
+use statements::{Hold, Outcome, Upkeep};
 
 /// Give up retrying a busy database after this long.
 const BUSY_LIMIT: Duration = Duration::from_secs(30);
@@ -274,13 +274,21 @@ impl SqliteBackend {
             cross_process: !in_memory,
             lock_delay,
         });
-        inner.run(Op::Schema).await?;
-        if inner.anything_to_collect().await? {
-            inner.run(Op::Collect).await?;
+        match inner.upkeep_due().await? {
+            Upkeep::Nothing => {}
+            Upkeep::CreateSchema => {
+                inner.run(Op::Schema).await?;
+            }
+            Upkeep::Collect => {
+                inner.run(Op::Collect).await?;
+            }
         }
         Ok(Arc::new(SqliteBackend { inner }))
     }
 
+    /// The pool of `size` connections. The writer's one connection opens now (so a bad
+    /// path fails here); readers open on first use, so a process that only takes and
+    /// releases locks never opens a second connection (and its worker thread).
     async fn pool(
         opts: SqliteConnectOptions,
         size: u32,
@@ -288,36 +296,30 @@ impl SqliteBackend {
         writer: bool,
         target: &str,
     ) -> Result<SqlitePool> {
+        let options = SqlitePoolOptions::new()
+            .max_connections(size)
+            .min_connections(u32::from(in_memory))
+            .idle_timeout(if in_memory {
+                None
+            } else {
+                Some(Duration::from_secs(60))
+            })
+            .max_lifetime(None)
+            .acquire_timeout(Duration::from_secs(30))
+            // A local file needs no liveness ping before every use.
+            .test_before_acquire(false);
+        if !writer {
+            // Readers keep SQLite's busy handler (a WAL read is rarely busy, but can be
+            // while another process opens or checkpoints the file).
+            return Ok(options.connect_lazy_with(opts));
+        }
+        // The writer retries SQLITE_BUSY itself, with much shorter sleeps.
+        let opts = opts.busy_timeout(Duration::ZERO);
         // Opening can meet SQLITE_BUSY outside the busy handler's reach (another
         // process creating the file or switching it to WAL at the same moment): retry.
         let mut backoff = BusyBackoff::new(Duration::from_millis(10), Duration::from_millis(25));
         loop {
-            let attempt = SqlitePoolOptions::new()
-                .max_connections(size)
-                .min_connections(u32::from(in_memory))
-                .idle_timeout(if in_memory {
-                    None
-                } else {
-                    Some(Duration::from_secs(60))
-                })
-                .max_lifetime(None)
-                .acquire_timeout(Duration::from_secs(30))
-                // A local file needs no liveness ping before every use.
-                .test_before_acquire(false)
-                .after_connect(move |conn, _meta| {
-                    Box::pin(async move {
-                        // The writer retries SQLITE_BUSY itself, with much shorter sleeps;
-                        // readers keep SQLite's busy handler (a WAL read is rarely busy, but
-                        // can be while another process opens or checkpoints the file).
-                        if writer {
-                            sqlx::query("PRAGMA busy_timeout = 0").execute(conn).await?;
-                        }
-                        Ok(())
-                    })
-                })
-                .connect_with(opts.clone())
-                .await;
-            match attempt {
+            match options.clone().connect_with(opts.clone()).await {
                 Err(e) if backoff.retry(&e).await => {}
                 other => {
                     return other.map_err(|e| {
@@ -359,11 +361,18 @@ impl Inner {
         }
     }
 
-    async fn anything_to_collect(&self) -> Result<bool> {
-        let mut conn = self.reader.acquire().await.map_err(|e| db_err(&e))?;
-        statements::anything_to_collect(&mut conn, &self.now())
-            .await
-            .map_err(|e| db_err(&e))
+    /// What opening must do (reads on the writer's connection, so a process that only
+    /// takes a lock never opens a reader).
+    async fn upkeep_due(&self) -> Result<Upkeep> {
+        let mut conn = self.writer.acquire().await.map_err(|e| db_err(&e))?;
+        let mut backoff = BusyBackoff::new(Duration::from_micros(50), Duration::from_micros(500));
+        loop {
+            match statements::upkeep_due(&mut conn, &self.now()).await {
+                Ok(due) => return Ok(due),
+                Err(e) if backoff.retry(&e).await => {}
+                Err(e) => return Err(db_err(&e)),
+            }
+        }
     }
 
     /// Read a lock row (WAL readers never wait for writers).
@@ -613,7 +622,7 @@ mod tests {
         .execute(&b.inner.writer)
         .await
         .expect("age");
-        assert!(b.inner.anything_to_collect().await.expect("check"));
+        assert_eq!(b.inner.upkeep_due().await.expect("check"), Upkeep::Collect);
         b.inner.run(Op::Collect).await.expect("collect");
         let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_locks")
             .fetch_one(&b.inner.reader)

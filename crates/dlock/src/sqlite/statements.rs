@@ -133,17 +133,43 @@ pub(super) enum Outcome {
     Busy(Option<Duration>),
 }
 
-pub(super) async fn create_schema(conn: &mut SqliteConnection) -> sqlx::Result<()> {
+/// Whether all of dlock's tables exist.
+async fn schema_present(conn: &mut SqliteConnection) -> sqlx::Result<bool> {
     let present: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
          AND name IN ('dlock_locks', 'dlock_counters', 'dlock_queue')",
     )
     .fetch_one(&mut *conn)
     .await?;
-    if present < 3 {
+    Ok(present == 3)
+}
+
+pub(super) async fn create_schema(conn: &mut SqliteConnection) -> sqlx::Result<()> {
+    if !schema_present(conn).await? {
         conn.execute(sqlx::raw_sql(SCHEMA)).await?;
     }
     Ok(())
+}
+
+/// What opening has to do before the first lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Upkeep {
+    Nothing,
+    CreateSchema,
+    Collect,
+}
+
+/// Find out, with reads only, whether the schema must be created or dead rows
+/// collected: the common case (neither) then takes no write lock.
+pub(super) async fn upkeep_due(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<Upkeep> {
+    if !schema_present(conn).await? {
+        return Ok(Upkeep::CreateSchema);
+    }
+    Ok(if anything_to_collect(conn, now).await? {
+        Upkeep::Collect
+    } else {
+        Upkeep::Nothing
+    })
 }
 
 /// Collect rows dead for a day, folding their fences into the floor first.
@@ -170,10 +196,7 @@ pub(super) async fn collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Res
 }
 
 /// Whether any row is due for collection (a read, so opening stays cheap).
-pub(super) async fn anything_to_collect(
-    conn: &mut SqliteConnection,
-    now: &Now,
-) -> sqlx::Result<bool> {
+async fn anything_to_collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<bool> {
     let (cut_boot, cut_wall) = now.before(COLLECT_AFTER);
     let sql = format!("SELECT EXISTS (SELECT 1 FROM dlock_locks WHERE {DEAD})");
     let found: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
