@@ -638,6 +638,39 @@ mod tests {
         h.release().await.expect("release");
     }
 
+    /// Opening a database whose schema exists takes no write lock and opens no reader:
+    /// a process can start while another holds a long write transaction, and `dlock run`
+    /// pays for one connection only.
+    #[tokio::test]
+    async fn opening_an_existing_database_needs_no_write_lock() {
+        let dir = tempfile::tempdir().expect("dir");
+        let url = format!("sqlite://{}/w.db", dir.path().display());
+        let first = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open");
+        let mut writer =
+            SqliteConnection::connect(&format!("sqlite://{}/w.db", dir.path().display()))
+                .await
+                .expect("raw connection");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut writer)
+            .await
+            .expect("write lock");
+        let second = tokio::time::timeout(
+            Duration::from_secs(2),
+            SqliteBackend::open(ConnectUrl::parse(&url).expect("url")),
+        )
+        .await
+        .expect("opening waited for the write lock")
+        .expect("open");
+        assert_eq!(second.inner.reader.size(), 0, "a reader was opened");
+        sqlx::query("ROLLBACK")
+            .execute(&mut writer)
+            .await
+            .expect("rollback");
+        drop((first, second));
+    }
+
     #[tokio::test]
     async fn rejects_bad_urls() {
         for bad in [
