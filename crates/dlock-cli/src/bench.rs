@@ -253,8 +253,8 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: u.cycles_per_sec,
             floor_ops_per_sec: u.floor_cycles_per_sec,
             ratio: u.ratio_to_floor,
-            p50_us: Some(u.latency.p50_us),
-            p99_us: Some(u.latency.p99_us),
+            p50_us: u.latency.p50(),
+            p99_us: u.latency.p99(),
         });
     }
     if let Some(p) = &r.parallel {
@@ -277,8 +277,8 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: c.acquisitions_per_sec,
             floor_ops_per_sec: None,
             ratio: None,
-            p50_us: Some(c.wait.p50_us),
-            p99_us: Some(c.wait.p99_us),
+            p50_us: c.wait.p50(),
+            p99_us: c.wait.p99(),
         });
     }
     if let Some(h) = &r.handoff {
@@ -290,8 +290,8 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ratio: floor
                 .filter(|f| *f > 0.0)
                 .map(|f| h.dlock.handoffs_per_sec / f),
-            p50_us: Some(h.dlock.handoff.p50_us),
-            p99_us: Some(h.dlock.handoff.p99_us),
+            p50_us: h.dlock.handoff.p50(),
+            p99_us: h.dlock.handoff.p99(),
         });
     }
     if let Some(p) = &r.polling {
@@ -300,8 +300,8 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: p.handoffs_per_sec,
             floor_ops_per_sec: None,
             ratio: None,
-            p50_us: Some(p.handoff.p50_us),
-            p99_us: Some(p.handoff.p99_us),
+            p50_us: p.handoff.p50(),
+            p99_us: p.handoff.p99(),
         });
     }
     if let Some(h) = &r.hold {
@@ -320,8 +320,8 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: u.cycles_per_sec,
             floor_ops_per_sec: Some(s.cycles_per_sec),
             ratio: Some(s.redlock_ratio),
-            p50_us: Some(u.latency.p50_us),
-            p99_us: Some(u.latency.p99_us),
+            p50_us: u.latency.p50(),
+            p99_us: u.latency.p99(),
         });
     }
     rows

@@ -32,6 +32,16 @@ impl Latency {
             max_us: h.max(),
         }
     }
+
+    /// The median, or `None` without samples (a run with no hand-off has no latency).
+    pub fn p50(&self) -> Option<u64> {
+        (self.count > 0).then_some(self.p50_us)
+    }
+
+    /// The 99th percentile, or `None` without samples.
+    pub fn p99(&self) -> Option<u64> {
+        (self.count > 0).then_some(self.p99_us)
+    }
 }
 
 /// Show a microsecond figure in a readable unit.

@@ -68,6 +68,16 @@ fn bench(dlock: &Path, url: &str, extra: &[&str]) -> Option<Value> {
 /// A peer script (Python, or Node for `.js`): one JSON line with `ops_per_sec`,
 /// `p50_us`, `p99_us`.
 fn peer(script: &Path, target: &str, cycles: u32) -> Option<Value> {
+    peer_script(script, &[target, &cycles.to_string()])
+}
+
+/// `bench/peers/handoff.py PEER TARGET 50 3`: a peer's contended hand-off figures.
+fn handoff_peer(script: &Path, peer: &str, target: &str) -> Option<Value> {
+    peer_script(script, &[peer, target, "50", "3"])
+}
+
+/// Run a peer script pinned to the client CPU; its last JSON line.
+fn peer_script(script: &Path, args: &[&str]) -> Option<Value> {
     let interpreter = if script.extension().is_some_and(|e| e == "js") {
         "node"
     } else {
@@ -77,14 +87,10 @@ fn peer(script: &Path, target: &str, cycles: u32) -> Option<Value> {
         eprintln!("benchmarks: no {interpreter}: {} skipped", script.display());
         return None;
     };
-    let out = pinned(&interpreter)
-        .arg(script)
-        .args([target, &cycles.to_string()])
-        .output()
-        .ok()?;
+    let out = pinned(&interpreter).arg(script).args(args).output().ok()?;
     if !out.status.success() {
         eprintln!(
-            "benchmarks: {} failed: {}",
+            "benchmarks: {} {args:?} failed: {}",
             script.display(),
             String::from_utf8_lossy(&out.stderr)
         );
@@ -123,6 +129,15 @@ fn num(v: &Value) -> String {
         Some(f) if f >= 100.0 => format!("{f:.0}"),
         Some(f) => format!("{f:.2}"),
         None => "–".to_owned(),
+    }
+}
+
+/// A hand-off run's latency figure (`p50_us`, `p99_us`), "–" when it had no hand-off.
+fn handoff_latency(run: &Value, key: &str) -> String {
+    if run["handoff"]["count"].as_u64() == Some(0) {
+        "–".to_owned()
+    } else {
+        num(&run["handoff"][key])
     }
 }
 
@@ -207,11 +222,11 @@ fn main() {
             num(&n["handoffs_per_sec"]),
             pct(n),
             jain_of(n),
-            num(&n["handoff"]["p99_us"]),
+            handoff_latency(n, "p99_us"),
             num(&p["handoffs_per_sec"]),
             pct(p),
             jain_of(p),
-            num(&p["handoff"]["p99_us"]),
+            handoff_latency(p, "p99_us"),
         );
     }
     // SQLite's fair mode: the same hand-off run with `--fair`.
@@ -291,6 +306,80 @@ fn main() {
     let r = peer(&peers.join("kazoo_lock.py"), &zk_host, 1000);
     peer_ratio("kazoo `Lock`", "ZooKeeper", floor_of(zk), r);
 
+    let etcd_url = matrix
+        .targets
+        .iter()
+        .find(|t| t.label == "etcd")
+        .map(|t| t.url.clone())
+        .unwrap_or_default();
+    let endpoint = etcd_url
+        .trim_start_matches("etcd://")
+        .split(['/', '?'])
+        .next()
+        .unwrap_or("")
+        .to_owned();
+
+    // 2b. Peers under contention: 50 threads of one process on one lock, against
+    // dlock's hand-off run (50 tasks of one process) on the same server.
+    eprintln!("benchmarks: peers under contention");
+    let mut contended_rows = String::new();
+    let mut contended_p50 = std::collections::HashMap::new();
+    for (label, backend, peer_name, target) in [
+        ("dlock", "redis (no persistence)", None, ""),
+        (
+            "redis-py `Lock`",
+            "redis (no persistence)",
+            Some("redis-py"),
+            redis_url.as_str(),
+        ),
+        (
+            "python-redis-lock",
+            "redis (no persistence)",
+            Some("python-redis-lock"),
+            redis_url.as_str(),
+        ),
+        ("dlock", "zookeeper", None, ""),
+        ("kazoo `Lock`", "zookeeper", Some("kazoo"), zk_host.as_str()),
+        ("dlock", "etcd", None, ""),
+        (
+            "etcd3gw `Lock` (tries every 10 ms)",
+            "etcd",
+            Some("etcd3gw"),
+            endpoint.as_str(),
+        ),
+    ] {
+        let run = match peer_name {
+            None => report_of(backend).map(|r| r["handoff"]["dlock"].clone()),
+            Some(name) => handoff_peer(&peers.join("handoff.py"), name, target),
+        };
+        let Some(run) = run.filter(|r| !r.is_null()) else {
+            let _ = writeln!(contended_rows, "| {label} | {backend} | failed | | | | |");
+            continue;
+        };
+        if let Some(p50) = run["handoff"]["p50_us"].as_f64() {
+            contended_p50.insert((backend, peer_name), p50);
+        }
+        let _ = writeln!(
+            contended_rows,
+            "| {label} | {backend} | {} | {} | {} | {} | {} |",
+            num(&run["handoffs_per_sec"]),
+            handoff_latency(&run, "p50_us"),
+            handoff_latency(&run, "p99_us"),
+            pct(&run),
+            jain_of(&run),
+        );
+    }
+    // How many times dlock's p50 hand-off is better than the peer's.
+    let better_than = |backend: &str, peer: &str| {
+        contended_p50
+            .get(&(backend, Some(peer)))
+            .zip(contended_p50.get(&(backend, None)))
+            .filter(|(_, d)| **d > 0.0)
+            .map(|(p, d)| p / d)
+    };
+    let zk_vs_kazoo = better_than("zookeeper", "kazoo");
+    let etcd_vs_etcd3gw = better_than("etcd", "etcd3gw");
+
     // 3. The CLI: one locked `true` against one bare tool call.
     eprintln!("benchmarks: command line");
     let mut cli_rows = String::new();
@@ -347,18 +436,6 @@ fn main() {
         "`redis-cli SET`",
         runs_per_sec(200, dlock_run(redis_url.clone())),
     );
-    let etcd_url = matrix
-        .targets
-        .iter()
-        .find(|t| t.label == "etcd")
-        .map(|t| t.url.clone())
-        .unwrap_or_default();
-    let endpoint = etcd_url
-        .trim_start_matches("etcd://")
-        .split(['/', '?'])
-        .next()
-        .unwrap_or("")
-        .to_owned();
     let etcdctl = find_binary("etcdctl").and_then(|e| {
         runs_per_sec(100, || {
             let mut c = Command::new(&e);
@@ -438,6 +515,17 @@ fn main() {
         zr.map_or("–".into(), |r| format!("{r:.2}×")),
         zr.map(|r| r >= 0.8),
     );
+    target(
+        "ZooKeeper contended hand-off p50 at least 2× better than kazoo's (same run)",
+        zk_vs_kazoo.map_or("–".into(), |r| format!("{r:.1}× better")),
+        zk_vs_kazoo.map(|r| r >= 2.0),
+    );
+    target(
+        "etcd contended hand-off p50 at least 5× better than etcd3gw's (same run; \
+         python-etcd3 does not install here)",
+        etcd_vs_etcd3gw.map_or("–".into(), |r| format!("{r:.1}× better")),
+        etcd_vs_etcd3gw.map(|r| r >= 5.0),
+    );
     for label in [
         "postgres lease",
         "postgres advisory",
@@ -498,7 +586,7 @@ fn main() {
             num(&f["handoffs_per_sec"]),
             pct(f),
             jain_of(f),
-            num(&f["handoff"]["p99_us"]),
+            handoff_latency(f, "p99_us"),
         );
     }
     let sr = ratio_of(report_of("sqlite"), "uncontended-1-task");
@@ -564,6 +652,13 @@ fn main() {
          ## Peers (uncontended cycles, same floor)\n\n\
          | client | backend | cycles/s | × floor | p50 µs | p99 µs |\n\
          |---|---|---|---|---|---|\n{peer_rows}\n\
+         ## Peers under contention\n\n\
+         50 threads of one process loop on one lock for 3 s (`bench/peers/handoff.py`), \
+         next to dlock's hand-off run (50 tasks of one process) on the same server. \
+         Hand-offs/s count only grants to a different thread; p50/p99 from release to \
+         the next grant; *taken back* as above.\n\n\
+         | client | backend | hand-offs/s | p50 µs | p99 µs | taken back | Jain |\n\
+         |---|---|---|---|---|---|---|\n{contended_rows}\n\
          ## The command line\n\n\
          Runs per second of one locked `true` against one bare tool call (process start \
          included; 200 runs, etcd 100).\n\n\
