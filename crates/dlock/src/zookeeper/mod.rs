@@ -11,7 +11,9 @@
 //! waiter watches **only its predecessor**. The fencing token is the `czxid` of the
 //! holder's own node: zxids are global, persistent and increase with every write.
 //!
-//! - A free lock costs a create, a read of the children and a delete. A `try_lock`
+//! - A free lock costs a create, a read of the children and a delete; the read is
+//!   sent right behind the create, without waiting for its reply (the server answers
+//!   a session's requests in order, so the listing includes the new node). A `try_lock`
 //!   (or no-wait) attempt reads the children first, so on a held lock it writes nothing.
 //! - Protected creation: when the connection drops during a create, the contender looks
 //!   for its node by its uuid instead of leaving an orphan.
@@ -197,6 +199,15 @@ async fn watch_session(
 }
 
 /// A contender queued in ZooKeeper (this backend's own).
+/// A contender's node, just created.
+struct Created {
+    node: String,
+    token: u64,
+    /// The lock's contenders listed right after the create (`None` if that listing
+    /// failed or the node was found after a lost reply).
+    children: Option<Vec<String>>,
+}
+
 struct Queued {
     node: String,
     token: u64,
@@ -391,12 +402,7 @@ impl Inner {
     /// it: every other contender would queue behind it for as long as the process
     /// lives. A background task deletes whatever carries the uuid once the server
     /// answers again.
-    async fn create(
-        &self,
-        session: &Arc<Session>,
-        dir: &str,
-        data: &[u8],
-    ) -> Result<(String, u64)> {
+    async fn create(&self, session: &Arc<Session>, dir: &str, data: &[u8]) -> Result<Created> {
         let prefix = format!("{dir}/_c_{}-lock-", uuid());
         let mut maybe_created = false;
         let created = self
@@ -420,17 +426,26 @@ impl Inner {
         prefix: &str,
         data: &[u8],
         maybe_created: &mut bool,
-    ) -> Result<(String, u64)> {
+    ) -> Result<Created> {
         let acls = self.acls();
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
         for round in 0..4 {
-            let sent = session.client.create(prefix, data, &options).await;
+            // The client sends a request when its future is made, and the server
+            // answers a session's requests in order: the listing asked for right behind
+            // the create sees our node, and costs no round trip of its own.
+            let create = session.client.create(prefix, data, &options);
+            let listing = session.client.list_children(dir);
+            let sent = create.await;
             if sent.as_ref().is_err_and(uncertain) {
                 *maybe_created = true;
             }
             match sent {
                 Ok((stat, seq)) => {
-                    return Ok((format!("{prefix}{seq}"), stat.czxid.unsigned_abs()));
+                    return Ok(Created {
+                        node: format!("{prefix}{seq}"),
+                        token: stat.czxid.unsigned_abs(),
+                        children: listing.await.ok().map(contenders),
+                    });
                 }
                 Err(zk::Error::NoNode) if round < 3 => {
                     let parents = zk::CreateMode::Container.with_acls(acls);
@@ -462,7 +477,11 @@ impl Inner {
                             .await
                             .map_err(|e| map_err(&e))?
                             .ok_or_else(|| Error::connection(SCHEME, "node vanished"))?;
-                        return Ok((node, stat.czxid.unsigned_abs()));
+                        return Ok(Created {
+                            node,
+                            token: stat.czxid.unsigned_abs(),
+                            children: None,
+                        });
                     }
                 }
                 Err(e) => return Err(map_err(&e)),
@@ -502,6 +521,7 @@ impl Backend for ZkBackend {
         let dir = inner.dir(&req.name);
         let slot = (dir.clone(), req.owner.as_str().to_owned());
         let existing = inner.queued().remove(&slot);
+        let mut listed = None;
         let mut q = match existing {
             Some(q) => {
                 q.session.check()?;
@@ -518,24 +538,31 @@ impl Backend for ZkBackend {
                         retry_after: Some(RECHECK),
                     });
                 }
-                let (node, token) = inner
+                let created = inner
                     .create(&session, &dir, &StoredHolder::encode(req))
                     .await?;
+                listed = created.children;
                 Queued {
-                    node,
-                    token,
+                    node: created.node,
+                    token: created.token,
                     session,
                     predecessor: None,
                 }
             }
         };
-        let children = match Inner::children(&q.session, &dir).await {
-            Ok(c) => c,
-            Err(e) => {
-                // Keep the entry: `leave_queue` deletes the node.
-                inner.queued().insert(slot, q);
-                return Err(e);
-            }
+        let mine = q.node.rsplit('/').next().unwrap_or_default();
+        // The listing taken with the create, if it came back and shows our node.
+        let listed = listed.filter(|c| c.iter().any(|c| c == mine));
+        let children = match listed {
+            Some(c) => c,
+            None => match Inner::children(&q.session, &dir).await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Keep the entry: `leave_queue` deletes the node.
+                    inner.queued().insert(slot, q);
+                    return Err(e);
+                }
+            },
         };
         let mine = q.node.rsplit('/').next().unwrap_or_default();
         let Some(pos) = children.iter().position(|c| c == mine) else {
