@@ -303,3 +303,95 @@ async fn a_waiter_leaving_during_an_outage_leaves_no_node_behind() {
     freed.release().await.expect("release");
     drop(cut);
 }
+
+/// A waiter queued right behind a node its own process holds the lock with is granted
+/// on that node's deletion without listing the children again. Two lockers (two
+/// sessions) with four tasks each cycle one lock, so queues mix local and foreign
+/// predecessors, and impatient tasks join the queue and give up mid-queue (a deleted
+/// predecessor that never held the lock): no two critical sections may overlap, and
+/// every task finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_hand_offs_keep_exclusion_across_sessions() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let url = format!("{}/handoff", zk.url());
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    let mut impatient = Vec::new();
+    let mut last_token = 0;
+    for _ in 0..2 {
+        let locker = Arc::new(Locker::connect(&url).await.expect("connect"));
+        for _ in 0..4 {
+            let (locker, inside, overlaps) = (
+                Arc::clone(&locker),
+                Arc::clone(&inside),
+                Arc::clone(&overlaps),
+            );
+            let (l, inside2, overlaps2) = (
+                Arc::clone(&locker),
+                Arc::clone(&inside),
+                Arc::clone(&overlaps),
+            );
+            impatient.push(tokio::spawn(async move {
+                for i in 0..40u64 {
+                    let wait = Duration::from_millis(1 + (i * 7) % 20);
+                    if let Ok(g) = l.lock_timeout("shared", wait).await {
+                        if inside2.swap(true, Ordering::SeqCst) {
+                            overlaps2.fetch_add(1, Ordering::SeqCst);
+                        }
+                        tokio::task::yield_now().await;
+                        inside2.store(false, Ordering::SeqCst);
+                        g.release().await.expect("release");
+                    }
+                }
+            }));
+            tasks.push(tokio::spawn(async move {
+                let mut tokens = Vec::new();
+                for _ in 0..25 {
+                    let g = locker
+                        .lock_timeout("shared", Duration::from_secs(30))
+                        .await
+                        .expect("lock");
+                    if inside.swap(true, Ordering::SeqCst) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokens.push(g.fencing_token());
+                    tokio::task::yield_now().await;
+                    inside.store(false, Ordering::SeqCst);
+                    g.release().await.expect("release");
+                }
+                tokens
+            }));
+        }
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        let tokens = tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("a task did not finish")
+            .expect("task");
+        all.extend(tokens);
+    }
+    for t in impatient {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("an impatient task did not finish")
+            .expect("task");
+    }
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "critical sections overlapped"
+    );
+    assert_eq!(all.len(), 200);
+    all.sort_unstable();
+    for t in all {
+        assert!(t > last_token, "token {t} repeated");
+        last_token = t;
+    }
+}

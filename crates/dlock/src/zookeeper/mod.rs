@@ -15,6 +15,11 @@
 //!   sent right behind the create, without waiting for its reply (the server answers
 //!   a session's requests in order, so the listing includes the new node). A `try_lock`
 //!   (or no-wait) attempt reads the children first, so on a held lock it writes nothing.
+//! - A waiter queued right behind a node this process holds the lock with is granted
+//!   as soon as that node's deletion is seen, without listing the children again: no
+//!   node can sit below a holder, so the waiter is then the lowest. A predecessor that
+//!   was only waiting (it may have given up with a holder still below it) is followed
+//!   by a fresh listing, as before.
 //! - Protected creation: when the connection drops during a create, the contender looks
 //!   for its node by its uuid instead of leaving an orphan.
 //! - Lock nodes (and the root) are created as containers, which ZooKeeper deletes once
@@ -213,6 +218,12 @@ struct Queued {
     token: u64,
     session: Arc<Session>,
     predecessor: Option<String>,
+    /// The predecessor is a node this process holds the lock with: once it is deleted
+    /// this node is the lowest (nodes below a holder cannot appear), no listing needed.
+    behind_holder: bool,
+    /// The predecessor's deletion was seen (its watch fired `NodeDeleted`, or it was
+    /// already gone when the watch was set).
+    predecessor_gone: bool,
 }
 
 struct Inner {
@@ -337,6 +348,16 @@ impl Inner {
         self.queued
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The holder's node `node` is about to be deleted: a waiter of this process queued
+    /// right behind it will be the lowest once the deletion is seen.
+    fn holder_leaving(&self, dir: &str, node: &str) {
+        for ((d, _), q) in self.queued().iter_mut() {
+            if d == dir && q.predecessor.as_deref() == Some(node) {
+                q.behind_holder = true;
+            }
+        }
     }
 
     fn acls(&self) -> zk::Acls<'static> {
@@ -493,8 +514,9 @@ impl Inner {
         ))
     }
 
-    fn granted(dir: &str, q: Queued) -> Attempt {
+    fn granted(self: &Arc<Self>, dir: &str, q: Queued) -> Attempt {
         Attempt::Acquired(Box::new(ZkHeld {
+            inner: Arc::clone(self),
             dir: dir.to_owned(),
             node: q.node,
             token: q.token,
@@ -525,6 +547,10 @@ impl Backend for ZkBackend {
         let mut q = match existing {
             Some(q) => {
                 q.session.check()?;
+                if q.behind_holder && q.predecessor_gone {
+                    // Our predecessor held the lock in this process and is gone.
+                    return Ok(inner.granted(&dir, q));
+                }
                 q
             }
             None => {
@@ -547,6 +573,8 @@ impl Backend for ZkBackend {
                     token: created.token,
                     session,
                     predecessor: None,
+                    behind_holder: false,
+                    predecessor_gone: false,
                 }
             }
         };
@@ -572,7 +600,7 @@ impl Backend for ZkBackend {
             ));
         };
         if pos == 0 {
-            return Ok(Inner::granted(&dir, q));
+            return Ok(inner.granted(&dir, q));
         }
         if !req.will_wait {
             // The caller will not wait: do not stay queued.
@@ -582,6 +610,8 @@ impl Backend for ZkBackend {
             });
         }
         q.predecessor = Some(format!("{dir}/{}", children[pos - 1]));
+        q.behind_holder = false;
+        q.predecessor_gone = false;
         inner.queued().insert(slot, q);
         Ok(Attempt::Busy {
             retry_after: Some(RECHECK),
@@ -657,11 +687,18 @@ impl Waiter for ZkWaiter {
             return Ok(());
         };
         let watched = async {
-            match session.client.check_and_watch_stat(&predecessor).await {
-                Ok((None, _)) | Err(_) => {}
+            let gone = match session.client.check_and_watch_stat(&predecessor).await {
+                Ok((None, _)) => true,
+                Err(_) => false,
                 Ok((Some(_), watcher)) => {
-                    let _ = watcher.changed().await;
+                    watcher.changed().await.event_type == zk::EventType::NodeDeleted
                 }
+            };
+            if gone
+                && let Some(q) = self.inner.queued().get_mut(&self.slot)
+                && q.predecessor.as_deref() == Some(predecessor.as_str())
+            {
+                q.predecessor_gone = true;
             }
         };
         tokio::select! {
@@ -676,6 +713,7 @@ impl Waiter for ZkWaiter {
 }
 
 struct ZkHeld {
+    inner: Arc<Inner>,
     dir: String,
     node: String,
     token: u64,
@@ -718,6 +756,7 @@ impl HeldLock for ZkHeld {
         if self.session.lost.is_cancelled() {
             return Ok(());
         }
+        self.inner.holder_leaving(&self.dir, &self.node);
         delete_node(&self.session, &self.node).await
     }
 
