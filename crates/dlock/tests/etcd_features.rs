@@ -341,31 +341,18 @@ async fn a_waiter_leaving_during_an_outage_leaves_no_key_behind() {
     .await
     .expect("connect through proxy");
     let other = Locker::connect(&etcd.url()).await.expect("connect");
-    let held = other.lock("leaving").await.expect("lock");
-    let waiting = cut.clone();
-    let waiter = tokio::spawn(async move { waiting.lock("leaving").await });
-    let end = Instant::now() + Duration::from_secs(5);
-    while other
-        .inspect("leaving")
-        .await
-        .expect("inspect")
-        .and_then(|i| i.waiters)
-        != Some(1)
-    {
-        assert!(Instant::now() < end, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     // Cancelled while nothing gets through: the delete times out, then the reset.
-    proxy.set(Fault::Blackhole);
-    waiter.abort();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    proxy.reset_all();
-    proxy.set(Fault::None);
-    held.release().await.expect("release");
-    let freed = other
-        .lock_timeout("leaving", Duration::from_secs(5))
-        .await
-        .expect("the waiter's key stayed under its live session");
-    freed.release().await.expect("release");
+    dlock::conformance::waiter_cancelled_in_an_outage(
+        &cut,
+        &other,
+        "leaving",
+        Duration::from_millis(1500),
+        || proxy.set(Fault::Blackhole),
+        || {
+            proxy.reset_all();
+            proxy.set(Fault::None);
+        },
+    )
+    .await;
     drop(cut);
 }

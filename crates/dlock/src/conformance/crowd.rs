@@ -42,15 +42,7 @@ impl Crowd {
                 g.release().await.expect("release");
             });
         }
-        let end = Instant::now() + Duration::from_secs(60);
-        loop {
-            let info = holder.inspect(name).await.expect("inspect").expect("held");
-            if info.waiters == Some(n) {
-                break;
-            }
-            assert!(Instant::now() < end, "only {:?} queued", info.waiters);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        super::wait_until_queued(&holder, name, n, Duration::from_secs(60)).await;
         Crowd {
             holder,
             guard,

@@ -27,8 +27,10 @@ use crate::{LockOptions, Locker, Owner, Renewal};
 
 mod behaviours;
 mod crowd;
+mod faults;
 pub use behaviours::*;
 pub use crowd::Crowd;
+pub use faults::{wait_until_queued, waiter_cancelled_in_an_outage};
 
 /// Where the backend under test lives, and what keeps it alive.
 pub struct Harness {

@@ -1,0 +1,64 @@
+//! Scenarios the backend-specific fault tests share. The fault itself stays with the
+//! caller (a proxy in the test kit, a signal): these take it as closures.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::Locker;
+
+/// Wait until `inspect` on `locker` counts `n` waiters on `name`.
+///
+/// # Panics
+/// When `inspect` fails, or the count is not reached `within`.
+pub async fn wait_until_queued(locker: &Locker, name: &str, n: usize, within: Duration) {
+    let end = Instant::now() + within;
+    loop {
+        let waiters = locker
+            .inspect(name)
+            .await
+            .expect("inspect")
+            .and_then(|i| i.waiters);
+        if waiters == Some(n) {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "{name}: {waiters:?} waiters queued, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A waiter on `cut` queues behind `other`'s hold of `name` and is cancelled while
+/// `cut_off` has stopped its traffic, so its leaving cannot reach the server;
+/// `outage` later `restore` brings the connection back. Its queue entry must not
+/// outlive that: once `other` releases, `other` gets the lock again within 5 s
+/// (a session-bound backend's session outlives the outage, so an entry left behind
+/// would keep everyone queued behind it).
+///
+/// # Panics
+/// When the waiter never queues or `other` cannot take the lock back.
+pub async fn waiter_cancelled_in_an_outage(
+    cut: &Locker,
+    other: &Locker,
+    name: &str,
+    outage: Duration,
+    cut_off: impl FnOnce(),
+    restore: impl FnOnce(),
+) {
+    let held = other.lock(name).await.expect("lock");
+    let (waiting, waited) = (cut.clone(), name.to_owned());
+    let waiter = tokio::spawn(async move { waiting.lock(&waited).await });
+    wait_until_queued(other, name, 1, Duration::from_secs(5)).await;
+    cut_off();
+    waiter.abort();
+    tokio::time::sleep(outage).await;
+    restore();
+    held.release().await.expect("release");
+    let freed = other
+        .lock_timeout(name, Duration::from_secs(5))
+        .await
+        .expect("the cancelled waiter's queue entry stayed under its live session");
+    freed.release().await.expect("release");
+}
