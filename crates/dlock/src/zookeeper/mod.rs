@@ -39,7 +39,7 @@
 //! `digest` scheme, and nodes are then created with the creator-only ACL (others
 //! cannot delete them).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -235,7 +235,7 @@ struct Inner {
     auth: Option<String>,
     root: String,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
-    queued: Mutex<HashMap<(String, String), Queued>>,
+    queued: Mutex<BTreeMap<(String, String), Queued>>,
     shown: String,
 }
 
@@ -329,7 +329,7 @@ impl ZkBackend {
                 auth,
                 root,
                 session: tokio::sync::Mutex::new(None),
-                queued: Mutex::new(HashMap::new()),
+                queued: Mutex::new(BTreeMap::new()),
                 shown: url.to_string(),
             }),
         };
@@ -344,7 +344,7 @@ impl Inner {
         format!("{}/{}", self.root, name.encoded())
     }
 
-    fn queued(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Queued>> {
+    fn queued(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Queued>> {
         self.queued
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -352,9 +352,14 @@ impl Inner {
 
     /// The holder's node `node` is about to be deleted: a waiter of this process queued
     /// right behind it will be the lowest once the deletion is seen.
+    /// Visits only this lock's waiters: the map is ordered by lock, then owner.
     fn holder_leaving(&self, dir: &str, node: &str) {
-        for ((d, _), q) in self.queued().iter_mut() {
-            if d == dir && q.predecessor.as_deref() == Some(node) {
+        let mut queued = self.queued();
+        let this_lock = queued
+            .range_mut((dir.to_owned(), String::new())..)
+            .take_while(|((d, _), _)| d == dir);
+        for (_, q) in this_lock {
+            if q.predecessor.as_deref() == Some(node) {
                 q.behind_holder = true;
             }
         }
