@@ -132,6 +132,12 @@ fn num(v: &Value) -> String {
     }
 }
 
+/// `host:port` of a testkit URL (`zk://127.0.0.1:2181/root` → `127.0.0.1:2181`).
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split(['/', '?']).next().unwrap_or("").to_owned()
+}
+
 /// A hand-off run's latency figure (`p50_us`, `p99_us`), "–" when it had no hand-off.
 fn handoff_latency(run: &Value, key: &str) -> String {
     if run["handoff"]["count"].as_u64() == Some(0) {
@@ -175,6 +181,14 @@ fn main() {
             reports.push((t, r));
         }
     }
+    let url_of = |label: &str| {
+        matrix
+            .targets
+            .iter()
+            .find(|t| t.label == label)
+            .map(|t| t.url.clone())
+            .unwrap_or_default()
+    };
     let report_of = |label: &str| {
         reports
             .iter()
@@ -230,36 +244,14 @@ fn main() {
         );
     }
     // SQLite's fair mode: the same hand-off run with `--fair`.
-    let sqlite_url = matrix
-        .targets
-        .iter()
-        .find(|t| t.label == "sqlite")
-        .map(|t| t.url.clone())
-        .unwrap_or_default();
+    let sqlite_url = url_of("sqlite");
     eprintln!("benchmarks: dlock bench --fair on sqlite");
     let sqlite_fair = bench(&dlock, &sqlite_url, &["--fair", "--scenario", "handoff"]);
 
     // 2. Peers, against the floor of the same backend from step 1.
     let redis = report_of("redis (no persistence)");
-    let redis_url = matrix
-        .targets
-        .iter()
-        .find(|t| t.label == "redis (no persistence)")
-        .map(|t| t.url.clone())
-        .unwrap_or_default();
-    let zk_host = matrix
-        .targets
-        .iter()
-        .find(|t| t.label == "zookeeper")
-        .map(|t| {
-            t.url
-                .trim_start_matches("zk://")
-                .split(['/', '?'])
-                .next()
-                .unwrap_or("")
-                .to_owned()
-        })
-        .unwrap_or_default();
+    let redis_url = url_of("redis (no persistence)");
+    let zk_host = host_port(&url_of("zookeeper"));
     let mut peer_rows = String::new();
     let mut peer_ratio = |label: &str, backend: &str, floor: Option<f64>, r: Option<Value>| {
         let Some(r) = r else {
@@ -306,18 +298,8 @@ fn main() {
     let r = peer(&peers.join("kazoo_lock.py"), &zk_host, 1000);
     peer_ratio("kazoo `Lock`", "ZooKeeper", floor_of(zk), r);
 
-    let etcd_url = matrix
-        .targets
-        .iter()
-        .find(|t| t.label == "etcd")
-        .map(|t| t.url.clone())
-        .unwrap_or_default();
-    let endpoint = etcd_url
-        .trim_start_matches("etcd://")
-        .split(['/', '?'])
-        .next()
-        .unwrap_or("")
-        .to_owned();
+    let etcd_url = url_of("etcd");
+    let endpoint = host_port(&etcd_url);
 
     // 2b. Peers under contention: 50 threads of one process on one lock, against
     // dlock's hand-off run (50 tasks of one process) on the same server.
