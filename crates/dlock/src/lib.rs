@@ -52,6 +52,7 @@ mod error;
 pub mod etcd;
 mod guard;
 mod hex;
+mod keeper;
 mod locker;
 pub mod memory;
 pub mod name;

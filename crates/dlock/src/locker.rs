@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, LockInfo, Waiter};
 use crate::error::{Error, Result};
-use crate::guard::{KeeperPlan, LockGuard, drift_margin};
+use crate::guard::{LockGuard, drift_margin};
+use crate::keeper::{KeeperPlan, Keepers};
 use crate::name::LockName;
 use crate::options::{LockOptions, Metadata, Owner, Wait};
 
@@ -30,6 +31,8 @@ const MAX_WAIT_STEP: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub struct Locker {
     backend: Arc<dyn Backend>,
+    /// Renewal and loss timers of every lock taken through this locker (and its clones).
+    keepers: Arc<Keepers>,
     defaults: LockOptions,
     url: String,
 }
@@ -55,6 +58,7 @@ impl Locker {
         let backend = crate::schemes::open(parsed).await?;
         Ok(Locker {
             backend,
+            keepers: Arc::default(),
             defaults,
             url: shown,
         })
@@ -66,6 +70,7 @@ impl Locker {
         Locker {
             url: format!("{}://", backend.scheme()),
             backend,
+            keepers: Arc::default(),
             defaults: LockOptions::default(),
         }
     }
@@ -384,6 +389,7 @@ impl Locker {
     ) -> LockGuard {
         let sent_at = lease_start(held.as_ref(), sent_at);
         LockGuard::start(
+            &self.keepers,
             held,
             name,
             owner,

@@ -1,0 +1,576 @@
+//! What keeps held locks alive: one timer task per [`crate::Locker`] for all of them.
+//!
+//! Each held lock is a [`Hold`]: the backend's [`HeldLock`] and its timing (lease
+//! deadline, next renewal) behind one async mutex, so a renewal, an extension and the
+//! release never overlap and no renewal can follow the release. The [`Keepers`] of a
+//! locker keep one ordered map of the next instant each hold needs attention (the
+//! earlier of its renewal and its local deadline) and one driver task that sleeps until
+//! the first of them and hands what is due to a short task of its own (so one slow
+//! renewal delays no other). An idle held lock therefore costs a map entry, not a task.
+//!
+//! The guard's release and extension run in the caller's task (no hop through a keeper
+//! task); a release whose caller goes away finishes in a task of its own.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::HeldLock;
+use crate::error::{Error, LossReason, Result};
+use crate::guard::drift_margin;
+use crate::name::LockName;
+use crate::options::{MIN_TTL, Owner};
+
+/// How long the keeper waits for a best-effort release after a loss.
+const LOST_RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long the driver task stays after the last held lock is gone (so a locker that
+/// takes and releases locks in a loop does not start one per lock).
+const DRIVER_LINGER: Duration = Duration::from_secs(5);
+
+/// A place in the timer map: when, and a sequence number that makes it unique.
+type Slot = (Instant, u64);
+
+/// How a held lock is kept.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeeperPlan {
+    pub ttl: Duration,
+    pub renew_every: Option<Duration>,
+    pub max_hold: Option<Duration>,
+    /// When the acquire request was sent (before the server could start the lease).
+    pub sent_at: Instant,
+}
+
+/// The timers of every lock one locker holds, and the task that serves them.
+#[derive(Debug, Default)]
+pub(crate) struct Keepers {
+    state: Mutex<Timers>,
+    /// Wakes the driver when a slot earlier than its sleep is added.
+    wake: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Timers {
+    due: BTreeMap<Slot, Arc<Hold>>,
+    seq: u64,
+    /// `None`: no driver task. `Some(t)`: the driver sleeps until `t` at the latest.
+    driver: Option<Instant>,
+}
+
+impl Keepers {
+    fn timers(&self) -> std::sync::MutexGuard<'_, Timers> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Put `hold` in the map at `at` (taking `old` out); starts the driver if there is
+    /// none, wakes it if `at` comes before its sleep ends.
+    fn schedule(self: &Arc<Self>, old: Option<Slot>, at: Instant, hold: &Arc<Hold>) -> Slot {
+        let mut timers = self.timers();
+        if let Some(old) = old {
+            timers.due.remove(&old);
+        }
+        timers.seq += 1;
+        let slot = (at, timers.seq);
+        timers.due.insert(slot, Arc::clone(hold));
+        match timers.driver {
+            None => {
+                timers.driver = Some(at);
+                drop(timers);
+                tokio::spawn(Arc::clone(self).drive());
+            }
+            Some(until) if at < until => {
+                timers.driver = Some(at);
+                drop(timers);
+                self.wake.notify_one();
+            }
+            Some(_) => {}
+        }
+        slot
+    }
+
+    fn unschedule(&self, slot: Slot) {
+        self.timers().due.remove(&slot);
+    }
+
+    /// The driver: sleeps until the first slot, hands every due hold to a task of its
+    /// own, and ends after [`DRIVER_LINGER`] with nothing to keep.
+    async fn drive(self: Arc<Self>) {
+        let mut gone = DriverGone {
+            keepers: Arc::clone(&self),
+            armed: true,
+        };
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            let mut due = Vec::new();
+            let until = {
+                let mut timers = self.timers();
+                let now = Instant::now();
+                while let Some(first) = timers.due.first_entry() {
+                    if first.key().0 > now {
+                        break;
+                    }
+                    due.push(first.remove_entry());
+                }
+                let until = match timers.due.first_key_value() {
+                    Some((slot, _)) => {
+                        idle_since = None;
+                        slot.0
+                    }
+                    None if due.is_empty() => {
+                        let since = *idle_since.get_or_insert(now);
+                        if now >= since + DRIVER_LINGER {
+                            timers.driver = None;
+                            gone.armed = false;
+                            return;
+                        }
+                        since + DRIVER_LINGER
+                    }
+                    None => now + DRIVER_LINGER,
+                };
+                timers.driver = Some(until);
+                until
+            };
+            for (slot, hold) in due {
+                tokio::spawn(hold.on_timer(slot));
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = self.wake.notified() => {}
+            }
+        }
+    }
+}
+
+/// Marks the driver gone if its task is dropped unfinished (its runtime shut down), so
+/// the next lock taken starts a new one.
+struct DriverGone {
+    keepers: Arc<Keepers>,
+    armed: bool,
+}
+
+impl Drop for DriverGone {
+    fn drop(&mut self) {
+        if self.armed {
+            self.keepers.timers().driver = None;
+        }
+    }
+}
+
+/// One held lock, shared by its guard, the timer map and whatever task is keeping it.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    pub name: LockName,
+    pub owner: Owner,
+    pub token: u64,
+    lost: AtomicBool,
+    /// Made on first demand ([`Hold::lost_token`]): most holders never ask.
+    lost_token: OnceLock<CancellationToken>,
+    reason: OnceLock<LossReason>,
+    pub suspect: Option<Arc<AtomicBool>>,
+    /// Set when the guard is released or dropped: timers due after that do nothing.
+    released: AtomicBool,
+    /// Ends the backend-loss watcher (only backends with a loss signal have one).
+    watch_end: Option<CancellationToken>,
+    keepers: Arc<Keepers>,
+    keep: tokio::sync::Mutex<Keep>,
+}
+
+/// The part of a hold only one task touches at a time.
+#[derive(Debug)]
+struct Keep {
+    /// `None` once released.
+    held: Option<Box<dyn HeldLock>>,
+    ttl: Duration,
+    renew_every: Option<Duration>,
+    hold_until: Option<Instant>,
+    /// The local lease deadline: the lock counts as lost from here on.
+    deadline: Instant,
+    next_renew: Option<Instant>,
+    /// The current lease was shortened (or renewal stopped) by the max hold time.
+    capped_by_hold: bool,
+    /// Where this hold sits in the timer map, if it does.
+    slot: Option<Slot>,
+}
+
+impl Hold {
+    /// Start keeping `held`: its first timer is set before this returns.
+    pub(crate) fn start(
+        keepers: &Arc<Keepers>,
+        held: Box<dyn HeldLock>,
+        name: LockName,
+        owner: Owner,
+        plan: KeeperPlan,
+    ) -> Arc<Hold> {
+        let margin = held.clock_drift(plan.ttl).max(drift_margin(plan.ttl));
+        let signal = held.loss_signal();
+        let hold = Arc::new(Hold {
+            name,
+            owner,
+            token: held.fencing_token(),
+            lost: AtomicBool::new(false),
+            lost_token: OnceLock::new(),
+            reason: OnceLock::new(),
+            suspect: held.suspect_flag(),
+            released: AtomicBool::new(false),
+            watch_end: signal.as_ref().map(|_| CancellationToken::new()),
+            keepers: Arc::clone(keepers),
+            keep: tokio::sync::Mutex::new(Keep {
+                held: Some(held),
+                ttl: plan.ttl,
+                renew_every: plan.renew_every,
+                hold_until: plan.max_hold.map(|m| plan.sent_at + m),
+                deadline: plan.sent_at + plan.ttl.saturating_sub(margin),
+                next_renew: plan.renew_every.map(|every| plan.sent_at + every),
+                capped_by_hold: false,
+                slot: None,
+            }),
+        });
+        if let Ok(mut keep) = hold.keep.try_lock() {
+            hold.reschedule(&mut keep);
+        } else {
+            // Nobody else can have the lock of a hold just made; if that ever changes,
+            // set the timer as soon as it is free.
+            let later = Arc::clone(&hold);
+            tokio::spawn(async move {
+                let mut keep = later.keep.lock().await;
+                later.reschedule(&mut keep);
+            });
+        }
+        if let (Some(signal), Some(end)) = (signal, hold.watch_end.clone()) {
+            tokio::spawn(Arc::clone(&hold).watch_backend(signal, end));
+        }
+        hold
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn reason(&self) -> Option<LossReason> {
+        self.reason.get().cloned()
+    }
+
+    pub(crate) fn lost_error(&self) -> Error {
+        Error::LockLost {
+            name: self.name.as_str().to_owned(),
+            reason: self.reason().unwrap_or(LossReason::LeaseExpired),
+        }
+    }
+
+    /// The token cancelled on loss (made now if nobody asked before).
+    pub(crate) fn lost_token(&self) -> &CancellationToken {
+        let token = self.lost_token.get_or_init(CancellationToken::new);
+        // A loss marked before the token existed: `mark_lost` saw no token to cancel.
+        if self.is_lost() {
+            token.cancel();
+        }
+        token
+    }
+
+    /// Record the loss; `true` if this call was the first to.
+    fn mark_lost(&self, reason: LossReason) -> bool {
+        let first = self.reason.set(reason).is_ok();
+        if first && let Some(reason) = self.reason.get() {
+            tracing::warn!(lock = %self.name, %reason, "lock lost");
+        }
+        self.lost.store(true, Ordering::SeqCst);
+        if let Some(token) = self.lost_token.get() {
+            token.cancel();
+        }
+        first
+    }
+
+    /// The guard is gone or releasing: no timer may renew the lock any more.
+    pub(crate) fn mark_released(&self) {
+        self.released.store(true, Ordering::SeqCst);
+    }
+
+    /// Take the hold out of the timer map or put it back at its next instant.
+    fn reschedule(self: &Arc<Self>, keep: &mut Keep) {
+        let old = keep.slot.take();
+        if keep.held.is_none() || self.is_lost() || self.released.load(Ordering::SeqCst) {
+            if let Some(old) = old {
+                self.keepers.unschedule(old);
+            }
+            return;
+        }
+        let at = keep
+            .next_renew
+            .map_or(keep.deadline, |r| r.min(keep.deadline));
+        keep.slot = Some(self.keepers.schedule(old, at, self));
+    }
+
+    /// A timer of this hold came due (in a task of its own).
+    async fn on_timer(self: Arc<Self>, slot: Slot) {
+        let mut keep = self.keep.lock().await;
+        if keep.slot != Some(slot) {
+            // Moved meanwhile (an extension set a new timer).
+            return;
+        }
+        keep.slot = None;
+        if keep.held.is_none() || self.is_lost() || self.released.load(Ordering::SeqCst) {
+            return;
+        }
+        // The deadline before a renewal due at the same moment.
+        let now = Instant::now();
+        if now >= keep.deadline {
+            self.expire(&mut keep).await;
+            return;
+        }
+        if keep.next_renew.is_some_and(|r| now >= r) {
+            let _ = self.renew_once(&mut keep).await;
+        }
+        self.reschedule(&mut keep);
+    }
+
+    /// The backend reported its session gone.
+    async fn watch_backend(self: Arc<Self>, signal: CancellationToken, end: CancellationToken) {
+        tokio::select! {
+            () = signal.cancelled() => {}
+            () = end.cancelled() => return,
+        }
+        if self.mark_lost(LossReason::SessionLost(
+            "the backend reported the session gone".into(),
+        )) {
+            let mut keep = self.keep.lock().await;
+            self.reschedule(&mut keep);
+            Self::release_after_loss(&mut keep).await;
+        }
+    }
+
+    /// One renewal. Updates the deadline on success, marks the lock lost when the server
+    /// disowns it, and sets a quicker retry on a transient error.
+    async fn renew_once(&self, keep: &mut Keep) -> Result<()> {
+        let now = Instant::now();
+        let mut ttl = keep.ttl;
+        if let Some(h) = keep.hold_until {
+            let left = h.saturating_duration_since(now);
+            if left < MIN_TTL {
+                // Max hold reached: stop renewing; the deadline fires MaxHoldTime.
+                keep.next_renew = None;
+                keep.capped_by_hold = true;
+                return Ok(());
+            }
+            if left < ttl {
+                ttl = left;
+                keep.capped_by_hold = true;
+            }
+        }
+        let budget = keep.deadline.saturating_duration_since(now);
+        let outcome = match keep.held.as_ref() {
+            None => Err(self.lost_error()),
+            Some(_) if budget.is_zero() => Err(Error::connection("core", "no time left to renew")),
+            Some(held) => match tokio::time::timeout(budget, held.renew(ttl)).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::connection("core", "renewal timed out")),
+            },
+        };
+        match outcome {
+            Ok(()) => {
+                let drift = keep
+                    .held
+                    .as_ref()
+                    .map_or(Duration::ZERO, |h| h.clock_drift(ttl));
+                keep.deadline = now + ttl.saturating_sub(drift.max(drift_margin(ttl)));
+                keep.next_renew = keep.renew_every.map(|every| now + every.min(ttl / 3));
+                Ok(())
+            }
+            Err(Error::NotOwner { .. } | Error::LockLost { .. }) => {
+                self.mark_lost(LossReason::NotOwner);
+                keep.next_renew = None;
+                Err(self.lost_error())
+            }
+            Err(e) => {
+                tracing::debug!(lock = %self.name, error = %e, "renewal failed; retrying");
+                let retry = (keep.ttl / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                keep.next_renew = Some(Instant::now() + retry);
+                Err(e)
+            }
+        }
+    }
+
+    /// The local deadline passed: the lock is lost (max hold time or lease expiry).
+    async fn expire(&self, keep: &mut Keep) {
+        let reason = if keep.capped_by_hold {
+            LossReason::MaxHoldTime
+        } else {
+            LossReason::LeaseExpired
+        };
+        if self.mark_lost(reason) {
+            Self::release_after_loss(keep).await;
+        }
+    }
+
+    /// A deadline that passed while nothing could run (the process was paused) counts
+    /// before a command: a release or extension after it must report the loss, not
+    /// succeed against a lease that is gone.
+    async fn check_deadline(&self, keep: &mut Keep) -> Result<()> {
+        if !self.is_lost() && Instant::now() >= keep.deadline {
+            self.expire(keep).await;
+        }
+        if self.is_lost() {
+            return Err(self.lost_error());
+        }
+        Ok(())
+    }
+
+    /// After a loss the lease may still be ours on the server (e.g. renewals could not
+    /// get through); an owner-checked release frees it for others sooner and cannot
+    /// harm a new holder.
+    ///
+    /// Not with a lock-delay: the lease must run out unreleased for the delay to hold
+    /// the next owner back while this holder hears of the loss and stops.
+    async fn release_after_loss(keep: &mut Keep) {
+        keep.next_renew = None;
+        if let Some(held) = keep.held.as_ref()
+            && !held.keeps_lock_delay()
+        {
+            let _ = tokio::time::timeout(LOST_RELEASE_TIMEOUT, held.release()).await;
+        }
+    }
+
+    /// Set the lease to `ttl` from now; later renewals use it too.
+    pub(crate) async fn extend(self: &Arc<Self>, ttl: Duration) -> Result<()> {
+        let mut keep = self.keep.lock().await;
+        if keep.held.is_none() {
+            return Err(self.lost_error());
+        }
+        self.check_deadline(&mut keep).await?;
+        keep.ttl = ttl;
+        keep.renew_every = keep.renew_every.map(|_| ttl / 3);
+        let result = self.renew_once(&mut keep).await;
+        self.reschedule(&mut keep);
+        result
+    }
+
+    /// Release the lock (once; a second call reports the loss).
+    pub(crate) async fn release(self: Arc<Self>) -> Result<()> {
+        self.mark_released();
+        let mut keep = self.keep.lock().await;
+        self.reschedule(&mut keep);
+        let result = match self.check_deadline(&mut keep).await {
+            Err(e) => Err(e),
+            Ok(()) => match keep.held.as_ref() {
+                Some(held) => held.release().await,
+                None => Err(self.lost_error()),
+            },
+        };
+        keep.held = None;
+        keep.next_renew = None;
+        if let Some(end) = &self.watch_end {
+            end.cancel();
+        }
+        result
+    }
+}
+
+/// A future that runs to completion even if its caller stops polling it: dropped
+/// unfinished, the rest runs in a task of its own (a release must not stop halfway
+/// because the caller was cancelled).
+pub(crate) struct Finish<T: Send + 'static> {
+    job: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+}
+
+impl<T: Send + 'static> Finish<T> {
+    pub(crate) fn new(job: impl Future<Output = T> + Send + 'static) -> Self {
+        Finish {
+            job: Some(Box::pin(job)),
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for Finish<T> {
+    type Output = Option<T>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
+        let Some(job) = self.job.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        let out = job.as_mut().poll(cx);
+        if out.is_ready() {
+            self.job = None;
+        }
+        out.map(Some)
+    }
+}
+
+impl<T: Send + 'static> Drop for Finish<T> {
+    fn drop(&mut self) {
+        if let Some(job) = self.job.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(job);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Idle;
+
+    #[async_trait::async_trait]
+    impl HeldLock for Idle {
+        fn fencing_token(&self) -> u64 {
+            1
+        }
+        async fn renew(&self, _ttl: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn release(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A held lock costs its `Hold` (plus the backend's state and a timer map entry):
+    /// no task and no task-sized future any more (one was 744, then 648 bytes).
+    #[test]
+    fn a_hold_stays_small() {
+        let size = std::mem::size_of::<Hold>();
+        assert!(size <= 320, "a Hold grew to {size} bytes");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_driver_serves_every_hold_and_leaves_when_idle() {
+        let keepers = Arc::new(Keepers::default());
+        let plan = KeeperPlan {
+            ttl: Duration::from_secs(3),
+            renew_every: Some(Duration::from_secs(1)),
+            max_hold: None,
+            sent_at: Instant::now(),
+        };
+        let holds: Vec<_> = (0..3)
+            .map(|i| {
+                let name = LockName::new(&format!("k{i}")).expect("name");
+                Hold::start(&keepers, Box::new(Idle), name, Owner::random(), plan)
+            })
+            .collect();
+        assert_eq!(keepers.timers().due.len(), 3);
+        // Renewed past several TTLs: still held.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(holds.iter().all(|h| !h.is_lost()));
+        for h in holds {
+            h.release().await.expect("release");
+        }
+        assert!(keepers.timers().due.is_empty());
+        tokio::time::sleep(DRIVER_LINGER * 2).await;
+        assert!(
+            keepers.timers().driver.is_none(),
+            "the driver should have left"
+        );
+    }
+}
