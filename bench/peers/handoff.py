@@ -2,8 +2,8 @@
 """Peers under contention: WAITERS threads of one process loop on one lock.
 
 Usage: handoff.py PEER TARGET WAITERS SECONDS   → one JSON line on stdout, with
-`peer`, `handoffs_per_sec`, `handoff.p50_us`, `handoff.p99_us`, `reacquired_pct` and
-`jain_fairness` (see peer_common.handoff).
+`peer`, `handoffs_per_sec`, `handoff.p50_us`, `handoff.p99_us`, `handoff.p999_us`,
+`reacquired_pct` and `jain_fairness` (see peer_common.handoff).
 
 PEER and TARGET:
   redis-py            redis://HOST:PORT  redis-py's Lock, waiting as it does by default

@@ -30,7 +30,13 @@ struct Uncontended {
     floor_cycles_per_sec: Option<f64>,
     floor_latency: Option<Latency>,
     ratio_to_floor: Option<f64>,
+    /// Redis: client commands per cycle; etcd: writes (revisions) per cycle; counted by
+    /// the server over a separate run of [`COUNTED_CYCLES`] cycles.
+    requests_per_cycle: Option<f64>,
 }
+
+/// Cycles of the run the server counts requests over.
+const COUNTED_CYCLES: u32 = 500;
 
 #[derive(Debug, Serialize)]
 struct Contended {
@@ -52,6 +58,7 @@ struct ScenarioRow {
     ratio: Option<f64>,
     p50_us: Option<u64>,
     p99_us: Option<u64>,
+    p999_us: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -143,7 +150,11 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         let mut floor = crate::floor::Floor::connect(&url).await?;
         let (ours, bare) =
             crate::floor::measure(&locker, &name, &opts, floor.as_mut(), args.cycles).await?;
-        if let Some(f) = floor {
+        let mut requests_per_cycle = None;
+        if let Some(mut f) = floor {
+            requests_per_cycle = f
+                .requests_per_cycle(&locker, &name, &opts, COUNTED_CYCLES.min(args.cycles))
+                .await?;
             f.close().await;
         }
         if let Some(single) = first_node_url(&url) {
@@ -165,6 +176,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
             floor_cycles_per_sec: bare.map(|f| f.per_sec),
             floor_latency: bare.map(|f| f.latency),
             ratio_to_floor: bare.map(|f| ours.per_sec / f.per_sec),
+            requests_per_cycle,
         });
     }
     let contended = if runs(Scenario::Contended) {
@@ -255,6 +267,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ratio: u.ratio_to_floor,
             p50_us: u.latency.p50(),
             p99_us: u.latency.p99(),
+            p999_us: u.latency.p999(),
         });
     }
     if let Some(p) = &r.parallel {
@@ -269,6 +282,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ratio: p.ratio_to_floor,
             p50_us: None,
             p99_us: None,
+            p999_us: None,
         });
     }
     if let Some(c) = &r.contended {
@@ -279,6 +293,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ratio: None,
             p50_us: c.wait.p50(),
             p99_us: c.wait.p99(),
+            p999_us: c.wait.p999(),
         });
     }
     if let Some(h) = &r.handoff {
@@ -292,6 +307,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
                 .map(|f| h.dlock.handoffs_per_sec / f),
             p50_us: h.dlock.handoff.p50(),
             p99_us: h.dlock.handoff.p99(),
+            p999_us: h.dlock.handoff.p999(),
         });
     }
     if let Some(p) = &r.polling {
@@ -302,6 +318,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ratio: None,
             p50_us: p.handoff.p50(),
             p99_us: p.handoff.p99(),
+            p999_us: p.handoff.p999(),
         });
     }
     if let Some(h) = &r.hold {
@@ -312,6 +329,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ratio: None,
             p50_us: None,
             p99_us: None,
+            p999_us: None,
         });
     }
     if let (Some(s), Some(u)) = (&r.single_node, &r.uncontended) {
@@ -322,6 +340,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ratio: Some(s.redlock_ratio),
             p50_us: u.latency.p50(),
             p99_us: u.latency.p99(),
+            p999_us: u.latency.p999(),
         });
     }
     rows
@@ -329,7 +348,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
 
 fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {
     println!(
-        "  {label}: {} real hand-offs of {} acquisitions in {:.1}s = {:.0}/s; hand-off p50 {}, p99 {}; \
+        "  {label}: {} real hand-offs of {} acquisitions in {:.1}s = {:.0}/s; hand-off p50 {}, p99 {}, p99.9 {}; \
          fairness (Jain) {:.3}; releaser took it back {:.1}%{}",
         h.real_handoffs,
         h.acquisitions,
@@ -337,6 +356,7 @@ fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {
         h.handoffs_per_sec,
         show_us(h.handoff.p50_us),
         show_us(h.handoff.p99_us),
+        show_us(h.handoff.p999_us),
         h.jain_fairness,
         h.reacquired_pct,
         h.commands_per_acquisition
@@ -360,6 +380,12 @@ fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
              {f:.0} cycles/s, p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
             show_us(fl.p50_us),
             show_us(fl.p99_us)
+        );
+    }
+    if let Some(r) = u.requests_per_cycle {
+        println!(
+            "  requests per cycle, counted by the server over {} more cycles: {r:.2}",
+            COUNTED_CYCLES.min(u32::try_from(u.cycles).unwrap_or(u32::MAX))
         );
     }
     if let Some(s) = single {
@@ -432,13 +458,14 @@ fn print_report(r: &Report) {
     }
     if let Some(h) = &r.hold {
         println!(
-            "held {} locks (lease {} ms, renewed every third): acquired in {:.1}s; RSS {:.1} MiB -> {:.1} MiB \
-             ({:.0} bytes per lock); while holding {:.0}s: CPU {:.1}%, {} renewals/s asked{}; lost {}",
+            "held {} locks (lease {} ms, renewed every third): acquired in {:.1}s; RSS {:.1} MiB -> {:.1} MiB, \
+             {:.1} MiB at the end ({:.0} bytes per lock); while holding {:.0}s: CPU {:.1}%, {} renewals/s asked{}; lost {}",
             h.locks,
             h.ttl_ms,
             h.acquire_seconds,
             h.rss_before_bytes as f64 / 1048576.0,
             h.rss_held_bytes as f64 / 1048576.0,
+            h.rss_end_bytes as f64 / 1048576.0,
             h.rss_per_lock_bytes,
             h.hold_seconds,
             h.cpu_percent_while_holding,

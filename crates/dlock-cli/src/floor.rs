@@ -35,6 +35,8 @@ pub enum Floor {
     },
     Redis {
         conn: redis::aio::ConnectionManager,
+        /// The bare URL, for the command count's MONITOR connection.
+        url: String,
         key: String,
         owner: dlock::Owner,
     },
@@ -61,7 +63,12 @@ impl Floor {
             let conn = crate::raw_redis::connect(&bare).await?;
             let owner = dlock::Owner::random();
             let key = format!("dlock-bench-floor:{owner}");
-            return Ok(Some(Floor::Redis { conn, key, owner }));
+            return Ok(Some(Floor::Redis {
+                conn,
+                url: bare,
+                key,
+                owner,
+            }));
         }
         if let Some(f) = etcd(url).await? {
             return Ok(Some(f));
@@ -94,11 +101,11 @@ impl Floor {
                     .map_err(db)?;
                 Ok(())
             }
-            Floor::Redis { conn, key, owner } => {
-                crate::raw_redis::floor_cycle(conn, key, owner.as_str())
-                    .await
-                    .map_err(crate::raw_redis::err)
-            }
+            Floor::Redis {
+                conn, key, owner, ..
+            } => crate::raw_redis::floor_cycle(conn, key, owner.as_str())
+                .await
+                .map_err(crate::raw_redis::err),
             Floor::Etcd { client, key, lease } => {
                 let put = etcd_client::PutOptions::new().with_lease(*lease);
                 client
@@ -115,6 +122,38 @@ impl Floor {
                 Ok(())
             }
             Floor::Sql(f) => f.cycle(i).await,
+        }
+    }
+
+    /// What `cycles` uncontended dlock cycles cost the server, counted by the server,
+    /// per cycle: on Redis the commands clients sent (MONITOR; the calls scripts make
+    /// left out), on etcd the writes (revisions). `None` on the other backends.
+    pub async fn requests_per_cycle(
+        &mut self,
+        locker: &Locker,
+        name: &str,
+        opts: &LockOptions,
+        cycles: u32,
+    ) -> Result<Option<f64>, Failure> {
+        let work = async || -> Result<(), Failure> {
+            for _ in 0..cycles {
+                locker.lock_with(name, opts).await?.release().await?;
+            }
+            Ok(())
+        };
+        let n = f64::from(cycles.max(1));
+        match self {
+            Floor::Redis { url, .. } => {
+                let ((), sent) = crate::raw_redis::client_commands_during(url, work()).await?;
+                Ok(Some(sent as f64 / n))
+            }
+            Floor::Etcd { client, key, .. } => {
+                let before = etcd_revision(client, key).await?;
+                work().await?;
+                let after = etcd_revision(client, key).await?;
+                Ok(Some(after.saturating_sub(before) as f64 / n))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -245,6 +284,12 @@ async fn sqlite(url: &str) -> Result<Option<Floor>, Failure> {
 
 fn etcd_err(e: etcd_client::Error) -> Failure {
     Failure::internal(format!("bench's bare etcd client: {e}"))
+}
+
+/// The store's revision: it grows by one with every write.
+async fn etcd_revision(client: &mut etcd_client::Client, key: &str) -> Result<i64, Failure> {
+    let r = client.get(key, None).await.map_err(etcd_err)?;
+    Ok(r.header().map_or(0, etcd_client::ResponseHeader::revision))
 }
 
 fn zk_err(e: zk::Error) -> Failure {

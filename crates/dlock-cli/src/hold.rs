@@ -18,7 +18,11 @@ pub struct HoldRun {
     pub acquire_seconds: f64,
     pub hold_seconds: f64,
     pub rss_before_bytes: u64,
+    /// Right after the last lock was acquired.
     pub rss_held_bytes: u64,
+    /// At the end of the hold, after the renewals.
+    pub rss_end_bytes: u64,
+    /// The larger of the two, less the baseline, per lock.
     pub rss_per_lock_bytes: f64,
     pub cpu_seconds_while_holding: f64,
     pub cpu_percent_while_holding: f64,
@@ -93,6 +97,7 @@ pub async fn run(
     tokio::time::sleep(hold_for).await;
     let hold_seconds = hold_start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu_before;
+    let rss_end = rss_bytes();
     let renew_commands_per_sec = match (&redis_url, calls_before) {
         (Some(u), Some(before)) => Some(
             crate::raw_redis::command_calls(u, SCRIPTS)
@@ -111,7 +116,9 @@ pub async fn run(
         hold_seconds,
         rss_before_bytes: rss_before,
         rss_held_bytes: rss_held,
-        rss_per_lock_bytes: rss_held.saturating_sub(rss_before) as f64 / locks.max(1) as f64,
+        rss_end_bytes: rss_end,
+        rss_per_lock_bytes: rss_held.max(rss_end).saturating_sub(rss_before) as f64
+            / locks.max(1) as f64,
         cpu_seconds_while_holding: cpu,
         cpu_percent_while_holding: 100.0 * cpu / hold_seconds,
         renew_commands_per_sec,

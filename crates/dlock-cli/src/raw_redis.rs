@@ -52,6 +52,50 @@ pub async fn floor_cycle(
     Ok(())
 }
 
+/// Commands clients sent the server while `work` ran, read from a MONITOR connection:
+/// the calls scripts make (`[db lua]` lines) are left out. Counting stops at a marker
+/// `ECHO` sent, once `work` is done, on a connection opened before MONITOR started.
+pub async fn client_commands_during<T>(
+    url: &str,
+    work: impl Future<Output = Result<T, Failure>>,
+) -> Result<(T, u64), Failure> {
+    use futures_util::StreamExt as _;
+    let mut marker_conn = connect(url).await?;
+    let marker = format!("dlock-bench-count-end-{}", dlock::Owner::random());
+    let client = redis::Client::open(url).map_err(err)?;
+    let monitor = client.get_async_monitor().await.map_err(err)?;
+    let counting = tokio::spawn({
+        let marker = marker.clone();
+        async move {
+            let mut lines = monitor.into_on_message::<String>();
+            let mut sent = 0u64;
+            while let Some(line) = lines.next().await {
+                if line.contains(&marker) {
+                    return Some(sent);
+                }
+                if !line.contains(" lua] ") {
+                    sent += 1;
+                }
+            }
+            None
+        }
+    });
+    let out = work.await;
+    let echoed: redis::RedisResult<String> = redis::cmd("ECHO")
+        .arg(&marker)
+        .query_async(&mut marker_conn)
+        .await;
+    let counted = tokio::time::timeout(std::time::Duration::from_secs(10), counting).await;
+    let out = out?;
+    echoed.map_err(err)?;
+    match counted {
+        Ok(Ok(Some(sent))) => Ok((out, sent)),
+        _ => Err(Failure::internal(
+            "bench's MONITOR connection ended before the count's marker",
+        )),
+    }
+}
+
 /// Calls of the given commands (`INFO commandstats` names without the `cmdstat_`
 /// prefix, e.g. `evalsha`) since the server started.
 pub async fn command_calls(url: &str, commands: &[&str]) -> Result<u64, Failure> {

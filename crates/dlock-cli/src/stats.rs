@@ -4,12 +4,13 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-/// p50 / p99 / max of samples in microseconds.
+/// p50 / p99 / p99.9 / max of samples in microseconds.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Latency {
     pub count: u64,
     pub p50_us: u64,
     pub p99_us: u64,
+    pub p999_us: u64,
     pub max_us: u64,
 }
 
@@ -29,6 +30,7 @@ impl Latency {
             count: h.len(),
             p50_us: h.value_at_quantile(0.50),
             p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
             max_us: h.max(),
         }
     }
@@ -41,6 +43,11 @@ impl Latency {
     /// The 99th percentile, or `None` without samples.
     pub fn p99(&self) -> Option<u64> {
         (self.count > 0).then_some(self.p99_us)
+    }
+
+    /// The 99.9th percentile, or `None` without samples.
+    pub fn p999(&self) -> Option<u64> {
+        (self.count > 0).then_some(self.p999_us)
     }
 }
 
@@ -87,6 +94,7 @@ mod tests {
         assert_eq!(l.count, 100);
         assert!((49_900..=50_100).contains(&l.p50_us), "{l:?}");
         assert!((98_900..=99_100).contains(&l.p99_us), "{l:?}");
+        assert!((99_800..=100_100).contains(&l.p999_us), "{l:?}");
         assert!((99_900..=100_100).contains(&l.max_us), "{l:?}");
     }
 }

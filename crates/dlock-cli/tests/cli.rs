@@ -612,6 +612,67 @@ fn redis_backend_runs_commands_the_demo_and_status() {
     );
 }
 
+/// The bench's server-side counts: an uncontended cycle is exactly two client commands
+/// on Redis (MONITOR, script calls left out) and two writes on etcd (store revisions);
+/// hand-off rows carry p99.9; the hold run reports RSS at both ends.
+#[test]
+fn bench_counts_what_a_cycle_asks_of_the_server() {
+    let (Some(redis), Some(etcd)) = (
+        dlock_testkit::RedisServer::start(),
+        dlock_testkit::EtcdServer::start(),
+    ) else {
+        return;
+    };
+    let env = Env::new();
+    let bench = |url: &str, extra: &[&str]| {
+        let mut args = vec!["bench", "--url", url, "--cycles", "60", "--json"];
+        args.extend_from_slice(extra);
+        let out = env.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON")
+    };
+    let r = bench(
+        &redis.url(),
+        &[
+            "--scenario",
+            "uncontended,handoff,hold",
+            "--waiters",
+            "3",
+            "--duration",
+            "300ms",
+            "--hold",
+            "200",
+            "--hold-for",
+            "300ms",
+        ],
+    );
+    assert_eq!(
+        r["uncontended"]["requests_per_cycle"].as_f64(),
+        Some(2.0),
+        "{r}"
+    );
+    let handoff = r["scenarios"]
+        .as_array()
+        .expect("scenarios")
+        .iter()
+        .find(|s| s["scenario"] == "handoff-3-waiters")
+        .expect("hand-off row");
+    let (p99, p999) = (
+        handoff["p99_us"].as_u64().expect("p99"),
+        handoff["p999_us"].as_u64().expect("p99.9"),
+    );
+    assert!(p999 >= p99, "{handoff}");
+    assert_eq!(r["hold"]["lost"].as_u64(), Some(0), "{r}");
+    assert!(r["hold"]["rss_end_bytes"].as_u64().expect("rss") > 0, "{r}");
+
+    let e = bench(&etcd.url(), &["--scenario", "uncontended"]);
+    assert_eq!(
+        e["uncontended"]["requests_per_cycle"].as_f64(),
+        Some(2.0),
+        "{e}"
+    );
+}
+
 #[test]
 fn many_processes_can_create_the_database_at_once() {
     for _ in 0..3 {
