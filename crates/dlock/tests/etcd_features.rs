@@ -130,6 +130,70 @@ async fn a_thousand_waiters_are_woken_one_at_a_time() {
     }
 }
 
+/// Tasks of one process on one lock take turns: a releaser that asks again queues
+/// behind the local owners already waiting instead of taking the lock straight back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_owners_take_turns() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&etcd.url()).await.expect("connect");
+    let (tasks, total) = (8usize, 400usize);
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::with_capacity(total)));
+    let mut joins = Vec::new();
+    for t in 0..tasks {
+        let (locker, order) = (locker.clone(), std::sync::Arc::clone(&order));
+        joins.push(tokio::spawn(async move {
+            loop {
+                let guard = locker.lock("turns").await.expect("lock");
+                let done = {
+                    let mut order = order.lock().expect("order");
+                    order.push(t);
+                    order.len() >= total
+                };
+                guard.release().await.expect("release");
+                if done {
+                    return;
+                }
+            }
+        }));
+    }
+    let finished = tokio::time::timeout(Duration::from_secs(60), async {
+        // The first task to see the total stops; the others are stopped here.
+        while order.lock().expect("order").len() < total {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    for j in &joins {
+        j.abort();
+    }
+    assert!(
+        finished.is_ok(),
+        "{} grants in 60 s",
+        order.lock().expect("order").len()
+    );
+    let order = order.lock().expect("order").clone();
+    let taken_back = order.windows(2).filter(|w| w[0] == w[1]).count();
+    let mut per_task = vec![0usize; tasks];
+    for &t in &order {
+        per_task[t] += 1;
+    }
+    eprintln!(
+        "figure: {taken_back} of {} grants went back to the releaser; per task {per_task:?}",
+        order.len()
+    );
+    assert!(
+        taken_back * 10 <= order.len(),
+        "{taken_back} taken back: {order:?}"
+    );
+    let fair_share = order.len() / tasks;
+    assert!(
+        per_task.iter().all(|&n| n * 2 >= fair_share),
+        "per task {per_task:?}"
+    );
+}
+
 /// Keep-alives cut off (blackhole through the fault proxy): the holder's `lost()` fires
 /// before the lease can expire on the server, a waiter on the same cut-off session stops
 /// with an error instead of waiting forever, and another client gets the lock once the

@@ -16,8 +16,9 @@
 //!   **only its predecessor** (the key created just before its own) for deletion: a
 //!   release wakes exactly one waiter, never a herd.
 //! - Within one backend, one owner at a time per name talks to etcd (the key is named
-//!   after the session lease, as in etcd's recipe); other local owners queue in-process
-//!   and are woken one at a time.
+//!   after the session lease, as in etcd's recipe); other local owners queue in-process,
+//!   first come first served: a release hands the slot to the longest-waiting local
+//!   owner, so the releaser cannot take it straight back past them.
 //!
 //! # Names
 //! By default the name is encoded (`/`-free, injective), so `jobs/a` and `jobs/a/x`
@@ -39,7 +40,7 @@
 //! `timeout=D` (per request and connecting, default 5 s); `etcds://` takes `ca_file`,
 //! `cert_file`, `key_file`; `user:password@` in the URL authenticates.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -84,6 +85,12 @@ pub(crate) fn map_err(e: &etcd_client::Error) -> Error {
     }
 }
 
+/// A local owner queued for a directory's slot.
+struct LocalWaiter {
+    owner: String,
+    wake: Arc<Notify>,
+}
+
 /// This backend's own contender for one lock directory.
 struct Slot {
     owner: String,
@@ -103,8 +110,9 @@ struct Inner {
     /// Keepers hold a weak reference: when the backend goes, sessions are revoked.
     alive: Arc<()>,
     slots: Mutex<HashMap<String, Slot>>,
-    /// Local owners waiting for a directory that another local owner is using.
-    local: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Local owners waiting for a directory that another local owner is using, in
+    /// arrival order, each with its own wake-up. Lock order: `slots`, then `local`.
+    local: Mutex<HashMap<String, VecDeque<LocalWaiter>>>,
     shown: String,
 }
 
@@ -244,33 +252,71 @@ impl Inner {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn local_notify(&self, dir: &str) -> Arc<Notify> {
-        let mut local = self
-            .local
+    fn local(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<LocalWaiter>>> {
+        self.local
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(local.entry(dir.to_owned()).or_default())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The slot for `dir` is free again: wake one local owner waiting for it.
+    /// The slot for `dir` is free again: hand it to the local owner that has waited
+    /// longest (reserved in its name, its key not yet put) and wake that one only.
     fn free_slot(&self, dir: &str, owner: &str) {
-        let removed = {
-            let mut slots = self.slots();
-            match slots.get(dir) {
-                Some(s) if s.owner == owner => slots.remove(dir).is_some(),
-                _ => false,
-            }
+        let mut slots = self.slots();
+        let freed = match slots.get(dir) {
+            Some(s) if s.owner == owner => slots.remove(dir),
+            _ => None,
         };
-        if removed {
-            let mut local = self
-                .local
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(n) = local.get(dir) {
-                n.notify_one();
-                if Arc::strong_count(n) == 1 {
-                    local.remove(dir);
-                }
+        let Some(freed) = freed else {
+            return;
+        };
+        let mut local = self.local();
+        let next = local.get_mut(dir).and_then(VecDeque::pop_front);
+        if local.get(dir).is_some_and(VecDeque::is_empty) {
+            local.remove(dir);
+        }
+        drop(local);
+        if let Some(next) = next {
+            slots.insert(
+                dir.to_owned(),
+                Slot {
+                    owner: next.owner,
+                    session: freed.session,
+                    key: freed.key,
+                    held: false,
+                    predecessor: None,
+                },
+            );
+            drop(slots);
+            next.wake.notify_one();
+        }
+    }
+
+    /// Queue `owner` for `dir`'s slot unless the slot is free or already its own;
+    /// `false` when there is no need to wait.
+    fn wait_for_slot(&self, dir: &str, owner: &str, wake: &Arc<Notify>) -> bool {
+        let slots = self.slots();
+        match slots.get(dir) {
+            Some(s) if s.owner != owner => {}
+            _ => return false,
+        }
+        let mut local = self.local();
+        let queue = local.entry(dir.to_owned()).or_default();
+        if !queue.iter().any(|w| Arc::ptr_eq(&w.wake, wake)) {
+            queue.push_back(LocalWaiter {
+                owner: owner.to_owned(),
+                wake: Arc::clone(wake),
+            });
+        }
+        true
+    }
+
+    /// A local waiter is gone: take it out of the queue.
+    fn forget_waiter(&self, dir: &str, wake: &Arc<Notify>) {
+        let mut local = self.local();
+        if let Some(queue) = local.get_mut(dir) {
+            queue.retain(|w| !Arc::ptr_eq(&w.wake, wake));
+            if queue.is_empty() {
+                local.remove(dir);
             }
         }
     }
@@ -567,7 +613,7 @@ impl Backend for EtcdBackend {
     async fn subscribe(&self, name: &LockName, owner: &Owner) -> Result<Box<dyn Waiter>> {
         let dir = self.inner.dir(name);
         Ok(Box::new(EtcdWaiter {
-            local: self.inner.local_notify(&dir),
+            wake: Arc::new(Notify::new()),
             inner: Arc::clone(&self.inner),
             dir,
             owner: owner.as_str().to_owned(),
@@ -647,7 +693,15 @@ struct EtcdWaiter {
     inner: Arc<Inner>,
     dir: String,
     owner: String,
-    local: Arc<Notify>,
+    /// Notified when a release hands this waiter the slot.
+    wake: Arc<Notify>,
+}
+
+impl Drop for EtcdWaiter {
+    fn drop(&mut self) {
+        // A slot already handed over is given back by `leave_queue`.
+        self.inner.forget_waiter(&self.dir, &self.wake);
+    }
 }
 
 impl std::fmt::Debug for EtcdWaiter {
@@ -669,8 +723,10 @@ impl Waiter for EtcdWaiter {
                 .map(|s| (s.predecessor.clone(), s.session.lost.clone()))
         };
         let Some((predecessor, lost)) = ours else {
-            // Another local owner is using this lock: wait for it to let go.
-            let _ = tokio::time::timeout(max, self.local.notified()).await;
+            // Another local owner is using this lock: queue for the slot.
+            if self.inner.wait_for_slot(&self.dir, &self.owner, &self.wake) {
+                let _ = tokio::time::timeout(max, self.wake.notified()).await;
+            }
             return Ok(());
         };
         let Some(key) = predecessor else {
