@@ -16,7 +16,7 @@ use crate::args::{BenchArgs, BenchWorkerArgs, Scenario};
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit, numbers};
 use crate::handoff::Waiting;
-use crate::stats::{Latency, jain, micros, show_us};
+use crate::stats::{Latency, Percentiles, jain, micros, show_us};
 
 /// How long a polling waiter sleeps after a busy `try_lock` (redis-py's `Lock` sleeps
 /// 100 ms by default; 10 ms favours polling).
@@ -24,19 +24,23 @@ const POLL_EVERY: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Serialize)]
 struct Uncontended {
-    cycles: u64,
+    cycles: u32,
     cycles_per_sec: f64,
     latency: Latency,
     floor_cycles_per_sec: Option<f64>,
     floor_latency: Option<Latency>,
     ratio_to_floor: Option<f64>,
     /// Redis: client commands per cycle; etcd: writes (revisions) per cycle; counted by
-    /// the server over a separate run of [`COUNTED_CYCLES`] cycles.
+    /// the server over a separate run of [`counted_cycles`] cycles.
     requests_per_cycle: Option<f64>,
 }
 
-/// Cycles of the run the server counts requests over.
+/// Cycles of the run the server counts requests over (fewer when `--cycles` is).
 const COUNTED_CYCLES: u32 = 500;
+
+fn counted_cycles(cycles: u32) -> u32 {
+    COUNTED_CYCLES.min(cycles)
+}
 
 #[derive(Debug, Serialize)]
 struct Contended {
@@ -56,9 +60,8 @@ struct ScenarioRow {
     ops_per_sec: f64,
     floor_ops_per_sec: Option<f64>,
     ratio: Option<f64>,
-    p50_us: Option<u64>,
-    p99_us: Option<u64>,
-    p999_us: Option<u64>,
+    #[serde(flatten)]
+    latency: Percentiles,
 }
 
 #[derive(Debug, Serialize)]
@@ -153,7 +156,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         let mut requests_per_cycle = None;
         if let Some(mut f) = floor {
             requests_per_cycle = f
-                .requests_per_cycle(&locker, &name, &opts, COUNTED_CYCLES.min(args.cycles))
+                .requests_per_cycle(&locker, &name, &opts, counted_cycles(args.cycles))
                 .await?;
             f.close().await;
         }
@@ -170,7 +173,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
             });
         }
         uncontended = Some(Uncontended {
-            cycles: u64::from(args.cycles),
+            cycles: args.cycles,
             cycles_per_sec: ours.per_sec,
             latency: ours.latency,
             floor_cycles_per_sec: bare.map(|f| f.per_sec),
@@ -265,9 +268,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: u.cycles_per_sec,
             floor_ops_per_sec: u.floor_cycles_per_sec,
             ratio: u.ratio_to_floor,
-            p50_us: u.latency.p50(),
-            p99_us: u.latency.p99(),
-            p999_us: u.latency.p999(),
+            latency: u.latency.percentiles(),
         });
     }
     if let Some(p) = &r.parallel {
@@ -280,9 +281,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: p.cycles_per_sec,
             floor_ops_per_sec: p.floor_cycles_per_sec,
             ratio: p.ratio_to_floor,
-            p50_us: None,
-            p99_us: None,
-            p999_us: None,
+            latency: Percentiles::default(),
         });
     }
     if let Some(c) = &r.contended {
@@ -291,9 +290,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: c.acquisitions_per_sec,
             floor_ops_per_sec: None,
             ratio: None,
-            p50_us: c.wait.p50(),
-            p99_us: c.wait.p99(),
-            p999_us: c.wait.p999(),
+            latency: c.wait.percentiles(),
         });
     }
     if let Some(h) = &r.handoff {
@@ -305,9 +302,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ratio: floor
                 .filter(|f| *f > 0.0)
                 .map(|f| h.dlock.handoffs_per_sec / f),
-            p50_us: h.dlock.handoff.p50(),
-            p99_us: h.dlock.handoff.p99(),
-            p999_us: h.dlock.handoff.p999(),
+            latency: h.dlock.handoff.percentiles(),
         });
     }
     if let Some(p) = &r.polling {
@@ -316,9 +311,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: p.handoffs_per_sec,
             floor_ops_per_sec: None,
             ratio: None,
-            p50_us: p.handoff.p50(),
-            p99_us: p.handoff.p99(),
-            p999_us: p.handoff.p999(),
+            latency: p.handoff.percentiles(),
         });
     }
     if let Some(h) = &r.hold {
@@ -327,9 +320,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: h.renewals_per_sec,
             floor_ops_per_sec: None,
             ratio: None,
-            p50_us: None,
-            p99_us: None,
-            p999_us: None,
+            latency: Percentiles::default(),
         });
     }
     if let (Some(s), Some(u)) = (&r.single_node, &r.uncontended) {
@@ -338,9 +329,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             ops_per_sec: u.cycles_per_sec,
             floor_ops_per_sec: Some(s.cycles_per_sec),
             ratio: Some(s.redlock_ratio),
-            p50_us: u.latency.p50(),
-            p99_us: u.latency.p99(),
-            p999_us: u.latency.p999(),
+            latency: u.latency.percentiles(),
         });
     }
     rows
@@ -385,7 +374,7 @@ fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
     if let Some(r) = u.requests_per_cycle {
         println!(
             "  requests per cycle, counted by the server over {} more cycles: {r:.2}",
-            COUNTED_CYCLES.min(u32::try_from(u.cycles).unwrap_or(u32::MAX))
+            counted_cycles(u.cycles)
         );
     }
     if let Some(s) = single {

@@ -137,7 +137,7 @@ impl Floor {
     ) -> Result<Option<f64>, Failure> {
         let work = async || -> Result<(), Failure> {
             for _ in 0..cycles {
-                locker.lock_with(name, opts).await?.release().await?;
+                dlock_cycle(locker, name, opts).await?;
             }
             Ok(())
         };
@@ -166,6 +166,12 @@ impl Floor {
             let _ = client.lease_revoke(lease).await;
         }
     }
+}
+
+/// One uncontended dlock cycle: acquire, then release.
+async fn dlock_cycle(locker: &Locker, name: &str, opts: &LockOptions) -> Result<(), Failure> {
+    locker.lock_with(name, opts).await?.release().await?;
+    Ok(())
 }
 
 /// One side of a measurement: cycles per second and per-cycle latency.
@@ -226,10 +232,7 @@ pub async fn measure(
     let has_floor = floor.is_some();
     let (mut ours, mut bare) = (Samples::default(), Samples::default());
     let mut next = 0i64;
-    let mut dlock_cycle = async || -> Result<(), Failure> {
-        locker.lock_with(name, opts).await?.release().await?;
-        Ok(())
-    };
+    let mut dlock_cycle = async || dlock_cycle(locker, name, opts).await;
     let mut floor_cycle = async || -> Result<(), Failure> {
         if let Some(f) = floor.as_deref_mut() {
             f.cycle(next).await?;

@@ -64,7 +64,7 @@ pub async fn client_commands_during<T>(
     let marker = format!("dlock-bench-count-end-{}", dlock::Owner::random());
     let client = redis::Client::open(url).map_err(err)?;
     let monitor = client.get_async_monitor().await.map_err(err)?;
-    let counting = tokio::spawn({
+    let mut counting = tokio::spawn({
         let marker = marker.clone();
         async move {
             let mut lines = monitor.into_on_message::<String>();
@@ -85,7 +85,9 @@ pub async fn client_commands_during<T>(
         .arg(&marker)
         .query_async(&mut marker_conn)
         .await;
-    let counted = tokio::time::timeout(std::time::Duration::from_secs(10), counting).await;
+    let counted = tokio::time::timeout(std::time::Duration::from_secs(10), &mut counting).await;
+    // Without the marker the task would read the MONITOR stream for good.
+    counting.abort();
     let out = out?;
     echoed.map_err(err)?;
     match counted {

@@ -35,20 +35,24 @@ impl Latency {
         }
     }
 
-    /// The median, or `None` without samples (a run with no hand-off has no latency).
-    pub fn p50(&self) -> Option<u64> {
-        (self.count > 0).then_some(self.p50_us)
+    /// The percentiles of a scenario row: `None` without samples (a run with no
+    /// hand-off has no latency).
+    pub fn percentiles(&self) -> Percentiles {
+        let some = |v: u64| (self.count > 0).then_some(v);
+        Percentiles {
+            p50_us: some(self.p50_us),
+            p99_us: some(self.p99_us),
+            p999_us: some(self.p999_us),
+        }
     }
+}
 
-    /// The 99th percentile, or `None` without samples.
-    pub fn p99(&self) -> Option<u64> {
-        (self.count > 0).then_some(self.p99_us)
-    }
-
-    /// The 99.9th percentile, or `None` without samples.
-    pub fn p999(&self) -> Option<u64> {
-        (self.count > 0).then_some(self.p999_us)
-    }
+/// p50 / p99 / p99.9 in microseconds, each `None` where the run has no latency.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Percentiles {
+    pub p50_us: Option<u64>,
+    pub p99_us: Option<u64>,
+    pub p999_us: Option<u64>,
 }
 
 /// Show a microsecond figure in a readable unit.

@@ -12,10 +12,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::HeldLock;
 use crate::error::{Error, LossReason, Result};
-use crate::keeper::{Finish, Hold, KeeperPlan, Keepers};
-use crate::name::LockName;
+use crate::keeper::{Finish, Hold};
 use crate::options::Owner;
 
 /// Safety margin subtracted from a lease before the holder trusts it: 1 % of the TTL
@@ -49,15 +47,10 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn start(
-        keepers: &Arc<Keepers>,
-        held: Box<dyn HeldLock>,
-        name: LockName,
-        owner: Owner,
-        plan: KeeperPlan,
-    ) -> Self {
+    /// The guard of a hold just started.
+    pub(crate) fn new(hold: Arc<Hold>) -> Self {
         LockGuard {
-            hold: Hold::start(keepers, held, name, owner, plan),
+            hold,
             released: false,
         }
     }
@@ -163,8 +156,8 @@ impl LockGuard {
     /// connection errors (the lease then frees the lock when it runs out).
     ///
     /// # Cancel safety
-    /// Cancel safe: the release is carried out by the keeper task even if this future
-    /// is dropped.
+    /// Cancel safe: the release runs in the caller's task and, if this future is
+    /// dropped halfway, finishes in a task of its own.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         // Run here (no hop through another task), finished in a task of its own if

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, LockInfo, Waiter};
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, drift_margin};
-use crate::keeper::{KeeperPlan, Keepers};
+use crate::keeper::{Hold, KeeperPlan, Keepers};
 use crate::name::LockName;
 use crate::options::{LockOptions, Metadata, Owner, Wait};
 
@@ -388,7 +388,7 @@ impl Locker {
         sent_at: Instant,
     ) -> LockGuard {
         let sent_at = lease_start(held.as_ref(), sent_at);
-        LockGuard::start(
+        LockGuard::new(Hold::start(
             &self.keepers,
             held,
             name,
@@ -399,7 +399,7 @@ impl Locker {
                 max_hold: opts.max_hold,
                 sent_at,
             },
-        )
+        ))
     }
 }
 

@@ -567,12 +567,15 @@ fn main() {
     let hold_rows = hold.map_or_else(
         || "| (the hold run failed) | |\n".to_owned(),
         |h| {
-            let f = |k: &str, unit: &str| {
-                h[k].as_f64().map_or("–".to_owned(), |v| {
-                    format!("{} {unit}", num(&Value::from(v)))
-                        .trim_end()
-                        .to_owned()
-                })
+            // A figure with its unit; counts (locks, lost) as whole numbers.
+            let f = |k: &str, unit: &str| match (h[k].as_u64(), h[k].is_f64()) {
+                (Some(n), false) => format!("{n} {unit}").trim_end().to_owned(),
+                _ if h[k].is_null() => "–".to_owned(),
+                _ => format!("{} {unit}", num(&h[k])).trim_end().to_owned(),
+            };
+            let mb = |k: &str| {
+                h[k].as_f64()
+                    .map_or("–".into(), |b| format!("{:.1} MB", b / 1e6))
             };
             format!(
                 "| locks held | {} |\n\
@@ -592,15 +595,9 @@ fn main() {
                 f("renewals_per_sec", "/s"),
                 f("renew_commands_per_sec", "/s"),
                 f("cpu_percent_while_holding", "%"),
-                h["rss_before_bytes"]
-                    .as_f64()
-                    .map_or("–".into(), |b| format!("{:.1} MB", b / 1e6)),
-                h["rss_held_bytes"]
-                    .as_f64()
-                    .map_or("–".into(), |b| format!("{:.1} MB", b / 1e6)),
-                h["rss_end_bytes"]
-                    .as_f64()
-                    .map_or("–".into(), |b| format!("{:.1} MB", b / 1e6)),
+                mb("rss_before_bytes"),
+                mb("rss_held_bytes"),
+                mb("rss_end_bytes"),
                 f("rss_per_lock_bytes", "bytes"),
                 f("lost", ""),
             )
