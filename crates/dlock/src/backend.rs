@@ -77,6 +77,13 @@ pub struct Capabilities {
     /// the TTL. `None`: the TTL (or the connection) bounds it.
     #[serde(serialize_with = "ser_opt_ms", rename = "session_timeout_ms")]
     pub session_timeout: Option<Duration>,
+    /// Locks that end with their connection (SQL session modes): a connection that
+    /// breaks (reset, closed by the server or a proxy) frees its lock on the server at
+    /// once, and the holder hears of it by its next heartbeat — within this long. Only
+    /// a fencing resource protects that window. `None`: the server never frees a lock
+    /// before its holder's own deadline has passed.
+    #[serde(serialize_with = "ser_opt_ms", rename = "connection_loss_notice_ms")]
+    pub connection_loss_notice: Option<Duration>,
 }
 
 impl Capabilities {
@@ -93,6 +100,7 @@ impl Capabilities {
             max_ttl: None,
             queued_waiting: false,
             session_timeout: None,
+            connection_loss_notice: None,
         }
     }
 
@@ -155,6 +163,48 @@ fn ser_opt_ms<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok,
     }
 }
 
+/// One acquisition: every attempt of one `lock`/`try_lock` call carries the same id,
+/// and no other acquisition (in any process) carries it.
+///
+/// Backends key whatever they keep for a waiting or attempting acquisition (a local
+/// queue place, a hand-off slot, a server-side queue entry) by this id, never by the
+/// owner alone: several tasks may share one owner, and one of them giving up must not
+/// remove, take over or rewrite another's entry.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AcquisitionId(u64);
+
+impl AcquisitionId {
+    /// A fresh id: 64 random bits (never zero).
+    #[must_use]
+    pub fn new() -> Self {
+        AcquisitionId(fastrand::u64(1..))
+    }
+
+    /// The id as a number.
+    #[must_use]
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl Default for AcquisitionId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for AcquisitionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AcquisitionId({:016x})", self.0)
+    }
+}
+
+impl fmt::Display for AcquisitionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 /// One acquisition attempt, as the core hands it to a backend.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -163,6 +213,8 @@ pub struct AcquireRequest {
     pub name: LockName,
     /// Who acquires.
     pub owner: Owner,
+    /// Which acquisition this attempt belongs to (the same for all its attempts).
+    pub acquisition: AcquisitionId,
     /// Lease length.
     pub ttl: Duration,
     /// Fair (FIFO) mode.
@@ -246,30 +298,34 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// and releases the result if the caller has gone.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt>;
 
-    /// Arm a waiter for `owner`'s acquisition of `name` *before* the next attempt, so no release between the
-    /// attempt and the wait is missed. The default polls every 20 ms (jittered).
+    /// Arm a waiter for the acquisition `req` belongs to *before* its next attempt, so
+    /// no release between the attempt and the wait is missed. The default polls every
+    /// 20 ms (jittered).
     ///
     /// # Errors
     /// Connection errors while subscribing.
     ///
     /// # Cancel safety
     /// Must be cancel safe.
-    async fn subscribe(&self, name: &LockName, owner: &Owner) -> Result<Box<dyn Waiter>> {
-        let _ = (name, owner);
+    async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
+        let _ = req;
         Ok(Box::new(PollingWaiter {
             interval: Duration::from_millis(20),
         }))
     }
 
-    /// Remove `owner`'s queue entry for `name` (fair mode), if any. Idempotent.
+    /// Remove what the acquisition `req` belongs to left queued (its queue entry, its
+    /// contender key or node), if anything. Idempotent. The core calls it once the
+    /// acquisition ended without the lock, and only after its last attempt finished:
+    /// never while an attempt of that acquisition is still running.
     ///
     /// # Errors
     /// Connection or server errors.
     ///
     /// # Cancel safety
     /// Need not be cancel safe (the core runs it in a task of its own).
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
-        let _ = (name, owner);
+    async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
+        let _ = req;
         Ok(())
     }
 
@@ -289,7 +345,11 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     /// The fencing token of this grant (same for every reentrant hold).
     fn fencing_token(&self) -> u64;
 
-    /// Extend the lease to `ttl` from now, if this owner still holds the lock.
+    /// Extend the lease to at least `ttl` from now, if this grant is still held.
+    ///
+    /// A renewal never shortens the lease on the server: other holds of the same owner
+    /// (reentrancy) rely on it. A backend sets the expiry to the later of the current
+    /// one and `now + ttl`.
     ///
     /// # Errors
     /// [`crate::Error::NotOwner`] when the server no longer lists this owner (the lock

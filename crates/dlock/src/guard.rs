@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, LossReason, Result};
-use crate::keeper::{Finish, Hold};
+use crate::finish::Finish;
+use crate::keeper::Hold;
 use crate::options::Owner;
 
 /// Safety margin subtracted from a lease before the holder trusts it: 1 % of the TTL
@@ -74,10 +75,12 @@ impl LockGuard {
         &self.hold.owner
     }
 
-    /// Whether the lock is still believed held (not lost, not released).
+    /// Whether the lock is still believed held: not released, not lost, and its local
+    /// deadline not passed (also when the keeper has not yet got round to marking it
+    /// lost).
     #[must_use]
     pub fn is_held(&self) -> bool {
-        !self.released && !self.hold.is_lost()
+        !self.released && !self.hold.is_lost() && !self.hold.past_deadline()
     }
 
     /// Whether the lock is held but in doubt: the backend's session is disconnected
@@ -135,7 +138,12 @@ impl LockGuard {
         }
     }
 
-    /// Set the lease to `ttl` from now; later automatic renewals use `ttl` too.
+    /// Renew the lease now, for `ttl`; later automatic renewals use `ttl` too.
+    ///
+    /// This guard's deadline (and [`LockGuard::lost`]) follows `ttl`, shorter or
+    /// longer. The lease on the server is never shortened: another hold of the same
+    /// owner may rely on it. A shorter `ttl` ends this hold sooner; the lock itself is
+    /// freed by its release.
     ///
     /// # Errors
     /// [`Error::LockLost`] when the lock is gone; [`Error::InvalidOption`] for a TTL

@@ -12,9 +12,7 @@
 //! task); a release whose caller goes away finishes in a task of its own.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -178,6 +176,9 @@ pub(crate) struct Hold {
     pub suspect: Option<Arc<AtomicBool>>,
     /// Set when the guard is released or dropped: timers due after that do nothing.
     released: AtomicBool,
+    /// The local deadline (see [`Keep::deadline`]) as nanoseconds after [`epoch`], so
+    /// `is_held` can tell a passed deadline before the keeper's timer has run.
+    deadline_ns: AtomicU64,
     /// Ends the backend-loss watcher (only backends with a loss signal have one).
     watch_end: Option<CancellationToken>,
     keepers: Arc<Keepers>,
@@ -212,6 +213,15 @@ impl Hold {
     ) -> Arc<Hold> {
         let margin = held.clock_drift(plan.ttl).max(drift_margin(plan.ttl));
         let signal = held.loss_signal();
+        // A maximum hold time too long to represent is no maximum.
+        let hold_until = plan.max_hold.and_then(|m| plan.sent_at.checked_add(m));
+        let lease_deadline = plan.sent_at + plan.ttl.saturating_sub(margin);
+        // A maximum hold time shorter than the lease (or than the first renewal, or
+        // with renewal off) ends the hold by itself.
+        let (deadline, capped_by_hold) = match hold_until {
+            Some(h) if h < lease_deadline => (h, true),
+            _ => (lease_deadline, false),
+        };
         let hold = Arc::new(Hold {
             name,
             owner,
@@ -221,16 +231,20 @@ impl Hold {
             reason: OnceLock::new(),
             suspect: held.suspect_flag(),
             released: AtomicBool::new(false),
+            deadline_ns: AtomicU64::new(nanos_since_epoch(deadline)),
             watch_end: signal.as_ref().map(|_| CancellationToken::new()),
             keepers: Arc::clone(keepers),
             keep: tokio::sync::Mutex::new(Keep {
                 held: Some(held),
                 ttl: plan.ttl,
                 renew_every: plan.renew_every,
-                hold_until: plan.max_hold.map(|m| plan.sent_at + m),
-                deadline: plan.sent_at + plan.ttl.saturating_sub(margin),
-                next_renew: plan.renew_every.map(|every| plan.sent_at + every),
-                capped_by_hold: false,
+                hold_until,
+                deadline,
+                next_renew: plan
+                    .renew_every
+                    .map(|every| plan.sent_at + every)
+                    .filter(|r| *r < deadline),
+                capped_by_hold,
                 slot: None,
             }),
         });
@@ -253,6 +267,19 @@ impl Hold {
 
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Whether the local deadline has passed, whether or not the keeper's timer has
+    /// run yet (it may be late on a busy runtime).
+    pub(crate) fn past_deadline(&self) -> bool {
+        nanos_since_epoch(Instant::now()) >= self.deadline_ns.load(Ordering::SeqCst)
+    }
+
+    /// Move the local deadline (and its mirror).
+    fn set_deadline(&self, keep: &mut Keep, deadline: Instant) {
+        keep.deadline = deadline;
+        self.deadline_ns
+            .store(nanos_since_epoch(deadline), Ordering::SeqCst);
     }
 
     pub(crate) fn reason(&self) -> Option<LossReason> {
@@ -374,13 +401,19 @@ impl Hold {
                 Err(_) => Err(Error::connection("core", "renewal timed out")),
             },
         };
+        let drift = keep
+            .held
+            .as_ref()
+            .map_or(Duration::ZERO, |h| h.clock_drift(ttl));
+        // Where the lease ends if this renewal was applied (sent at `now`), capped by
+        // the maximum hold time.
+        let mut asked = now + ttl.saturating_sub(drift.max(drift_margin(ttl)));
+        if let Some(h) = keep.hold_until {
+            asked = asked.min(h);
+        }
         match outcome {
             Ok(()) => {
-                let drift = keep
-                    .held
-                    .as_ref()
-                    .map_or(Duration::ZERO, |h| h.clock_drift(ttl));
-                keep.deadline = now + ttl.saturating_sub(drift.max(drift_margin(ttl)));
+                self.set_deadline(keep, asked);
                 keep.next_renew = keep.renew_every.map(|every| now + every.min(ttl / 3));
                 Ok(())
             }
@@ -390,6 +423,12 @@ impl Hold {
                 Err(self.lost_error())
             }
             Err(e) => {
+                // The renewal may have been applied with its answer lost. If it asked for
+                // less than the lease had left, the lease may now end sooner: trust the
+                // shorter of the two.
+                if asked < keep.deadline {
+                    self.set_deadline(keep, asked);
+                }
                 tracing::debug!(lock = %self.name, error = %e, "renewal failed; retrying");
                 let retry = (keep.ttl / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
                 keep.next_renew = Some(Instant::now() + retry);
@@ -473,47 +512,15 @@ impl Hold {
     }
 }
 
-/// A future that runs to completion even if its caller stops polling it: dropped
-/// unfinished, the rest runs in a task of its own (a release must not stop halfway
-/// because the caller was cancelled).
-pub(crate) struct Finish<T: Send + 'static> {
-    job: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+/// A fixed instant of this process, for storing instants in atomics.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
 }
 
-impl<T: Send + 'static> Finish<T> {
-    pub(crate) fn new(job: impl Future<Output = T> + Send + 'static) -> Self {
-        Finish {
-            job: Some(Box::pin(job)),
-        }
-    }
-}
-
-impl<T: Send + 'static> Future for Finish<T> {
-    type Output = Option<T>;
-
-    fn poll(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<T>> {
-        let Some(job) = self.job.as_mut() else {
-            return std::task::Poll::Ready(None);
-        };
-        let out = job.as_mut().poll(cx);
-        if out.is_ready() {
-            self.job = None;
-        }
-        out.map(Some)
-    }
-}
-
-impl<T: Send + 'static> Drop for Finish<T> {
-    fn drop(&mut self) {
-        if let Some(job) = self.job.take()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            rt.spawn(job);
-        }
-    }
+/// `at` as nanoseconds after [`epoch`] (0 before it; saturating far in the future).
+fn nanos_since_epoch(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -542,6 +549,95 @@ mod tests {
     fn a_hold_stays_small() {
         let size = std::mem::size_of::<Hold>();
         assert!(size <= 320, "a Hold grew to {size} bytes");
+    }
+
+    /// Renewals never get an answer.
+    #[derive(Debug)]
+    struct Unanswered;
+
+    #[async_trait::async_trait]
+    impl HeldLock for Unanswered {
+        fn fencing_token(&self) -> u64 {
+            1
+        }
+        async fn renew(&self, _ttl: Duration) -> Result<()> {
+            Err(Error::connection("test", "no answer"))
+        }
+        async fn release(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn plan(
+        ttl: Duration,
+        renew_every: Option<Duration>,
+        max_hold: Option<Duration>,
+    ) -> KeeperPlan {
+        KeeperPlan {
+            ttl,
+            renew_every,
+            max_hold,
+            sent_at: Instant::now(),
+        }
+    }
+
+    fn start(held: Box<dyn HeldLock>, plan: KeeperPlan) -> Arc<Hold> {
+        let keepers = Arc::new(Keepers::default());
+        let name = LockName::new("k").expect("name");
+        Hold::start(&keepers, held, name, Owner::random(), plan)
+    }
+
+    /// A renewal that asked for a shorter lease and got no answer may have been applied:
+    /// the hold trusts the shorter lease from then on (it kept the old, longer deadline).
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_renewal_that_asked_for_less_moves_the_deadline() {
+        let hold = start(
+            Box::new(Unanswered),
+            plan(Duration::from_secs(10), None, None),
+        );
+        assert!(hold.extend(Duration::from_secs(1)).await.is_err());
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(hold.past_deadline(), "still trusting the 10 s lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(hold.is_lost());
+        // One that asked for more changes nothing.
+        let hold = start(
+            Box::new(Unanswered),
+            plan(Duration::from_secs(2), None, None),
+        );
+        assert!(hold.extend(Duration::from_secs(60)).await.is_err());
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        assert!(hold.is_lost(), "trusted a longer lease nobody confirmed");
+    }
+
+    /// A maximum hold time shorter than the renewal interval, or with renewal off,
+    /// still ends the hold (it used to wait for a renewal that never came, or for the
+    /// whole lease); one too long to represent is no maximum, not a panic.
+    #[tokio::test(start_paused = true)]
+    async fn max_hold_ends_a_hold_whatever_the_renewal() {
+        let ttl = Duration::from_secs(30);
+        let max = Some(Duration::from_millis(300));
+        for every in [None, Some(Duration::from_secs(10))] {
+            let hold = start(Box::new(Idle), plan(ttl, every, max));
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            assert!(!hold.is_lost(), "lost before the max hold time");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(
+                hold.is_lost(),
+                "renewal {every:?}: held past the max hold time"
+            );
+            assert_eq!(hold.reason(), Some(LossReason::MaxHoldTime));
+        }
+        let hold = start(
+            Box::new(Idle),
+            plan(
+                Duration::from_secs(3),
+                Some(Duration::from_secs(1)),
+                Some(Duration::MAX),
+            ),
+        );
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!hold.is_lost(), "{:?}", hold.reason());
     }
 
     #[tokio::test(start_paused = true)]

@@ -50,6 +50,7 @@ pub mod conformance;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+mod finish;
 mod guard;
 mod hex;
 mod keeper;
@@ -58,6 +59,7 @@ pub mod memory;
 pub mod name;
 mod notify;
 mod options;
+mod owner_waits;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
@@ -71,7 +73,7 @@ pub mod url;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-pub use backend::{Capabilities, Fencing, LockInfo};
+pub use backend::{AcquisitionId, Capabilities, Fencing, LockInfo};
 pub use error::{Error, LossReason, Result, redact_secrets};
 pub use guard::{LockContext, LockGuard, drift_margin};
 pub use locker::Locker;

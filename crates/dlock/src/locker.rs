@@ -6,12 +6,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, LockInfo, Waiter};
+use crate::backend::{
+    AcquireRequest, AcquisitionId, Attempt, Backend, Capabilities, LockInfo, Waiter,
+};
 use crate::error::{Error, Result};
+use crate::finish::Finish;
 use crate::guard::{LockGuard, drift_margin};
 use crate::keeper::{Hold, KeeperPlan, Keepers};
 use crate::name::LockName;
 use crate::options::{LockOptions, Metadata, Owner, Wait};
+use crate::owner_waits::{OwnerWait, OwnerWaiters};
 
 /// How long a fair-mode queue entry lives without being refreshed by its waiter.
 const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(5);
@@ -33,6 +37,9 @@ pub struct Locker {
     backend: Arc<dyn Backend>,
     /// Renewal and loss timers of every lock taken through this locker (and its clones).
     keepers: Arc<Keepers>,
+    /// Acquisitions of this locker waiting, by lock and owner: when one of them is
+    /// granted, the others of its owner may re-enter at once.
+    waiting: Arc<OwnerWaiters>,
     defaults: LockOptions,
     url: String,
 }
@@ -59,6 +66,7 @@ impl Locker {
         Ok(Locker {
             backend,
             keepers: Arc::default(),
+            waiting: Arc::default(),
             defaults,
             url: shown,
         })
@@ -71,8 +79,15 @@ impl Locker {
             url: format!("{}://", backend.scheme()),
             backend,
             keepers: Arc::default(),
+            waiting: Arc::default(),
             defaults: LockOptions::default(),
         }
+    }
+
+    /// The backend (for the conformance suite's SPI-level behaviours).
+    #[cfg(feature = "conformance")]
+    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
     }
 
     /// The URL this locker was opened with, password redacted.
@@ -150,11 +165,25 @@ impl Locker {
     /// Cancel safe: dropping the future leaves nothing held.
     pub async fn try_lock_with(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
         let (name, req) = self.prepare(name, opts)?;
+        let mut cleanup = Cleanup::new(&self.backend, &req);
         let sent_at = Instant::now();
-        match self.attempt(req.clone(), None).await {
-            Ok(held) => Ok(Some(self.finish(held, name, req.owner, opts, sent_at))),
-            Err(AttemptError::Busy(_)) => Ok(None),
-            Err(AttemptError::Failed(e)) => Err(e),
+        cleanup.in_flight = true;
+        let outcome = self.attempt(req.clone(), None).await;
+        cleanup.in_flight = false;
+        match outcome {
+            Ok(held) => {
+                cleanup.armed = false;
+                Ok(Some(self.finish(held, name, req.owner, opts, sent_at)))
+            }
+            // A single attempt that will not wait leaves nothing queued.
+            Err(AttemptError::Busy(_) | AttemptError::Abandoned) => {
+                cleanup.armed = false;
+                Ok(None)
+            }
+            Err(AttemptError::Failed(e)) => {
+                cleanup.leave().await;
+                Err(e)
+            }
         }
     }
 
@@ -172,37 +201,50 @@ impl Locker {
         let started = Instant::now();
         let deadline = match opts.wait {
             Wait::Forever => None,
-            Wait::Timeout(d) => Some(started + d),
+            // A wait too long to represent is a wait forever.
+            Wait::Timeout(d) => started.checked_add(d),
             Wait::NoWait => Some(started),
         };
         if opts.fair {
             req.enqueue = Some(QUEUE_ENTRY_TTL);
         }
         req.will_wait = !matches!(opts.wait, Wait::NoWait);
-        // Whatever happens from here on, a queue entry must not outlive this call.
-        let mut queue_guard = QueueGuard {
-            backend: Arc::clone(&self.backend),
-            name: name.clone(),
-            owner: req.owner.clone(),
-            armed: opts.fair || self.backend.capabilities().queued_waiting,
-        };
-        let mut waiter: Option<Box<dyn Waiter>> = None;
+        // Whatever happens from here on, nothing this acquisition queued may outlive
+        // it — and nothing may be cleaned up while one of its attempts still runs.
+        let mut cleanup = Cleanup::new(&self.backend, &req);
+        let mut waiter: Option<(Box<dyn Waiter>, OwnerWait)> = None;
+        let mut spin = SpinGuard::default();
         loop {
             let sent_at = Instant::now();
             let this_attempt = req.clone();
             req.attempt = req.attempt.saturating_add(1);
-            let retry_after = match self.attempt(this_attempt, deadline).await {
+            cleanup.in_flight = true;
+            let outcome = self.attempt(this_attempt, deadline).await;
+            cleanup.in_flight = false;
+            let retry_after = match outcome {
                 Ok(held) => {
-                    queue_guard.armed = false;
+                    cleanup.armed = false;
                     return Ok(self.finish(held, name, req.owner, opts, sent_at));
                 }
                 Err(AttemptError::Busy(hint)) => hint,
-                Err(AttemptError::Failed(e)) => return Err(e),
+                Err(AttemptError::Abandoned) => {
+                    // The attempt outlived the wait: it finishes in a task of its own,
+                    // which gives back a grant and leaves the queue after it.
+                    cleanup.armed = false;
+                    return Err(Error::Timeout {
+                        name: name.as_str().to_owned(),
+                        waited: started.elapsed(),
+                    });
+                }
+                Err(AttemptError::Failed(e)) => {
+                    cleanup.leave().await;
+                    return Err(e);
+                }
             };
             let now = Instant::now();
             let remaining = match deadline {
                 Some(d) if now >= d => {
-                    queue_guard.leave().await;
+                    cleanup.leave().await;
                     return Err(Error::Timeout {
                         name: name.as_str().to_owned(),
                         waited: now - started,
@@ -215,14 +257,21 @@ impl Locker {
                 None => {
                     // Subscribe, then try again at once: a release that happened between
                     // the attempt and the subscription is seen by that attempt.
-                    waiter = Some(self.backend.subscribe(&name, &req.owner).await?);
+                    let owner_wait = self.waiting.register(&name, &req.owner);
+                    waiter = Some((self.backend.subscribe(&req).await?, owner_wait));
                 }
-                Some(w) => {
+                Some((w, owner_wait)) => {
                     let mut step = retry_after.unwrap_or(MAX_WAIT_STEP).min(remaining);
                     if opts.fair {
                         step = step.min(QUEUE_ENTRY_TTL / 3);
                     }
-                    w.changed(step.max(Duration::from_micros(100))).await?;
+                    let waited_from = Instant::now();
+                    tokio::select! {
+                        r = w.changed(step.max(Duration::from_micros(100))) => r?,
+                        // Another task of this owner got the lock: re-enter now.
+                        () = owner_wait.granted() => {}
+                    }
+                    spin.after_wait(waited_from.elapsed(), remaining).await;
                 }
             }
         }
@@ -317,6 +366,7 @@ impl Locker {
         let req = AcquireRequest {
             name: name.clone(),
             owner: opts.owner.clone().unwrap_or_else(Owner::random),
+            acquisition: AcquisitionId::new(),
             ttl: opts.ttl,
             fair: opts.fair,
             enqueue: None,
@@ -329,15 +379,17 @@ impl Locker {
 
     /// One attempt, run to completion even if the caller goes away mid-attempt: it is
     /// polled in place (no task in the common case), and if its future is dropped
-    /// unfinished the rest runs in a task that releases any grant and leaves any queue.
+    /// unfinished — the caller was cancelled, or `deadline` (plus a little) passed —
+    /// the rest runs in a task that releases any grant and, where attempts may queue,
+    /// leaves the queue after it ([`AttemptError::Abandoned`]).
     async fn attempt(
         &self,
         req: AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Box<dyn crate::backend::HeldLock>, AttemptError> {
         let backend = Arc::clone(&self.backend);
-        let queued = req.fair || backend.capabilities().queued_waiting;
-        let (name, owner) = (req.name.clone(), req.owner.clone());
+        let abandon =
+            may_queue(backend.as_ref(), &req).then(|| (Arc::clone(&backend), req.clone()));
         let ttl = req.ttl;
         let sent_at = Instant::now();
         let job = async move {
@@ -357,10 +409,16 @@ impl Locker {
                 Err(e) => Err(e),
             }
         };
-        let mut flight = InFlight {
-            job: Some(Box::pin(job)),
-            abandon: queued.then(|| (Arc::clone(&self.backend), name, owner)),
-        };
+        // Dropped unfinished: the job completes in a task; a grant is given back as its
+        // `Unclaimed` drops, and anything queued is left after the attempt, never
+        // before (it could not be left before it was taken).
+        let mut flight = Finish::with_epilogue(job, move |outcome: Result<Outcome>| async move {
+            let granted = matches!(outcome, Ok(Outcome::Granted(_)));
+            drop(outcome);
+            if !granted && let Some((backend, req)) = abandon {
+                let _ = backend.leave_queue(&req).await;
+            }
+        });
         let received = match deadline {
             None => (&mut flight).await,
             Some(d) => {
@@ -368,14 +426,18 @@ impl Locker {
                 let limit = d.max(Instant::now()) + Duration::from_millis(250);
                 match tokio::time::timeout_at(limit, &mut flight).await {
                     Ok(r) => r,
-                    Err(_) => return Err(AttemptError::Busy(None)),
+                    Err(_) => return Err(AttemptError::Abandoned),
                 }
             }
         };
         match received {
-            Ok(Outcome::Granted(grant)) => Ok(grant.claim()),
-            Ok(Outcome::Busy(retry_after)) => Err(AttemptError::Busy(retry_after)),
-            Err(e) => Err(AttemptError::Failed(e)),
+            Some(Ok(Outcome::Granted(grant))) => Ok(grant.claim()),
+            Some(Ok(Outcome::Busy(retry_after))) => Err(AttemptError::Busy(retry_after)),
+            Some(Err(e)) => Err(AttemptError::Failed(e)),
+            None => Err(AttemptError::Failed(Error::backend(
+                "core",
+                "attempt polled twice",
+            ))),
         }
     }
 
@@ -387,6 +449,7 @@ impl Locker {
         opts: &LockOptions,
         sent_at: Instant,
     ) -> LockGuard {
+        self.waiting.granted(&name, &owner);
         let sent_at = lease_start(held.as_ref(), sent_at);
         LockGuard::new(Hold::start(
             &self.keepers,
@@ -441,91 +504,90 @@ impl Drop for Unclaimed {
     }
 }
 
-type AttemptFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Outcome>> + Send>>;
-
-/// An attempt being polled by its caller. Dropped unfinished (the caller was cancelled
-/// or timed out), it finishes in a task of its own: a grant is released (by
-/// [`Unclaimed`]'s drop) and, where attempts queue, the queue place is left — after
-/// the attempt, so it cannot be left before it was taken.
-struct InFlight {
-    job: Option<AttemptFuture>,
-    abandon: Option<(Arc<dyn Backend>, LockName, Owner)>,
+enum AttemptError {
+    Busy(Option<Duration>),
+    Failed(Error),
+    /// The attempt outlived the caller's wait; it finishes (and cleans up after
+    /// itself) in a task of its own.
+    Abandoned,
 }
 
-impl std::future::Future for InFlight {
-    type Output = Result<Outcome>;
+/// Whether an attempt of `req` may leave something queued on the server (a fair-mode
+/// queue entry, a contender key or node) that must be removed if it does not end
+/// with the lock.
+fn may_queue(backend: &dyn Backend, req: &AcquireRequest) -> bool {
+    req.enqueue.is_some() || backend.capabilities().queued_waiting
+}
 
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let Some(job) = self.job.as_mut() else {
-            return std::task::Poll::Ready(Err(Error::backend("core", "attempt polled twice")));
-        };
-        let out = job.as_mut().poll(cx);
-        if out.is_ready() {
-            self.job = None;
+/// Removes what an acquisition left queued when it ends without the lock: at once on
+/// timeout and error, in a background task when the acquisition's future is dropped —
+/// unless an attempt is in flight then, whose own continuation leaves the queue once it
+/// has finished ([`Locker::attempt`]).
+struct Cleanup {
+    backend: Arc<dyn Backend>,
+    req: AcquireRequest,
+    armed: bool,
+    in_flight: bool,
+}
+
+impl Cleanup {
+    fn new(backend: &Arc<dyn Backend>, req: &AcquireRequest) -> Self {
+        Cleanup {
+            backend: Arc::clone(backend),
+            req: req.clone(),
+            armed: true,
+            in_flight: false,
         }
-        out
+    }
+
+    /// Leave now (finished in a task of its own if the caller goes away meanwhile).
+    async fn leave(&mut self) {
+        if !std::mem::take(&mut self.armed) || !may_queue(self.backend.as_ref(), &self.req) {
+            return;
+        }
+        let (backend, req) = (Arc::clone(&self.backend), self.req.clone());
+        let left = Finish::new(async move { backend.leave_queue(&req).await }).await;
+        if let Some(Err(e)) = left {
+            tracing::debug!(lock = %self.req.name, error = %e, "could not leave the queue; the entry will expire");
+        }
     }
 }
 
-impl Drop for InFlight {
+impl Drop for Cleanup {
     fn drop(&mut self) {
-        let Some(job) = self.job.take() else {
+        if !self.armed || self.in_flight || !may_queue(self.backend.as_ref(), &self.req) {
             return;
-        };
-        let abandon = self.abandon.take();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let outcome = job.await;
-                if !matches!(outcome, Ok(Outcome::Granted(_)))
-                    && let Some((backend, name, owner)) = abandon
-                {
-                    let _ = backend.leave_queue(&name, &owner).await;
-                }
-                // A grant is released as `outcome` (its `Unclaimed`) drops here.
+        }
+        let (backend, req) = (Arc::clone(&self.backend), self.req.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = backend.leave_queue(&req).await;
             });
         }
     }
 }
 
-enum AttemptError {
-    Busy(Option<Duration>),
-    Failed(Error),
+/// Keeps a waiting loop from spinning when a backend's waiter returns at once again
+/// and again (a bug, or a state it cannot wait on): after a few instant returns in a
+/// row the loop sleeps a jittered millisecond or two, so other tasks — the holder's
+/// release among them — get to run, even on a single-threaded runtime.
+#[derive(Default)]
+struct SpinGuard {
+    instant_returns: u32,
 }
 
-/// Removes a fair-mode queue entry when the acquisition ends without the lock: at
-/// once on timeout, in a background task when the future is dropped.
-struct QueueGuard {
-    backend: Arc<dyn Backend>,
-    name: LockName,
-    owner: Owner,
-    armed: bool,
-}
-
-impl QueueGuard {
-    async fn leave(&mut self) {
-        if self.armed {
-            self.armed = false;
-            if let Err(e) = self.backend.leave_queue(&self.name, &self.owner).await {
-                tracing::debug!(lock = %self.name, error = %e, "could not leave the queue; the entry will expire");
-            }
+impl SpinGuard {
+    async fn after_wait(&mut self, waited: Duration, remaining: Duration) {
+        if waited >= Duration::from_micros(50) {
+            self.instant_returns = 0;
+            return;
         }
-    }
-}
-
-impl Drop for QueueGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            let backend = Arc::clone(&self.backend);
-            let name = self.name.clone();
-            let owner = self.owner.clone();
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    let _ = backend.leave_queue(&name, &owner).await;
-                });
-            }
+        self.instant_returns += 1;
+        if self.instant_returns >= 3 {
+            let pause = Duration::from_micros(fastrand::u64(1000..2000)).min(remaining);
+            tokio::time::sleep(pause).await;
+        } else {
+            tokio::task::yield_now().await;
         }
     }
 }
@@ -533,6 +595,22 @@ impl Drop for QueueGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Waits and hold times too long to represent mean "no limit", not a panic
+    /// (`Instant + Duration::MAX` overflows).
+    #[tokio::test]
+    async fn unrepresentable_durations_are_no_limit() {
+        let locker = Locker::from_backend(crate::memory::MemoryBackend::new());
+        let opts = LockOptions::new()
+            .wait(Wait::Timeout(Duration::MAX))
+            .max_hold(Duration::MAX);
+        let g = locker.lock_with("x", &opts).await.expect("lock");
+        let waiting =
+            tokio::time::timeout(Duration::from_millis(100), locker.lock_with("x", &opts));
+        assert!(waiting.await.is_err(), "granted a held lock");
+        assert!(g.is_held());
+        g.release().await.expect("release");
+    }
 
     /// A grant dropped on its way to a cancelled caller is given back.
     #[tokio::test]

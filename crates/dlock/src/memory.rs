@@ -14,7 +14,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, Waiter,
+    AcquireRequest, AcquisitionId, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo,
+    Waiter,
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -33,7 +34,8 @@ struct Entry {
 
 #[derive(Debug)]
 struct QueueEntry {
-    owner: Owner,
+    /// Keyed by the acquisition: two waiters of one owner have a place each.
+    acquisition: AcquisitionId,
     expires: Instant,
 }
 
@@ -130,6 +132,7 @@ impl Backend for MemoryBackend {
             max_ttl: None,
             queued_waiting: false,
             session_timeout: None,
+            connection_loss_notice: None,
         }
     }
 
@@ -150,17 +153,17 @@ impl Backend for MemoryBackend {
         let ahead = if req.fair {
             st.live_queue(&req.name, now)
                 .and_then(|q| q.first())
-                .is_some_and(|head| head.owner != req.owner)
+                .is_some_and(|head| head.acquisition != req.acquisition)
         } else {
             false
         };
         if busy_until.is_some() || ahead {
             if let Some(entry_ttl) = req.enqueue {
                 let queue = st.queues.entry(req.name.clone()).or_default();
-                match queue.iter_mut().find(|q| q.owner == req.owner) {
+                match queue.iter_mut().find(|q| q.acquisition == req.acquisition) {
                     Some(q) => q.expires = now + entry_ttl,
                     None => queue.push(QueueEntry {
-                        owner: req.owner.clone(),
+                        acquisition: req.acquisition,
                         expires: now + entry_ttl,
                     }),
                 }
@@ -170,7 +173,7 @@ impl Backend for MemoryBackend {
             });
         }
         if let Some(queue) = st.queues.get_mut(&req.name) {
-            queue.retain(|q| q.owner != req.owner);
+            queue.retain(|q| q.acquisition != req.acquisition);
             if queue.is_empty() {
                 st.queues.remove(&req.name);
             }
@@ -193,16 +196,17 @@ impl Backend for MemoryBackend {
         ))))
     }
 
-    async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(MemoryWaiter {
-            rx: self.store.changes.subscribe(name),
+            rx: self.store.changes.subscribe(&req.name),
         }))
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
+    async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
+        let name = &req.name;
         let mut st = self.state()?;
         if let Some(queue) = st.queues.get_mut(name) {
-            queue.retain(|q| &q.owner != owner);
+            queue.retain(|q| q.acquisition != req.acquisition);
             if queue.is_empty() {
                 st.queues.remove(name);
             }

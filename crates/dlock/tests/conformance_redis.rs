@@ -5,25 +5,36 @@
 use dlock::conformance::Harness;
 use dlock_testkit::RedisServer;
 
+mod common;
+
 async fn harness(query: &'static str) -> Option<Harness> {
     let redis = RedisServer::start()?;
     let url = format!("{}{query}", redis.url());
     Some(Harness::new(url).keep(redis))
 }
 
+async fn proxied(query: &'static str) -> Option<Harness> {
+    let redis = RedisServer::start()?;
+    let (url, addr) = (format!("{}{query}", redis.url()), redis.addr());
+    Some(common::with_proxies(Harness::new(url).keep(redis), &[addr]).await)
+}
+
 mod redisson {
     use super::*;
     dlock::conformance_suite!(harness(""));
+    dlock::conformance_faults!(proxied(""));
 }
 
 mod redis_py {
     use super::*;
     dlock::conformance_suite!(harness("?layout=redis-py"));
+    dlock::conformance_faults!(proxied("?layout=redis-py"));
 }
 
 mod python_redis_lock {
     use super::*;
     dlock::conformance_suite!(harness("?layout=python-redis-lock"));
+    dlock::conformance_faults!(proxied("?layout=python-redis-lock"));
 }
 
 /// The suite on a three-master Redis Cluster.

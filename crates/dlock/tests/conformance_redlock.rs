@@ -5,10 +5,21 @@
 use dlock::conformance::Harness;
 use dlock_testkit::{RedisNodes, RedisOptions};
 
+mod common;
+
 async fn harness() -> Option<Harness> {
     let nodes = RedisNodes::start(5, &RedisOptions::default())?;
     let url = nodes.url();
     Some(Harness::new(url).keep(nodes))
 }
 
+/// Every node behind a proxy of its own; the faults hit all of them at once.
+async fn proxied() -> Option<Harness> {
+    let mut nodes = RedisNodes::start(5, &RedisOptions::default())?;
+    let url = nodes.url();
+    let addrs: Vec<_> = (0..5).map(|i| nodes.node(i).addr()).collect();
+    Some(common::with_proxies(Harness::new(url).keep(nodes), &addrs).await)
+}
+
 dlock::conformance_suite!(harness());
+dlock::conformance_faults!(proxied());

@@ -420,3 +420,35 @@ async fn a_waiter_leaving_during_an_outage_leaves_no_key_behind() {
     .await;
     drop(cut);
 }
+
+/// A release after the session's lease ended on the server — before this process's
+/// keep-alive noticed — reports the loss instead of succeeding (the key went with the
+/// lease: nothing was released, the lock had already been free).
+#[tokio::test]
+async fn a_release_after_an_unseen_session_expiry_reports_the_loss() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&format!("{}?session_ttl=30s", etcd.url()))
+        .await
+        .expect("connect");
+    let guard = locker.lock("revoked").await.expect("lock");
+    // The session's lease, ended by hand (as an expiry the keep-alive has not seen).
+    let listed = etcd.etcdctl_output(&["lease", "list"]);
+    let leases: Vec<&str> = listed
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(leases.len(), 1, "{listed}");
+    let _ = etcd.etcdctl_output(&["lease", "revoke", leases[0]]);
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(Error::LockLost { .. })),
+        "a release after the session ended: {released:?}"
+    );
+    // A new acquisition opens a new session and works.
+    let again = locker.lock_timeout("revoked", T).await.expect("lock again");
+    again.release().await.expect("release");
+}

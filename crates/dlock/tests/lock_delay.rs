@@ -64,6 +64,22 @@ async fn delays_after_expiry_only(label: &str, url: &str) {
     // The lapsed holder learns it lost the lock; its release says so.
     assert!(matches!(held.release().await, Err(Error::LockLost { .. })));
     next.release().await.expect("release");
+
+    // The same owner asking again inside the delay gets a new grant with a higher
+    // token (or none): never the lapsed grant's token, which a paused holder still
+    // carries and a fenced resource must be able to reject.
+    let name = unique("same-owner");
+    let mine = lapse.clone().owner(a.owner());
+    let lapsed = a.lock_with(&name, &mine).await.expect("lock");
+    let old = lapsed.fencing_token();
+    tokio::time::sleep(TTL + Duration::from_millis(150)).await;
+    if let Some(again) = a.try_lock_with(&name, &mine).await.expect("try") {
+        assert!(
+            again.fencing_token() > old,
+            "{label}: the same owner re-entered a lapsed lease with its old token {old}"
+        );
+        again.release().await.expect("release");
+    }
 }
 
 async fn refuses_bad_values(base: &str, session_mode: Option<&str>) {

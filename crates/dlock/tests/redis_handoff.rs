@@ -253,3 +253,92 @@ async fn waiters_share_one_subscription_and_it_ends_when_they_do() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Two tasks of one owner wait with different leases (60 s and 500 ms without
+/// renewal); the holder's release hands the lock over in-process. Each grant must carry
+/// the lease its own acquisition asked for: the 60 s holder still holds the lock 1.5 s
+/// later, and the server agrees (keyed by owner, the short waiter's lease was written
+/// into the long waiter's hand-off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_sharing_an_owner_each_get_their_own_lease() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let other = Locker::connect(&server.url()).await.expect("connect");
+    let name = "shared-owner-handoff";
+    let holder = locker.lock(name).await.expect("lock");
+    let owner = locker.owner();
+    let long = dlock::LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .owner(owner.clone());
+    let short = dlock::LockOptions::new()
+        .ttl(Duration::from_millis(500))
+        .renewal(dlock::Renewal::Off)
+        .owner(owner.clone());
+    let (l1, n1) = (locker.clone(), name.to_owned());
+    let long_waiter = tokio::spawn(async move { l1.lock_with(&n1, &long).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (l2, n2) = (locker.clone(), name.to_owned());
+    let short_waiter = tokio::spawn(async move { l2.lock_with(&n2, &short).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder.release().await.expect("release");
+    let long_guard = tokio::time::timeout(Duration::from_secs(5), long_waiter)
+        .await
+        .expect("long waiter")
+        .expect("task")
+        .expect("lock");
+    let short_guard = tokio::time::timeout(Duration::from_secs(5), short_waiter)
+        .await
+        .expect("short waiter")
+        .expect("task")
+        .expect("lock");
+    assert_eq!(long_guard.fencing_token(), short_guard.fencing_token());
+    // Past the short lease (it lapses: no renewal), well within the long one.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(long_guard.is_held(), "{:?}", long_guard.loss_reason());
+    assert!(
+        other.try_lock(name).await.expect("try").is_none(),
+        "another client took the lock from its 60 s holder"
+    );
+    let pttl = redis_command(server.addr(), &["PTTL", name], T).expect("PTTL");
+    let ms: i64 = String::from_utf8_lossy(&pttl)
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .expect("a PTTL");
+    assert!(ms > 30_000, "the server lease is {ms} ms");
+    drop(short_guard);
+    long_guard.release().await.expect("release");
+}
+
+/// A holding owner re-entering with `try_lock` while other tasks of the process wait
+/// for the lock: granted at once (it holds the lock), not queued behind the waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_reenters_with_try_lock_while_others_wait() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let name = "reenter-with-waiters";
+    let owner = locker.owner();
+    let mine = dlock::LockOptions::new().owner(owner.clone());
+    let held = locker.lock_with(name, &mine).await.expect("lock");
+    let (l, n) = (locker.clone(), name.to_owned());
+    let waiter = tokio::spawn(async move { l.lock(&n).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let again = locker
+        .try_lock_with(name, &mine)
+        .await
+        .expect("try")
+        .expect("the holding owner must re-enter while others wait");
+    assert_eq!(again.fencing_token(), held.fencing_token());
+    again.release().await.expect("release");
+    held.release().await.expect("release");
+    let w = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("waiter")
+        .expect("task")
+        .expect("lock");
+    w.release().await.expect("release");
+}

@@ -489,3 +489,47 @@ async fn tls_verifies_the_server_and_presents_a_client_certificate() {
         "{e:?}"
     );
 }
+
+/// A user without rights on the unlock channel (no `&` channel pattern) cannot
+/// subscribe: a contended `lock()` falls back to polling and gets the lock once it is
+/// released, instead of failing with the pub/sub error.
+#[tokio::test]
+async fn without_channel_rights_waiting_falls_back_to_polling() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let mut args = vec![
+        "ACL",
+        "SETUSER",
+        "nochannels",
+        "on",
+        ">pw",
+        "~*",
+        "resetchannels",
+        "-@all",
+    ];
+    args.extend(DLOCK_ACL.split_whitespace());
+    let ok = redis_command(server.addr(), &args, T).expect("ACL SETUSER");
+    assert_eq!(ok, b"+OK\r\n", "{}", String::from_utf8_lossy(&ok));
+    let url = format!("redis://nochannels:pw@{}?poll=20ms", server.addr());
+    let holder = Locker::connect(&server.url()).await.expect("connect");
+    let waiter = Locker::connect(&url).await.expect("connect as the user");
+    let held = holder.lock("no-pubsub").await.expect("lock");
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock_timeout("no-pubsub", Duration::from_secs(10))
+            .await
+            .map(|g| g.fencing_token())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let token = held.fencing_token();
+    held.release().await.expect("release");
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter never got the lock")
+        .expect("join");
+    assert!(
+        matches!(got, Ok(t) if t > token),
+        "a waiter without pub/sub rights: {got:?}"
+    );
+}

@@ -382,3 +382,60 @@ async fn local_hand_offs_keep_exclusion_across_sessions() {
         last_token = t;
     }
 }
+
+/// Any client may create children under a lock's node: a name that is not a contender
+/// (here `€€€€`, whose last ten bytes split a character) is ignored, never a panic.
+#[tokio::test]
+async fn a_foreign_child_of_any_name_is_ignored() {
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&format!("{}/locks", zk.url()))
+        .await
+        .expect("connect");
+    let Some(mut creator) = kazoo(
+        &zk,
+        "zk.ensure_path('/locks/foreign')\nzk.create('/locks/foreign/\u{20ac}\u{20ac}\u{20ac}\u{20ac}')\nzk.create('/locks/foreign/x' + '\u{20ac}' * 10)\nprint('made', flush=True)\nzk.stop()\n",
+    ) else {
+        return;
+    };
+    assert_eq!(first_line(&mut creator), "made");
+    let _ = creator.wait();
+    let guard = locker.lock_timeout("foreign", T).await.expect("lock");
+    let info = locker
+        .inspect("foreign")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(info.owner, guard.owner().as_str());
+    assert!(locker.try_lock("foreign").await.expect("try").is_none());
+    guard.release().await.expect("release");
+    assert!(locker.try_lock("foreign").await.expect("try").is_some());
+}
+
+/// A release after the lock's node is gone (its session expired, unseen by this
+/// process yet — here: deleted by another client) reports the loss instead of
+/// succeeding.
+#[tokio::test]
+async fn a_release_after_the_node_is_gone_reports_the_loss() {
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&format!("{}/locks", zk.url()))
+        .await
+        .expect("connect");
+    let guard = locker.lock("vanish").await.expect("lock");
+    let Some(mut deleter) = kazoo(
+        &zk,
+        "for c in zk.get_children('/locks/vanish'):\n    zk.delete('/locks/vanish/' + c)\nprint('deleted', flush=True)\nzk.stop()\n",
+    ) else {
+        return;
+    };
+    assert_eq!(first_line(&mut deleter), "deleted");
+    let _ = deleter.wait();
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(dlock::Error::LockLost { .. })),
+        "a release of a node that was gone: {released:?}"
+    );
+}

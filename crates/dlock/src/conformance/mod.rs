@@ -19,6 +19,7 @@
 //! that is never freed, not a slow machine.
 
 use std::any::Any;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -28,14 +29,37 @@ use crate::{LockOptions, Locker, Owner, Renewal};
 mod behaviours;
 mod crowd;
 mod faults;
+mod fenced;
+mod shared;
 pub use behaviours::*;
 pub use crowd::Crowd;
 pub use faults::{wait_until_queued, waiter_cancelled_in_an_outage};
+pub use fenced::{BookReport, FencedBook, SectionId};
+pub use shared::*;
+
+/// What a harness's fault proxy (between a client and the server, on loopback) does
+/// to the traffic of the lockers made by [`Harness::proxied_locker`].
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetFault {
+    /// Forward everything.
+    None,
+    /// Hold every chunk this long, both ways.
+    Delay(Duration),
+    /// Forward requests, drop replies (requests run, their answers vanish).
+    DropReplies,
+    /// Reset every open connection now (then forward again).
+    ResetAll,
+}
+
+/// A switch that puts a [`NetFault`] on the proxy.
+type FaultSwitch = Arc<dyn Fn(NetFault) + Send + Sync>;
 
 /// Where the backend under test lives, and what keeps it alive.
 pub struct Harness {
     url: String,
     keep: Vec<Box<dyn Any + Send + Sync>>,
+    proxy: Option<(String, FaultSwitch)>,
 }
 
 impl std::fmt::Debug for Harness {
@@ -53,7 +77,43 @@ impl Harness {
         Harness {
             url: url.into(),
             keep: Vec::new(),
+            proxy: None,
         }
+    }
+
+    /// Add a fault proxy: `url` reaches the same server through it, and `switch` sets
+    /// what the proxy does to the traffic.
+    #[must_use]
+    pub fn with_proxy(
+        mut self,
+        url: impl Into<String>,
+        switch: impl Fn(NetFault) + Send + Sync + 'static,
+    ) -> Self {
+        self.proxy = Some((url.into(), Arc::new(switch)));
+        self
+    }
+
+    /// A new client whose traffic goes through the fault proxy, if the harness has one.
+    ///
+    /// # Panics
+    /// When the backend cannot be reached through the proxy.
+    pub async fn proxied_locker(&self) -> Option<Locker> {
+        let (url, _) = self.proxy.as_ref()?;
+        match Locker::connect(url).await {
+            Ok(l) => Some(l),
+            Err(e) => panic!(
+                "cannot connect through the proxy to {}: {e}",
+                crate::redact_secrets(url)
+            ),
+        }
+    }
+
+    /// The proxy's switch (forwards everything when the harness has no proxy).
+    #[must_use]
+    pub fn fault_switch(&self) -> FaultSwitch {
+        self.proxy
+            .as_ref()
+            .map_or_else(|| Arc::new(|_| {}) as FaultSwitch, |(_, s)| Arc::clone(s))
     }
 
     /// Keep `thing` (a server process, a temp dir) alive as long as the harness.
@@ -126,6 +186,12 @@ macro_rules! conformance_suite {
             bad_input_errors,
             distinct_names_never_collide,
             max_hold_stops_renewal,
+            shared_owners_crowd,
+            shared_owner_renewal_never_shortens,
+            same_owner_relock_while_holding,
+            shared_owner_waiters_leave_nothing,
+            renewal_never_shortens_the_server_lease,
+            a_stale_grant_cannot_touch_its_owners_newer_grant,
         );
     };
     (@each $harness:expr; $($behaviour:ident),* $(,)?) => {
@@ -137,6 +203,17 @@ macro_rules! conformance_suite {
                 }
             }
         )*
+    };
+}
+
+/// The behaviours that need a harness with a fault proxy
+/// ([`Harness::with_proxy`]): one `#[tokio::test]` each.
+#[macro_export]
+macro_rules! conformance_faults {
+    ($harness:expr) => {
+        $crate::conformance_suite!(@each $harness;
+            shared_owners_crowd_under_faults,
+        );
     };
 }
 

@@ -15,10 +15,17 @@
 //! - A waiter puts its key (it is now queued, first come first served), then watches
 //!   **only its predecessor** (the key created just before its own) for deletion: a
 //!   release wakes exactly one waiter, never a herd.
-//! - Within one backend, one owner at a time per name talks to etcd (the key is named
-//!   after the session lease, as in etcd's recipe); other local owners queue in-process,
-//!   first come first served: a release hands the slot to the longest-waiting local
-//!   owner, so the releaser cannot take it straight back past them.
+//! - Within one backend, one acquisition at a time per name talks to etcd (the key is
+//!   named after the session lease, as in etcd's recipe): it owns the name's local
+//!   *slot* from its first attempt until its key is deleted again (released, or left
+//!   when it gave up). Other local acquisitions — other owners, or tasks sharing one
+//!   owner — queue in-process, first come first served: a release hands the slot to
+//!   the longest-waiting one, so the releaser cannot take it straight back past them.
+//!   The slot belongs to an acquisition, never to an owner string, so one task's late
+//!   cleanup can never touch another task's key.
+//! - A release deletes the key only if its create revision is still the grant's token:
+//!   a key that went with an expired session is reported as a lost lock, not as a
+//!   successful release.
 //!
 //! # Names
 //! By default the name is encoded (`/`-free, injective), so `jobs/a` and `jobs/a/x`
@@ -52,12 +59,12 @@ use etcd_client::{
 };
 use tokio::sync::Notify;
 
+use crate::backend::AcquisitionId;
 use crate::backend::{
     AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, StoredHolder, Waiter,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
-use crate::options::Owner;
 use crate::url::ConnectUrl;
 
 mod session;
@@ -85,18 +92,21 @@ pub(crate) fn map_err(e: &etcd_client::Error) -> Error {
     }
 }
 
-/// A local owner queued for a directory's slot.
+/// A local acquisition queued for a directory's slot.
 struct LocalWaiter {
-    owner: String,
+    acquisition: AcquisitionId,
     wake: Arc<Notify>,
 }
 
-/// This backend's own contender for one lock directory.
+/// This backend's own contender for one lock directory: one acquisition at a time.
 struct Slot {
-    owner: String,
+    acquisition: AcquisitionId,
     session: Arc<Session>,
     key: String,
+    /// Granted, or closed while its key's delete is pending: nobody else may use it.
     held: bool,
+    /// A put of the key has been sent (it may exist): leaving must delete it.
+    maybe_put: bool,
     /// When queued: the key created just before ours (its deletion is watched).
     predecessor: Option<String>,
 }
@@ -110,8 +120,9 @@ struct Inner {
     /// Keepers hold a weak reference: when the backend goes, sessions are revoked.
     alive: Arc<()>,
     slots: Mutex<HashMap<String, Slot>>,
-    /// Local owners waiting for a directory that another local owner is using, in
-    /// arrival order, each with its own wake-up. Lock order: `slots`, then `local`.
+    /// Local acquisitions waiting for a directory that another local acquisition is
+    /// using, in arrival order, each with its own wake-up. Lock order: `slots`, then
+    /// `local`.
     local: Mutex<HashMap<String, VecDeque<LocalWaiter>>>,
     shown: String,
 }
@@ -258,12 +269,13 @@ impl Inner {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The slot for `dir` is free again: hand it to the local owner that has waited
-    /// longest (reserved in its name, its key not yet put) and wake that one only.
-    fn free_slot(&self, dir: &str, owner: &str) {
+    /// The slot for `dir`, if `acquisition` has it, is free again: hand it to the
+    /// local acquisition that has waited longest (reserved for it, its key not yet
+    /// put) and wake that one only.
+    fn free_slot(&self, dir: &str, acquisition: AcquisitionId) {
         let mut slots = self.slots();
         let freed = match slots.get(dir) {
-            Some(s) if s.owner == owner => slots.remove(dir),
+            Some(s) if s.acquisition == acquisition => slots.remove(dir),
             _ => None,
         };
         let Some(freed) = freed else {
@@ -279,10 +291,11 @@ impl Inner {
             slots.insert(
                 dir.to_owned(),
                 Slot {
-                    owner: next.owner,
+                    acquisition: next.acquisition,
                     session: freed.session,
                     key: freed.key,
                     held: false,
+                    maybe_put: false,
                     predecessor: None,
                 },
             );
@@ -291,19 +304,19 @@ impl Inner {
         }
     }
 
-    /// Queue `owner` for `dir`'s slot unless the slot is free or already its own;
-    /// `false` when there is no need to wait.
-    fn wait_for_slot(&self, dir: &str, owner: &str, wake: &Arc<Notify>) -> bool {
+    /// Queue `acquisition` for `dir`'s slot unless the slot is free or already its
+    /// own; `false` when there is no need to wait.
+    fn wait_for_slot(&self, dir: &str, acquisition: AcquisitionId, wake: &Arc<Notify>) -> bool {
         let slots = self.slots();
         match slots.get(dir) {
-            Some(s) if s.owner != owner => {}
+            Some(s) if s.acquisition != acquisition => {}
             _ => return false,
         }
         let mut local = self.local();
         let queue = local.entry(dir.to_owned()).or_default();
         if !queue.iter().any(|w| Arc::ptr_eq(&w.wake, wake)) {
             queue.push_back(LocalWaiter {
-                owner: owner.to_owned(),
+                acquisition,
                 wake: Arc::clone(wake),
             });
         }
@@ -321,48 +334,61 @@ impl Inner {
         }
     }
 
-    /// Delete a contender's key and free its slot. The key lives as long as the
-    /// session, and the session outlives a reconnect: when the server cannot be
-    /// reached, the slot stays closed and the delete is finished in the background
-    /// once the server answers again (or the session ends and takes the key).
+    /// Delete a contender's key — only while its create revision is `revision`, if
+    /// given — and free its slot. `Ok(false)`: the key was not (or no longer) the one
+    /// with that revision. The key lives as long as the session, and the session
+    /// outlives a reconnect: when the server cannot be reached, the slot stays closed
+    /// and the delete is finished in the background once the server answers again (or
+    /// the session ends and takes the key).
     async fn delete_and_free(
         self: &Arc<Self>,
         session: &Session,
         key: &str,
+        revision: Option<i64>,
         dir: &str,
-        owner: &str,
-    ) -> Result<()> {
-        match self.client.clone().delete(key, None).await {
-            Ok(_) => {
-                self.free_slot(dir, owner);
-                Ok(())
+        acquisition: AcquisitionId,
+    ) -> Result<bool> {
+        match Self::delete_key(&self.client, key, revision).await {
+            Ok(deleted) => {
+                self.free_slot(dir, acquisition);
+                Ok(deleted)
             }
             Err(e) => {
-                let (inner, key, dir, owner) = (
-                    Arc::clone(self),
-                    key.to_owned(),
-                    dir.to_owned(),
-                    owner.to_owned(),
-                );
+                let (inner, key, dir) = (Arc::clone(self), key.to_owned(), dir.to_owned());
                 // Should the session end first, the key goes with it and
                 // `claim_slot` drops the slot.
                 crate::backend::finish_release_later(session.lost.clone(), move || {
-                    let (inner, key, dir, owner) =
-                        (Arc::clone(&inner), key.clone(), dir.clone(), owner.clone());
+                    let (inner, key, dir) = (Arc::clone(&inner), key.clone(), dir.clone());
                     async move {
-                        let done = inner
-                            .client
-                            .clone()
-                            .delete(key.as_str(), None)
+                        let done = Self::delete_key(&inner.client, &key, revision)
                             .await
                             .is_ok();
                         if done {
-                            inner.free_slot(&dir, &owner);
+                            inner.free_slot(&dir, acquisition);
                         }
                         done
                     }
                 });
                 Err(map_err(&e))
+            }
+        }
+    }
+
+    /// Delete `key` (if its create revision is `revision`, when given); whether a key
+    /// was deleted.
+    async fn delete_key(
+        client: &Client,
+        key: &str,
+        revision: Option<i64>,
+    ) -> std::result::Result<bool, etcd_client::Error> {
+        let mut client = client.clone();
+        match revision {
+            None => Ok(client.delete(key, None).await?.deleted() > 0),
+            Some(rev) => {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+                    .and_then([TxnOp::delete(key, None)]);
+                Ok(client.txn(txn).await?.succeeded())
             }
         }
     }
@@ -387,8 +413,13 @@ impl Inner {
             .with_limit(1)
     }
 
-    /// Take the local slot for `dir` for `owner`, or say who has it.
-    async fn claim_slot(&self, dir: &str, owner: &str) -> Result<Option<(Arc<Session>, String)>> {
+    /// Take the local slot for `dir` for `acquisition` (and note that its key is
+    /// about to be put), or say that another acquisition has it.
+    async fn claim_slot(
+        &self,
+        dir: &str,
+        acquisition: AcquisitionId,
+    ) -> Result<Option<(Arc<Session>, String)>> {
         {
             let mut slots = self.slots();
             if slots
@@ -398,27 +429,32 @@ impl Inner {
                 // Its key went with its session (a delete left pending included).
                 slots.remove(dir);
             }
-            if let Some(s) = slots.get(dir) {
-                if s.owner != owner || s.held {
+            if let Some(s) = slots.get_mut(dir) {
+                if s.acquisition != acquisition || s.held {
                     return Ok(None);
                 }
+                s.maybe_put = true;
                 return Ok(Some((Arc::clone(&s.session), s.key.clone())));
             }
         }
         let session = self.session().await?;
         let key = format!("{dir}{:x}", session.id);
         let mut slots = self.slots();
-        match slots.get(dir) {
-            Some(s) if s.owner != owner || s.held => Ok(None),
-            Some(s) => Ok(Some((Arc::clone(&s.session), s.key.clone()))),
+        match slots.get_mut(dir) {
+            Some(s) if s.acquisition != acquisition || s.held => Ok(None),
+            Some(s) => {
+                s.maybe_put = true;
+                Ok(Some((Arc::clone(&s.session), s.key.clone())))
+            }
             None => {
                 slots.insert(
                     dir.to_owned(),
                     Slot {
-                        owner: owner.to_owned(),
+                        acquisition,
                         session: Arc::clone(&session),
                         key: key.clone(),
                         held: false,
+                        maybe_put: true,
                         predecessor: None,
                     },
                 );
@@ -427,27 +463,41 @@ impl Inner {
         }
     }
 
+    /// `req`'s key holds the lock with create revision `token`. The slot is still
+    /// this acquisition's: only it frees its own slot, and the core never cleans up
+    /// an acquisition while one of its attempts runs (a slot dropped because its
+    /// session was lost took the key with it: that is reported as such).
     fn granted(
         self: &Arc<Self>,
         dir: &str,
         key: String,
-        owner: &str,
+        req: &AcquireRequest,
         session: Arc<Session>,
         token: i64,
-    ) -> Attempt {
-        if let Some(s) = self.slots().get_mut(dir) {
-            s.held = true;
-            s.predecessor = None;
+    ) -> Result<Attempt> {
+        match self.slots().get_mut(dir) {
+            Some(s) if s.acquisition == req.acquisition => {
+                s.held = true;
+                s.predecessor = None;
+            }
+            _ => {
+                session.lost.cancel();
+                return Err(Error::connection(
+                    SCHEME,
+                    "the etcd session ended while acquiring (its lease expired)",
+                ));
+            }
         }
-        Attempt::Acquired(Box::new(EtcdHeld {
+        Ok(Attempt::Acquired(Box::new(EtcdHeld {
             inner: Arc::clone(self),
             dir: dir.to_owned(),
             key,
-            owner: owner.to_owned(),
+            acquisition: req.acquisition,
             session,
+            revision: token,
             token: u64::try_from(token).unwrap_or(0),
             released: AtomicBool::new(false),
-        }))
+        })))
     }
 
     /// Put this contender's key (owner and metadata), attached to the session lease.
@@ -482,10 +532,11 @@ impl Inner {
             let rev = resp
                 .header()
                 .map_or(0, etcd_client::ResponseHeader::revision);
-            return Ok(self.granted(dir, key, req.owner.as_str(), session, rev));
+            return self.granted(dir, key, req, session, rev);
         }
-        // Not queued: the slot is given back for other local owners.
-        self.free_slot(dir, req.owner.as_str());
+        // Not queued (nothing was put): the slot is given back for other local
+        // acquisitions.
+        self.free_slot(dir, req.acquisition);
         Ok(Attempt::Busy {
             retry_after: Some(RECHECK),
         })
@@ -522,7 +573,7 @@ impl Inner {
                 _ => {
                     // Our key is gone although the slot says queued: the session lease
                     // ended under us.
-                    self.free_slot(dir, req.owner.as_str());
+                    self.free_slot(dir, req.acquisition);
                     session.lost.cancel();
                     return Err(Error::connection(
                         SCHEME,
@@ -536,7 +587,7 @@ impl Inner {
             _ => 0,
         };
         if holder_rev == my_rev {
-            return Ok(self.granted(dir, key, req.owner.as_str(), session, my_rev));
+            return self.granted(dir, key, req, session, my_rev);
         }
         // The key created just before ours: only its deletion can make us the holder.
         let before = client
@@ -559,7 +610,7 @@ impl Inner {
             .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
         let retry_now = predecessor.is_none();
         if let Some(s) = self.slots().get_mut(dir)
-            && s.owner == req.owner.as_str()
+            && s.acquisition == req.acquisition
         {
             s.predecessor = predecessor;
         }
@@ -586,11 +637,12 @@ impl Backend for EtcdBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         let inner = &self.inner;
         let dir = inner.dir(&req.name);
-        let Some((session, key)) = inner.claim_slot(&dir, req.owner.as_str()).await? else {
+        let Some((session, key)) = inner.claim_slot(&dir, req.acquisition).await? else {
             return Ok(Attempt::Busy { retry_after: None });
         };
         if let Err(e) = session.check() {
-            inner.free_slot(&dir, req.owner.as_str());
+            // The key (if any) went with the session.
+            inner.free_slot(&dir, req.acquisition);
             return Err(e);
         }
         let queued = inner
@@ -610,37 +662,48 @@ impl Backend for EtcdBackend {
         outcome
     }
 
-    async fn subscribe(&self, name: &LockName, owner: &Owner) -> Result<Box<dyn Waiter>> {
-        let dir = self.inner.dir(name);
+    async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
+        let dir = self.inner.dir(&req.name);
         Ok(Box::new(EtcdWaiter {
             wake: Arc::new(Notify::new()),
             inner: Arc::clone(&self.inner),
             dir,
-            owner: owner.as_str().to_owned(),
+            acquisition: req.acquisition,
         }))
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
+    async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
         let inner = &self.inner;
-        let dir = inner.dir(name);
+        let dir = inner.dir(&req.name);
         let slot = {
             let mut slots = inner.slots();
             match slots.get_mut(&dir) {
-                Some(s) if s.owner == owner.as_str() && !s.held => {
-                    // Closed to every local owner until the key is gone: a later
-                    // acquisition must not reuse a key whose delete is still pending.
-                    s.held = true;
-                    Some((s.key.clone(), Arc::clone(&s.session)))
+                Some(s) if s.acquisition == req.acquisition && !s.held => {
+                    if !s.maybe_put {
+                        // Reserved for it, never used: nothing to delete.
+                        None
+                    } else {
+                        // Closed to every local acquisition until the key is gone: a
+                        // later one must not reuse a key whose delete is still pending.
+                        s.held = true;
+                        Some(Some((s.key.clone(), Arc::clone(&s.session))))
+                    }
                 }
-                _ => None,
+                _ => Some(None),
             }
         };
-        let Some((key, session)) = slot else {
-            return Ok(());
-        };
-        inner
-            .delete_and_free(&session, &key, &dir, owner.as_str())
-            .await
+        match slot {
+            // Not its slot (any more): nothing of this acquisition's is left.
+            Some(None) => Ok(()),
+            None => {
+                inner.free_slot(&dir, req.acquisition);
+                Ok(())
+            }
+            Some(Some((key, session))) => inner
+                .delete_and_free(&session, &key, None, &dir, req.acquisition)
+                .await
+                .map(drop),
+        }
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
@@ -692,7 +755,7 @@ impl Backend for EtcdBackend {
 struct EtcdWaiter {
     inner: Arc<Inner>,
     dir: String,
-    owner: String,
+    acquisition: AcquisitionId,
     /// Notified when a release hands this waiter the slot.
     wake: Arc<Notify>,
 }
@@ -719,12 +782,15 @@ impl Waiter for EtcdWaiter {
             let slots = self.inner.slots();
             slots
                 .get(&self.dir)
-                .filter(|s| s.owner == self.owner)
+                .filter(|s| s.acquisition == self.acquisition)
                 .map(|s| (s.predecessor.clone(), s.session.lost.clone()))
         };
         let Some((predecessor, lost)) = ours else {
-            // Another local owner is using this lock: queue for the slot.
-            if self.inner.wait_for_slot(&self.dir, &self.owner, &self.wake) {
+            // Another local acquisition is using this lock: queue for the slot.
+            if self
+                .inner
+                .wait_for_slot(&self.dir, self.acquisition, &self.wake)
+            {
                 let _ = tokio::time::timeout(max, self.wake.notified()).await;
             }
             return Ok(());
@@ -792,8 +858,10 @@ struct EtcdHeld {
     inner: Arc<Inner>,
     dir: String,
     key: String,
-    owner: String,
+    acquisition: AcquisitionId,
     session: Arc<Session>,
+    /// The key's create revision (the fencing token).
+    revision: i64,
     token: u64,
     released: AtomicBool,
 }
@@ -824,14 +892,34 @@ impl HeldLock for EtcdHeld {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        if self.session.lost.is_cancelled() {
+        let lost = || Error::LockLost {
+            name: self.dir.clone(),
+            reason: LossReason::SessionLost(
+                "the etcd session (and the lock's key) expired before the release".into(),
+            ),
+        };
+        if self.session.check().is_err() {
             // The key went (or goes) with the lease; nothing of ours is left to delete.
-            self.inner.free_slot(&self.dir, &self.owner);
-            return Ok(());
+            self.inner.free_slot(&self.dir, self.acquisition);
+            return Err(lost());
         }
-        self.inner
-            .delete_and_free(&self.session, &self.key, &self.dir, &self.owner)
-            .await
+        let deleted = self
+            .inner
+            .delete_and_free(
+                &self.session,
+                &self.key,
+                Some(self.revision),
+                &self.dir,
+                self.acquisition,
+            )
+            .await?;
+        if deleted {
+            Ok(())
+        } else {
+            // Our key was gone: the session expired without this process seeing it.
+            self.session.lost.cancel();
+            Err(lost())
+        }
     }
 
     fn loss_signal(&self) -> Option<tokio_util::sync::CancellationToken> {

@@ -16,7 +16,9 @@
 //! mutex, so one of the two always happens).
 //!
 //! A waiter registers a [`Slot`] when it subscribes and states what it wants (lease,
-//! metadata) on each attempt. The releaser takes an [`Offer`] for the first waiting
+//! metadata) on each attempt. Slots belong to one acquisition each, never to an owner:
+//! several tasks may wait with one owner (and different leases), and each must get
+//! exactly the lease it asked for. The releaser takes an [`Offer`] for the first waiting
 //! slot, runs the hand-off script and delivers the grant into the slot; the waiter
 //! picks it up on its next attempt without a command. A waiter that leaves with a grant
 //! in its slot gets it back to release; a delivery to a waiter that has left fails and
@@ -27,6 +29,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+
+use crate::backend::AcquisitionId;
 
 /// How long this process's attempts on a lock hold back after a streak ended with a
 /// release to everyone: long enough for a waiter elsewhere to hear the unlock message
@@ -53,15 +57,17 @@ enum State<G> {
     /// Handed over; waiting to be picked up.
     Granted(G),
     /// A hand-off may or may not have happened (its reply was lost): the next attempt
-    /// must recover by this nonce.
-    Uncertain(String),
+    /// must recover by this nonce. The instant is when the hand-off was sent: if it
+    /// landed, its lease runs from (at the latest) then.
+    Uncertain(String, Instant),
     /// Picked up, or the waiter left.
     Done,
 }
 
-/// One waiting owner of one lock.
+/// One waiting acquisition of one lock.
 #[derive(Debug)]
 pub(crate) struct Slot<G> {
+    acquisition: AcquisitionId,
     owner: String,
     state: Mutex<State<G>>,
     wake: Notify,
@@ -96,8 +102,8 @@ pub(crate) enum Before<G> {
     /// The lock was handed over: here is the grant.
     Granted(G),
     /// Send the acquire script with this nonce, in recovery mode (a hand-off to this
-    /// owner may have landed).
-    Recover(String),
+    /// acquisition may have landed, sent at this instant).
+    Recover(String, Instant),
     /// Send the acquire script as usual.
     Ask,
     /// Hold back this long: the lock was just released to waiters elsewhere.
@@ -165,6 +171,15 @@ impl<G> Handoffs<G> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Whether `owner` is among this process's holders of `lock` (a reentrant attempt
+    /// of a local holder must go to the server, never wait for a hand-off).
+    pub(crate) fn is_local_holder(&self, lock: &str, owner: &str) -> bool {
+        self.table()
+            .holders
+            .get(&key_hash(lock))
+            .is_some_and(|h| h.owners.contains(&key_hash(owner)))
+    }
+
     /// `owner`, a task of this process, now holds `lock` until `lease_end` (at the
     /// latest).
     pub(crate) fn note_held(&self, lock: &str, owner: &str, lease_end: Instant) {
@@ -203,9 +218,15 @@ impl<G> Handoffs<G> {
         }
     }
 
-    /// `owner` starts waiting for `lock`.
-    pub(crate) fn register(&self, lock: &str, owner: &str) -> Arc<Slot<G>> {
+    /// The acquisition `acquisition` of `owner` starts waiting for `lock`.
+    pub(crate) fn register(
+        &self,
+        lock: &str,
+        acquisition: AcquisitionId,
+        owner: &str,
+    ) -> Arc<Slot<G>> {
         let slot = Arc::new(Slot {
+            acquisition,
             owner: owner.to_owned(),
             state: Mutex::new(State::Waiting(None)),
             wake: Notify::new(),
@@ -223,11 +244,12 @@ impl<G> Handoffs<G> {
         slot
     }
 
-    /// Before an attempt of `owner` on `lock`: take a grant handed to it, or record
-    /// what it wants (`want` is called only then).
+    /// Before an attempt of `acquisition` (of `owner`) on `lock`: take a grant handed
+    /// to it, or record what it wants (`want` is called only then).
     pub(crate) fn before_attempt(
         &self,
         lock: &str,
+        acquisition: AcquisitionId,
         owner: &str,
         want: impl FnOnce() -> Want,
     ) -> Before<G> {
@@ -250,19 +272,20 @@ impl<G> Handoffs<G> {
             .map(|t| t.saturating_duration_since(now))
             .max(local_hold)
             .filter(|d| !d.is_zero());
-        let Some(slot) = line.slots.iter().find(|s| s.owner == owner) else {
+        let Some(slot) = line.slots.iter().find(|s| s.acquisition == acquisition) else {
             return held_back.map_or(Before::Ask, Before::Yield);
         };
         let mut state = slot.state();
         match std::mem::replace(&mut *state, State::Done) {
             State::Granted(g) => Before::Granted(g),
-            State::Uncertain(nonce) => {
+            State::Uncertain(nonce, sent_at) => {
                 *state = State::Waiting(Some(want()));
-                Before::Recover(nonce)
+                Before::Recover(nonce, sent_at)
             }
             State::Offered(w) => {
-                // A hand-off to this owner is running: whichever lands first wins
-                // (the acquire script takes it reentrantly if the hand-off came first).
+                // A hand-off to this acquisition is running: whichever lands first wins
+                // (the acquire script takes it reentrantly if the hand-off came first;
+                // the grant left in the slot is given back when the waiter leaves).
                 *state = State::Offered(w);
                 Before::Ask
             }
@@ -334,11 +357,12 @@ impl<G> Handoffs<G> {
         }
     }
 
-    /// The hand-off's reply was lost: it may have landed. The waiter recovers by nonce.
-    pub(crate) fn uncertain(&self, offer: Offer<G>) {
+    /// The hand-off's reply was lost: it may have landed. The waiter recovers by nonce
+    /// (and dates the lease from `sent_at`, when the hand-off left).
+    pub(crate) fn uncertain(&self, offer: Offer<G>, sent_at: Instant) {
         let mut state = offer.slot.state();
         if matches!(&*state, State::Offered(_)) {
-            *state = State::Uncertain(offer.want.nonce);
+            *state = State::Uncertain(offer.want.nonce, sent_at);
             drop(state);
             offer.slot.wake.notify_one();
         }
@@ -357,7 +381,7 @@ impl<G> Handoffs<G> {
         }
         match std::mem::replace(&mut *slot.state(), State::Done) {
             State::Granted(g) => Some(Leftover::Grant(g)),
-            State::Uncertain(nonce) => Some(Leftover::Maybe {
+            State::Uncertain(nonce, _) => Some(Leftover::Maybe {
                 owner: slot.owner.clone(),
                 nonce,
             }),
@@ -379,6 +403,18 @@ pub(crate) enum Leftover<G> {
 mod tests {
     use super::*;
 
+    /// One acquisition id per label, stable within a test.
+    fn acq(label: &str) -> AcquisitionId {
+        use std::collections::HashMap;
+        use std::sync::OnceLock;
+        static IDS: OnceLock<Mutex<HashMap<String, AcquisitionId>>> = OnceLock::new();
+        *IDS.get_or_init(Default::default)
+            .lock()
+            .expect("ids")
+            .entry(label.to_owned())
+            .or_default()
+    }
+
     fn want(n: &str) -> Want {
         Want {
             ttl: Duration::from_secs(1),
@@ -390,23 +426,23 @@ mod tests {
     #[test]
     fn first_waiter_with_a_want_is_offered_and_picks_up_its_grant() {
         let h: Handoffs<u32> = Handoffs::new(16);
-        let a = h.register("l", "a");
-        let _b = h.register("l", "b");
+        let a = h.register("l", acq("a"), "a");
+        let _b = h.register("l", acq("b"), "b");
         // Nobody has stated a want yet: nothing to offer.
         assert!(h.offer("l", None).is_none());
         assert!(matches!(
-            h.before_attempt("l", "b", || want("nb")),
+            h.before_attempt("l", acq("b"), "b", || want("nb")),
             Before::Ask
         ));
         assert!(matches!(
-            h.before_attempt("l", "a", || want("na")),
+            h.before_attempt("l", acq("a"), "a", || want("na")),
             Before::Ask
         ));
         let offer = h.offer("l", None).expect("a waits");
         assert_eq!(offer.owner(), "a");
         assert!(h.deliver("l", offer, 7).is_ok());
         assert!(matches!(
-            h.before_attempt("l", "a", || want("x")),
+            h.before_attempt("l", acq("a"), "a", || want("x")),
             Before::Granted(7)
         ));
         assert!(h.leave("l", &a).is_none());
@@ -416,15 +452,15 @@ mod tests {
     #[test]
     fn a_grant_left_behind_goes_back_to_the_caller() {
         let h: Handoffs<u32> = Handoffs::new(16);
-        let a = h.register("l", "a");
-        let _ = h.before_attempt("l", "a", || want("na"));
+        let a = h.register("l", acq("a"), "a");
+        let _ = h.before_attempt("l", acq("a"), "a", || want("na"));
         let offer = h.offer("l", None).expect("a waits");
         // Delivered, then the waiter leaves before picking it up.
         assert!(h.deliver("l", offer, 3).is_ok());
         assert!(matches!(h.leave("l", &a), Some(Leftover::Grant(3))));
         // Offered, the waiter leaves, then the hand-off lands: the releaser gets it back.
-        let b = h.register("l", "b");
-        let _ = h.before_attempt("l", "b", || want("nb"));
+        let b = h.register("l", acq("b"), "b");
+        let _ = h.before_attempt("l", acq("b"), "b", || want("nb"));
         let offer = h.offer("l", None).expect("b waits");
         assert!(h.leave("l", &b).is_none());
         assert_eq!(h.deliver("l", offer, 4), Err(4));
@@ -434,28 +470,28 @@ mod tests {
     #[test]
     fn the_streak_is_capped_then_local_attempts_hold_back() {
         let h: Handoffs<u32> = Handoffs::new(2);
-        let _a = h.register("l", "a");
+        let _a = h.register("l", acq("a"), "a");
         for round in 0..2 {
-            let _ = h.before_attempt("l", "a", || want("n"));
+            let _ = h.before_attempt("l", acq("a"), "a", || want("n"));
             let offer = h.offer("l", None).expect("offered");
             assert!(!offer.last, "within the burst");
             assert!(h.deliver("l", offer, round).is_ok());
             assert!(matches!(
-                h.before_attempt("l", "a", || want("n")),
+                h.before_attempt("l", acq("a"), "a", || want("n")),
                 Before::Granted(_)
             ));
         }
-        let _ = h.before_attempt("l", "a", || want("n"));
+        let _ = h.before_attempt("l", acq("a"), "a", || want("n"));
         let offer = h.offer("l", None).expect("offered");
         assert!(offer.last, "third in a row: the streak is spent");
         h.released_to_everyone("l", offer);
         // The waiter and a newcomer of this process hold back; the streak starts again.
         assert!(matches!(
-            h.before_attempt("l", "a", || want("n")),
+            h.before_attempt("l", acq("a"), "a", || want("n")),
             Before::Yield(_)
         ));
         assert!(matches!(
-            h.before_attempt("l", "new", || want("n")),
+            h.before_attempt("l", acq("new"), "new", || want("n")),
             Before::Yield(_)
         ));
         assert!(!h.offer("l", None).expect("offered").last);
@@ -467,52 +503,93 @@ mod tests {
         let end = Instant::now() + Duration::from_secs(5);
         h.note_held("l", "holder", end);
         assert!(
-            matches!(h.before_attempt("l", "new", || want("n")), Before::Yield(d) if d > Duration::from_secs(4))
+            matches!(h.before_attempt("l", acq("new"), "new", || want("n")), Before::Yield(d) if d > Duration::from_secs(4))
         );
         // The holder itself re-entering does ask the server.
         assert!(matches!(
-            h.before_attempt("l", "holder", || want("h")),
+            h.before_attempt("l", acq("holder"), "holder", || want("h")),
             Before::Ask
         ));
-        let a = h.register("l", "a");
+        let a = h.register("l", acq("a"), "a");
         assert!(matches!(
-            h.before_attempt("l", "a", || want("na")),
+            h.before_attempt("l", acq("a"), "a", || want("na")),
             Before::Yield(_)
         ));
         // The holder's release offers to the waiter and stops counting as a holder.
         let offer = h.offer("l", Some("holder")).expect("a waits");
         assert!(h.deliver("l", offer, 1).is_ok());
         assert!(matches!(
-            h.before_attempt("l", "a", || want("x")),
+            h.before_attempt("l", acq("a"), "a", || want("x")),
             Before::Granted(1)
         ));
         assert!(h.leave("l", &a).is_none());
         assert!(matches!(
-            h.before_attempt("l", "new", || want("n")),
+            h.before_attempt("l", acq("new"), "new", || want("n")),
             Before::Ask
         ));
         // A lease that ran out (the holder vanished unreleased): ask the server.
         h.note_held("m", "holder", Instant::now());
         assert!(matches!(
-            h.before_attempt("m", "new", || want("n")),
+            h.before_attempt("m", acq("new"), "new", || want("n")),
             Before::Ask
         ));
         h.note_gone("m", "holder");
         assert!(h.table().holders.is_empty());
     }
 
+    /// Two waiters of one owner with different leases: each keeps its own slot and
+    /// gets a grant made with its own lease (keyed by owner, the second overwrote the
+    /// first's lease and the first picked up a grant made with the other's TTL).
+    #[test]
+    fn waiters_sharing_an_owner_keep_their_own_wants() {
+        let h: Handoffs<u32> = Handoffs::new(16);
+        let long = AcquisitionId::new();
+        let short = AcquisitionId::new();
+        let a = h.register("l", long, "x");
+        let b = h.register("l", short, "x");
+        let mut w_long = want("nl");
+        w_long.ttl = Duration::from_secs(60);
+        let mut w_short = want("ns");
+        w_short.ttl = Duration::from_millis(300);
+        let _ = h.before_attempt("l", long, "x", || w_long.clone());
+        let _ = h.before_attempt("l", short, "x", || w_short.clone());
+        let first = h.offer("l", None).expect("waiting");
+        assert_eq!(first.want.ttl, Duration::from_secs(60));
+        assert_eq!(first.want.nonce, "nl");
+        assert!(h.deliver("l", first, 1).is_ok());
+        // The grant goes to the acquisition it was made for.
+        assert!(matches!(
+            h.before_attempt("l", short, "x", || w_short.clone()),
+            Before::Ask
+        ));
+        assert!(matches!(
+            h.before_attempt("l", long, "x", || w_long.clone()),
+            Before::Granted(1)
+        ));
+        let second = h.offer("l", None).expect("the other still waits");
+        assert_eq!(second.want.ttl, Duration::from_millis(300));
+        assert!(h.leave("l", &a).is_none());
+        assert!(h.leave("l", &b).is_none());
+    }
+
     #[test]
     fn an_uncertain_hand_off_is_recovered_by_nonce() {
         let h: Handoffs<u32> = Handoffs::new(16);
-        let a = h.register("l", "a");
-        let _ = h.before_attempt("l", "a", || want("na"));
+        let a = h.register("l", acq("a"), "a");
+        let _ = h.before_attempt("l", acq("a"), "a", || want("na"));
         let offer = h.offer("l", None).expect("a waits");
-        h.uncertain(offer);
-        match h.before_attempt("l", "a", || want("other")) {
-            Before::Recover(n) => assert_eq!(n, "na"),
+        let sent_at = Instant::now() - Duration::from_secs(3);
+        h.uncertain(offer, sent_at);
+        // Recovered by its nonce, and dated from when the hand-off was sent (the
+        // lease may have run for a while before the recovery asks).
+        match h.before_attempt("l", acq("a"), "a", || want("other")) {
+            Before::Recover(n, at) => {
+                assert_eq!(n, "na");
+                assert_eq!(at, sent_at);
+            }
             other => panic!("expected recovery, got {other:?}"),
         }
-        h.uncertain(h.offer("l", None).expect("waiting again"));
+        h.uncertain(h.offer("l", None).expect("waiting again"), Instant::now());
         assert!(matches!(
             h.leave("l", &a),
             Some(Leftover::Maybe { owner, nonce }) if owner == "a" && nonce == "other"

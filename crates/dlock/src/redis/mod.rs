@@ -442,6 +442,12 @@ async fn probe_fencing(conn: &Conn) -> Fencing {
     }
 }
 
+/// An acquisition's place in the fair-mode queue: its owner and the acquisition, so
+/// two waiters of one owner never share (or take each other's) place.
+fn queue_entry(req: &AcquireRequest) -> String {
+    format!("{}/{}", req.owner.as_str(), req.acquisition)
+}
+
 /// The holder's metadata as stored, carrying the attempt's nonce.
 #[derive(serde::Serialize)]
 pub(crate) struct StoredMetadata<'a> {
@@ -476,7 +482,10 @@ impl Inner {
                 inv.arg(fence);
             }
             Some(meta) => {
-                inv.key(meta).arg(self.signal_kind());
+                inv.key(meta)
+                    .key(&keys.counter)
+                    .arg(self.signal_kind())
+                    .arg(fence);
             }
         }
         inv.invoke_async(&mut self.conn.clone())
@@ -551,6 +560,7 @@ impl Backend for RedisBackend {
             max_ttl: None,
             queued_waiting: false,
             session_timeout: None,
+            connection_loss_notice: None,
         }
     }
 
@@ -571,19 +581,23 @@ impl Backend for RedisBackend {
         };
         let mut metadata = stored(&nonce);
         let mut recovering = false;
+        // When a grant found by recovery was made, at the latest (see `handoff`).
+        let mut granted_at = None;
         if let Some(handoffs) = inner.handoffs.as_ref().filter(|_| !req.fair) {
             let want = || handoff::Want {
                 ttl: req.ttl,
                 metadata: metadata.clone(),
                 nonce: nonce.clone(),
             };
-            match handoffs.before_attempt(&keys.lock, req.owner.as_str(), want) {
+            match handoffs.before_attempt(&keys.lock, req.acquisition, req.owner.as_str(), want) {
                 handoff::Before::Granted(held) => return Ok(Attempt::Acquired(Box::new(held))),
-                handoff::Before::Recover(lost) => {
-                    // A hand-off to this owner may have landed: find it by its nonce.
+                handoff::Before::Recover(lost, sent_at) => {
+                    // A hand-off to this acquisition may have landed: find it by its
+                    // nonce; if it did, its lease runs from when it was sent.
                     metadata = stored(&lost);
                     nonce = lost;
                     recovering = true;
+                    granted_at = Some(sent_at);
                 }
                 handoff::Before::Yield(pause) => {
                     return Ok(Attempt::Busy {
@@ -597,9 +611,16 @@ impl Backend for RedisBackend {
         // past the one an unlock message is about to wake. (Its re-check right after
         // subscribing does go to the server: a waiter whose subscription was not yet
         // confirmed when the lock was released relies on exactly that re-check.)
+        // A local holder re-entering (reentrant layout) always asks the server: it
+        // must not queue behind waiters for a lock it holds.
+        let barging_is_waiting = match &inner.handoffs {
+            Some(h) => !h.is_local_holder(&keys.lock, req.owner.as_str()),
+            None => !inner.layout.reentrant(),
+        };
         if req.attempt == 0
             && !req.fair
             && inner.layout.publishes()
+            && barging_is_waiting
             && inner.subscriber.watchers(&keys.signal) > 0
         {
             return Ok(Attempt::Busy { retry_after: None });
@@ -626,10 +647,13 @@ impl Backend for RedisBackend {
                 inv.key(meta);
             }
             if let Some((queue, deadlines)) = fair_queue {
-                let entry = req
+                let life = req
                     .enqueue
                     .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
-                inv.key(queue).key(deadlines).arg(entry);
+                inv.key(queue)
+                    .key(deadlines)
+                    .arg(life)
+                    .arg(queue_entry(req));
             }
             match inv.invoke_async(&mut inner.conn.clone()).await {
                 Ok(answer) => break answer,
@@ -661,7 +685,7 @@ impl Backend for RedisBackend {
             owner: req.owner.as_str().to_owned(),
             fence,
             released: std::sync::atomic::AtomicBool::new(false),
-            granted_at: None,
+            granted_at,
             counted: std::sync::atomic::AtomicBool::new(inner.handoffs.is_some()),
         };
         if let Some(h) = &inner.handoffs {
@@ -670,31 +694,39 @@ impl Backend for RedisBackend {
         Ok(Attempt::Acquired(Box::new(held)))
     }
 
-    async fn subscribe(
-        &self,
-        name: &LockName,
-        owner: &crate::options::Owner,
-    ) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         let inner = &self.inner;
         if !inner.layout.publishes() {
             return Ok(Box::new(PollingWaiter {
                 interval: inner.poll,
             }));
         }
-        let keys = inner.keys(name);
-        let watch = inner.subscriber.watch(&keys.signal).await?;
+        let keys = inner.keys(&req.name);
+        // Without pub/sub (e.g. an ACL user without channel rights, or the connection
+        // cannot be made now) waiting falls back to polling: never a failed lock().
+        let watch = match inner.subscriber.watch(&keys.signal).await {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::debug!(lock = %req.name, error = %e, "no unlock messages; polling");
+                None
+            }
+        };
         let slot = inner
             .handoffs
             .as_ref()
-            .map(|h| h.register(&keys.lock, owner.as_str()));
+            .map(|h| h.register(&keys.lock, req.acquisition, req.owner.as_str()));
         Ok(Box::new(RedisWaiter {
             watch,
+            poll: inner.poll,
             slot: slot.map(|slot| (Arc::clone(inner), keys, slot)),
         }))
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &crate::options::Owner) -> Result<()> {
-        let keys = self.inner.keys(name);
+    async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
+        if !req.fair {
+            return Ok(());
+        }
+        let keys = self.inner.keys(&req.name);
         let Some((queue, deadlines)) = &keys.queue() else {
             return Ok(());
         };
@@ -702,7 +734,7 @@ impl Backend for RedisBackend {
             .key(queue)
             .key(deadlines)
             .key(&keys.signal)
-            .arg(owner.as_str())
+            .arg(queue_entry(req))
             .invoke_async(&mut self.inner.conn.clone())
             .await
             .map_err(|e| map_err(&e))?;
@@ -765,7 +797,9 @@ impl Backend for RedisBackend {
 }
 
 struct RedisWaiter {
-    watch: Watch,
+    /// Unlock messages; `None` when pub/sub is unavailable (then: polling).
+    watch: Option<Watch>,
+    poll: Duration,
     /// Where an in-process hand-off to this waiter lands.
     slot: Option<(Arc<Inner>, Keys, Arc<handoff::Slot<RedisHeld>>)>,
 }
@@ -781,11 +815,21 @@ impl std::fmt::Debug for RedisWaiter {
 #[async_trait]
 impl Waiter for RedisWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
+        let poll = self.poll;
+        let message = async {
+            match self.watch.as_mut() {
+                Some(w) => w.changed(max).await,
+                None => {
+                    tokio::time::sleep(max.min(poll)).await;
+                    Ok(())
+                }
+            }
+        };
         match &self.slot {
-            None => self.watch.changed(max).await,
+            None => message.await,
             Some((_, _, slot)) => {
                 tokio::select! {
-                    r = self.watch.changed(max) => r,
+                    r = message => r,
                     () = slot.handed() => Ok(()),
                 }
             }
@@ -910,7 +954,7 @@ impl RedisHeld {
                 Ok(true)
             }
             Err(e) if uncertain(&e) => {
-                handoffs.uncertain(offer);
+                handoffs.uncertain(offer, sent_at);
                 Err(map_err(&e))
             }
             Err(e) => {

@@ -107,17 +107,20 @@ impl Subscriber {
         Ok(watch)
     }
 
-    async fn ensure_subscribed(self: &Arc<Self>, channel: &str) -> Result<()> {
+    /// Subscribe `channel` unless it is; `true` when it was not (a release meanwhile
+    /// went unannounced to this process, so the caller must look again).
+    async fn ensure_subscribed(self: &Arc<Self>, channel: &str) -> Result<bool> {
         if self.channels().get(channel).is_some_and(|e| e.subscribed) {
-            return Ok(());
+            return Ok(false);
         }
         let mut sink = self.sink.lock().await;
         if sink.is_none() {
             *sink = Some(self.connect().await?);
         }
-        // Re-check under the network lock: someone may have subscribed meanwhile.
+        // Re-check under the network lock: someone may have subscribed meanwhile (after
+        // this caller found it unsubscribed: it must look again all the same).
         if self.channels().get(channel).is_some_and(|e| e.subscribed) {
-            return Ok(());
+            return Ok(true);
         }
         let Some(s) = sink.as_mut() else {
             return Err(Error::connection("redis", "pub/sub connection unavailable"));
@@ -129,7 +132,7 @@ impl Subscriber {
         if let Some(e) = self.channels().get_mut(channel) {
             e.subscribed = true;
         }
-        Ok(())
+        Ok(true)
     }
 
     async fn connect(self: &Arc<Self>) -> Result<PubSubSink> {
@@ -258,14 +261,19 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    /// Wait for an unlock message (or `max`). Re-subscribes first if the connection
-    /// was lost since the last wait.
+    /// Wait for an unlock message (or `max`). If the connection was lost since the
+    /// last wait, subscribe again and return at once: a release while nobody listened
+    /// went unannounced, so the caller must look again before it waits.
     pub(crate) async fn changed(&mut self, max: Duration) -> Result<()> {
-        if let Err(e) = self.subscriber.ensure_subscribed(&self.channel).await {
-            // No pub/sub now: fall back to a short sleep; the caller re-polls.
-            tracing::debug!(error = %e, "redis pub/sub unavailable; polling");
-            tokio::time::sleep(max.min(Duration::from_millis(50))).await;
-            return Ok(());
+        match self.subscriber.ensure_subscribed(&self.channel).await {
+            Ok(false) => {}
+            Ok(true) => return Ok(()),
+            Err(e) => {
+                // No pub/sub now: fall back to a short sleep; the caller re-polls.
+                tracing::debug!(error = %e, "redis pub/sub unavailable; polling");
+                tokio::time::sleep(max.min(Duration::from_millis(50))).await;
+                return Ok(());
+            }
         }
         let _ = tokio::time::timeout(max, self.notify.notified()).await;
         Ok(())
@@ -275,5 +283,59 @@ impl Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         self.subscriber.leave(&self.channel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After the pub/sub connection was lost, the next wait subscribes again and
+    /// returns at once instead of sleeping until its limit: a release published while
+    /// nobody listened would otherwise be noticed only at the holder's PTTL.
+    #[tokio::test]
+    async fn a_wait_after_a_lost_subscription_looks_again_at_once() {
+        let Some(server) = dlock_testkit::RedisServer::start() else {
+            return;
+        };
+        let client = redis::Client::open(server.url()).expect("client");
+        let subscriber = Subscriber::new(Source::Fixed(client));
+        let mut watch = subscriber.watch("chan").await.expect("watch");
+        let killed = dlock_testkit::redis_command(
+            server.addr(),
+            &["CLIENT", "KILL", "TYPE", "pubsub"],
+            Duration::from_secs(2),
+        );
+        assert!(killed.is_ok(), "{killed:?}");
+        // The reader notices the closed connection and marks the channel unsubscribed.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while subscriber
+            .channels()
+            .get("chan")
+            .is_some_and(|e| e.subscribed)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the drop went unnoticed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = std::time::Instant::now();
+        watch
+            .changed(Duration::from_secs(30))
+            .await
+            .expect("changed");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "waited {:?} after re-subscribing instead of looking again",
+            started.elapsed()
+        );
+        // Subscribed again: the next wait does wait for a message.
+        let started = std::time::Instant::now();
+        watch
+            .changed(Duration::from_millis(300))
+            .await
+            .expect("changed");
+        assert!(started.elapsed() >= Duration::from_millis(250));
     }
 }

@@ -315,14 +315,16 @@ impl Inner {
         out
     }
 
-    /// Owner-checked release on `targets`, waiting for each (bounded). Returns how many
-    /// nodes answered.
-    async fn release_on(&self, targets: &[usize], keys: &Keys, owner: &str) -> usize {
+    /// Release on `targets` what the grant with `nonce` holds there (never another
+    /// grant of the same owner), waiting for each (bounded). Returns how many nodes
+    /// answered.
+    async fn release_on(&self, targets: &[usize], keys: &Keys, owner: &str, nonce: &str) -> usize {
         let mut inv = RELEASE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.meta)
             .key(&keys.token)
-            .arg(owner);
+            .arg(owner)
+            .arg(nonce);
         let timeout = self.call_timeout();
         self.fan_out::<i64>(targets, timeout, Job::Script(inv), |_| true, usize::MAX)
             .await
@@ -336,7 +338,14 @@ impl Inner {
         let start = Instant::now();
         let timeout = self.node_timeout(req.ttl);
         let owner = req.owner.as_str();
-        let metadata = serde_json::to_string(&req.metadata).unwrap_or_else(|_| "{}".into());
+        // Each round's grants carry a nonce of their own in their metadata: release and
+        // renewal act on this grant only, never on another task's grant of one owner.
+        let nonce = crate::hex::u128_32(fastrand::u128(..));
+        let metadata = serde_json::to_string(&crate::redis::StoredMetadata {
+            metadata: &req.metadata,
+            nonce: &nonce,
+        })
+        .unwrap_or_else(|_| "{}".into());
         let mut inv = ACQUIRE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.counter)
@@ -415,10 +424,12 @@ impl Inner {
                     keys: keys.clone(),
                     owner: owner.to_owned(),
                     token,
+                    nonce,
+                    metadata,
                     released: AtomicBool::new(false),
                 })));
             }
-            self.release_on(&self.all(), keys, owner).await;
+            self.release_on(&self.all(), keys, owner, &nonce).await;
             if acks < self.quorum {
                 return Ok(Round::NoQuorum {
                     granted,
@@ -428,7 +439,7 @@ impl Inner {
             return Ok(Round::TooSlow(start.elapsed()));
         }
         if !ours.is_empty() {
-            self.release_on(&ours, keys, owner).await;
+            self.release_on(&ours, keys, owner, &nonce).await;
         }
         if granted >= self.quorum {
             return Ok(Round::TooSlow(start.elapsed()));
@@ -497,11 +508,7 @@ impl Backend for RedlockBackend {
         }
     }
 
-    async fn subscribe(
-        &self,
-        _name: &LockName,
-        _owner: &crate::options::Owner,
-    ) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(&self, _req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(PollingWaiter {
             interval: self.inner.poll,
         }))
@@ -575,6 +582,10 @@ struct RedlockHeld {
     keys: Keys,
     owner: String,
     token: u64,
+    /// This grant's nonce (in its metadata on every node it holds).
+    nonce: String,
+    /// The stored metadata, for putting the lock back on a node that lost it.
+    metadata: String,
     released: AtomicBool,
 }
 
@@ -607,7 +618,8 @@ impl HeldLock for RedlockHeld {
             .key(&self.keys.meta)
             .key(&self.keys.token)
             .arg(&self.owner)
-            .arg(millis(ttl));
+            .arg(millis(ttl))
+            .arg(&self.nonce);
         let answers = inner
             .fan_out::<i64>(
                 &inner.all(),
@@ -630,9 +642,11 @@ impl HeldLock for RedlockHeld {
                     .key(&self.keys.lock)
                     .key(&self.keys.counter)
                     .key(&self.keys.token)
+                    .key(&self.keys.meta)
                     .arg(&self.owner)
                     .arg(millis(ttl))
-                    .arg(self.token);
+                    .arg(self.token)
+                    .arg(&self.metadata);
                 inner
                     .fan_out::<i64>(&gone, timeout, Job::Script(reseed), |_| true, usize::MAX)
                     .await;
@@ -659,7 +673,7 @@ impl HeldLock for RedlockHeld {
         }
         let inner = &self.inner;
         let answered = inner
-            .release_on(&inner.all(), &self.keys, &self.owner)
+            .release_on(&inner.all(), &self.keys, &self.owner, &self.nonce)
             .await;
         if answered >= inner.quorum {
             // Nodes that did not answer let the key expire with its lease.

@@ -357,8 +357,14 @@ pub(crate) fn no_answer(backend: &'static str, timeout: Duration) -> Error {
 }
 
 /// Capabilities of an SQL backend in `mode`; fencing is durable when the server flushes
-/// every commit (`durable`), best effort otherwise.
-pub(crate) fn capabilities(mode: Mode, native_wait: bool, durable: bool) -> Capabilities {
+/// every commit (`durable`), best effort otherwise. A session mode's holder hears of a
+/// broken connection by its next `heartbeat`.
+pub(crate) fn capabilities(
+    mode: Mode,
+    native_wait: bool,
+    durable: bool,
+    heartbeat: Duration,
+) -> Capabilities {
     let mut caps = Capabilities::new(if durable {
         Fencing::Durable
     } else {
@@ -368,6 +374,7 @@ pub(crate) fn capabilities(mode: Mode, native_wait: bool, durable: bool) -> Capa
     caps.cross_process = true;
     if mode.is_session() {
         caps.session_bound = true;
+        caps.connection_loss_notice = Some(heartbeat);
     } else {
         caps.reentrant = true;
     }
@@ -404,6 +411,8 @@ pub(crate) struct Session<C> {
     pub idle: Arc<IdleConns<C>>,
     pub hub: Arc<WakeOne<[u8; 32]>>,
     pub key: [u8; 32],
+    /// The lock's name, for errors.
+    pub name: String,
     pub timeout: Duration,
     pub backend: &'static str,
 }
@@ -422,13 +431,19 @@ impl<C: sqlx::Connection + 'static> Session<C> {
     /// Let go: run `release` on the pinned connection (within the timeout); a clean
     /// release returns the connection for reuse and wakes a local waiter. On any error
     /// the connection is dropped, which ends the session and frees the lock anyway.
-    /// Idempotent: a second call, or one after the heartbeat lost the session, is `Ok`.
+    /// A second call, or one after the heartbeat lost the session, reports the loss:
+    /// the lock was no longer held when it was given back.
     pub(crate) async fn end<Fut>(&self, release: impl FnOnce(C) -> Fut) -> Result<()>
     where
         Fut: std::future::Future<Output = (C, std::result::Result<(), sqlx::Error>)>,
     {
         let Some(conn) = self.pinned.take().await else {
-            return Ok(());
+            return Err(Error::LockLost {
+                name: self.name.clone(),
+                reason: crate::LossReason::SessionLost(
+                    "the lock's database connection was lost before the release".into(),
+                ),
+            });
         };
         match tokio::time::timeout(self.timeout, release(conn)).await {
             Ok((conn, Ok(()))) => {

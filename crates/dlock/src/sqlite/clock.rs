@@ -1,5 +1,10 @@
-//! Time as every process on this machine sees it: `CLOCK_BOOTTIME` plus the boot id,
+//! Time as every process on this machine sees it: `CLOCK_MONOTONIC` plus the boot id,
 //! with the wall clock kept only for rows written under another boot.
+//!
+//! `CLOCK_MONOTONIC` is the clock of `std::time::Instant`, and so of the holder's
+//! local deadline: the lease and the deadline advance together, also across a
+//! suspend (where `CLOCK_BOOTTIME` would run on and end a lease whose holder, asleep,
+//! still saw time left).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +17,10 @@ pub(super) fn read_boot_id() -> Arc<str> {
         .into()
 }
 
-/// A point in time: boot id, milliseconds on `CLOCK_BOOTTIME`, wall-clock milliseconds.
+/// The clock leases are kept on: the one `std::time::Instant` reads on Linux.
+pub(super) const LEASE_CLOCK: nix::time::ClockId = nix::time::ClockId::CLOCK_MONOTONIC;
+
+/// A point in time: boot id, milliseconds on [`LEASE_CLOCK`], wall-clock milliseconds.
 #[derive(Debug, Clone)]
 pub(super) struct Now {
     pub boot_id: Arc<str>,
@@ -22,7 +30,7 @@ pub(super) struct Now {
 
 impl Now {
     pub fn read(boot_id: &Arc<str>) -> Self {
-        let boot_ms = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        let boot_ms = nix::time::clock_gettime(LEASE_CLOCK)
             .map(|ts| ts.tv_sec() * 1000 + ts.tv_nsec() / 1_000_000)
             .unwrap_or(0);
         let wall_ms = std::time::SystemTime::now()
@@ -76,6 +84,23 @@ mod tests {
         // Another boot: judged by the wall clock.
         assert_eq!(now.remaining_ms("b0", 999_999, 5_000_100), 100);
         assert!(now.remaining_ms("b0", 999_999, 4_000_000) < 0);
+    }
+
+    /// The lease clock is the holder's clock: a suspend stops both (issue: leases on
+    /// `CLOCK_BOOTTIME` ran on through a suspend while the holder's deadline, on the
+    /// monotonic clock, stood still — another process took the lock from a holder that
+    /// still saw time left).
+    #[test]
+    fn leases_run_on_the_clock_of_the_holders_deadline() {
+        assert_eq!(LEASE_CLOCK, nix::time::ClockId::CLOCK_MONOTONIC);
+        // And it advances with std's Instant (the keeper's clock).
+        let id = read_boot_id();
+        let (a, i) = (Now::read(&id), std::time::Instant::now());
+        std::thread::sleep(Duration::from_millis(30));
+        let (b, j) = (Now::read(&id), std::time::Instant::now());
+        let ours = b.boot_ms - a.boot_ms;
+        let std_ms = i64::try_from(j.duration_since(i).as_millis()).unwrap_or(0);
+        assert!((ours - std_ms).abs() <= 2, "{ours} ms vs {std_ms} ms");
     }
 
     #[test]

@@ -10,9 +10,11 @@
 //! that new rows start above. `dlock_queue` holds fair-mode waiters.
 //!
 //! # Time
-//! Expiry is kept on `CLOCK_BOOTTIME` together with the kernel's boot id, so a jump of
-//! the wall clock changes nothing. A row written under another boot id (the machine
-//! rebooted) is judged by its wall-clock expiry instead.
+//! Expiry is kept on `CLOCK_MONOTONIC` together with the kernel's boot id, so a jump of
+//! the wall clock changes nothing. It is the clock the holder's own deadline runs on
+//! (tokio's `Instant`): both stop during a suspend, so a lease never ends on one clock
+//! while the holder's deadline still lies ahead on the other. A row written under
+//! another boot id (the machine rebooted) is judged by its wall-clock expiry instead.
 //!
 //! # Writes
 //! An unfair acquisition, a renewal and a release are one autocommitted statement each;
@@ -131,7 +133,7 @@ enum Op<'a> {
     },
     LeaveQueue {
         name: &'a str,
-        owner: &'a str,
+        entry: &'a str,
     },
 }
 
@@ -178,8 +180,8 @@ impl Op<'_> {
             } => Done::Acquired(statements::acquire(conn, req, now, metadata, *delay).await?),
             Op::Renew { hold, ttl } => Done::Flag(statements::renew(conn, hold, *ttl, now).await?),
             Op::Release { hold } => Done::Flag(statements::release(conn, hold).await?),
-            Op::LeaveQueue { name, owner } => {
-                statements::leave_queue(conn, name, owner).await?;
+            Op::LeaveQueue { name, entry } => {
+                statements::leave_queue(conn, name, entry).await?;
                 Done::Nothing
             }
         })
@@ -407,6 +409,7 @@ impl Backend for SqliteBackend {
             max_ttl: None,
             queued_waiting: false,
             session_timeout: None,
+            connection_loss_notice: None,
         }
     }
 
@@ -452,21 +455,25 @@ impl Backend for SqliteBackend {
         })
     }
 
-    async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(SqliteWaiter {
-            rx: self.inner.changes.subscribe(name),
+            rx: self.inner.changes.subscribe(&req.name),
             poll: self.inner.poll,
         }))
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
+    async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
+        if req.enqueue.is_none() {
+            return Ok(());
+        }
+        let entry = statements::queue_entry(req);
         self.inner
             .run(Op::LeaveQueue {
-                name: name.as_str(),
-                owner: owner.as_str(),
+                name: req.name.as_str(),
+                entry: &entry,
             })
             .await?;
-        self.inner.changes.notify(name);
+        self.inner.changes.notify(&req.name);
         Ok(())
     }
 
@@ -582,6 +589,7 @@ mod tests {
         AcquireRequest {
             name: LockName::new(name).expect("name"),
             owner: Owner::random(),
+            acquisition: crate::backend::AcquisitionId::new(),
             ttl: Duration::from_secs(30),
             fair: false,
             enqueue: None,

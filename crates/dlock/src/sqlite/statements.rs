@@ -88,7 +88,8 @@ WHERE name = ?6 AND owner = ?7 AND fence = ?8 AND holds > 0
 const RELEASE: &str = "UPDATE dlock_locks SET holds = holds - 1 \
                        WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND holds > 0";
 
-/// Binds: 1 name, 2 owner, 3 boot id, 4 entry boot expiry, 5 entry wall expiry.
+/// Binds: 1 name, 2 queue entry ([`queue_entry`]), 3 boot id, 4 entry boot expiry,
+/// 5 entry wall expiry.
 const ENQUEUE: &str = "\
 INSERT INTO dlock_queue (name, owner, seq, boot_id, expires_boot_ms, expires_wall_ms)
 VALUES (?1, ?2, (SELECT COALESCE(MAX(seq), 0) + 1 FROM dlock_queue WHERE name = ?1), ?3, ?4, ?5)
@@ -104,7 +105,7 @@ const PRUNE_QUEUE: &str = "DELETE FROM dlock_queue WHERE name = ?4 AND NOT \
 /// Binds: 1 name.
 const QUEUE_HEAD: &str = "SELECT owner FROM dlock_queue WHERE name = ?1 ORDER BY seq LIMIT 1";
 
-/// Binds: 1 name, 2 owner.
+/// Binds: 1 name, 2 queue entry.
 const LEAVE_QUEUE: &str = "DELETE FROM dlock_queue WHERE name = ?1 AND owner = ?2";
 
 /// Binds: 1 boot id, 2 now boot, 3 now wall, 4 name.
@@ -319,7 +320,7 @@ pub(super) async fn acquire_fair(
             .bind(name)
             .fetch_optional(&mut *conn)
             .await?;
-        if head.as_deref().is_some_and(|h| h != req.owner.as_str()) {
+        if head.as_deref().is_some_and(|h| h != queue_entry(req)) {
             enqueue(conn, req, now).await?;
             return Ok(Outcome::Busy(None));
         }
@@ -327,8 +328,15 @@ pub(super) async fn acquire_fair(
     let Some(fence) = grant(conn, req, now, metadata, delay).await? else {
         return Ok(busy(row.as_ref(), delay));
     };
-    leave_queue(conn, name, req.owner.as_str()).await?;
+    leave_queue(conn, name, &queue_entry(req)).await?;
     Ok(Outcome::Granted(fence))
+}
+
+/// A waiter's key in `dlock_queue` (its `owner` column): the owner and the
+/// acquisition, so two waiters of one owner each have a place of their own and one
+/// leaving cannot take the other's.
+pub(super) fn queue_entry(req: &AcquireRequest) -> String {
+    format!("{}/{}", req.owner.as_str(), req.acquisition)
 }
 
 async fn enqueue(conn: &mut SqliteConnection, req: &AcquireRequest, now: &Now) -> sqlx::Result<()> {
@@ -338,7 +346,7 @@ async fn enqueue(conn: &mut SqliteConnection, req: &AcquireRequest, now: &Now) -
     let (eb, ew) = now.after(entry_ttl);
     sqlx::query(ENQUEUE)
         .bind(req.name.as_str())
-        .bind(req.owner.as_str())
+        .bind(queue_entry(req))
         .bind(&*now.boot_id)
         .bind(eb)
         .bind(ew)
@@ -350,11 +358,11 @@ async fn enqueue(conn: &mut SqliteConnection, req: &AcquireRequest, now: &Now) -
 pub(super) async fn leave_queue(
     conn: &mut SqliteConnection,
     name: &str,
-    owner: &str,
+    entry: &str,
 ) -> sqlx::Result<()> {
     sqlx::query(LEAVE_QUEUE)
         .bind(name)
-        .bind(owner)
+        .bind(entry)
         .execute(&mut *conn)
         .await?;
     Ok(())

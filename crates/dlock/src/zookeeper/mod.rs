@@ -51,9 +51,8 @@ use zookeeper_client as zk;
 use crate::backend::{
     AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, StoredHolder, Waiter,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
-use crate::options::Owner;
 use crate::url::ConnectUrl;
 
 const SCHEME: &str = "zk";
@@ -73,12 +72,14 @@ fn uncertain(e: &zk::Error) -> bool {
     )
 }
 
-/// Delete a contender's node. It lives as long as the session, and the session
-/// outlives a reconnect: when the server cannot be reached, the delete is finished in
-/// the background once it answers again (or the session ends and takes the node).
-async fn delete_node(session: &Arc<Session>, node: &str) -> Result<()> {
+/// Delete a contender's node; `Ok(false)` when it was already gone. The node lives as
+/// long as the session, and the session outlives a reconnect: when the server cannot
+/// be reached, the delete is finished in the background once it answers again (or the
+/// session ends and takes the node).
+async fn delete_node(session: &Arc<Session>, node: &str) -> Result<bool> {
     match session.client.delete(node, None).await {
-        Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+        Ok(()) => Ok(true),
+        Err(zk::Error::NoNode) => Ok(false),
         Err(e) => {
             let (session, node) = (Arc::clone(session), node.to_owned());
             crate::backend::finish_release_later(session.lost.clone(), move || {
@@ -235,7 +236,9 @@ struct Inner {
     auth: Option<String>,
     root: String,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
-    queued: Mutex<BTreeMap<(String, String), Queued>>,
+    /// This backend's queued contenders, by lock and acquisition (never by owner: two
+    /// waiting tasks of one owner each have a node of their own).
+    queued: Mutex<BTreeMap<(String, u64), Queued>>,
     shown: String,
 }
 
@@ -254,15 +257,20 @@ impl std::fmt::Debug for ZkBackend {
 }
 
 /// The sequence number of a lock child: the text after the last `lock-` (Curator),
-/// else after the last `__lock__` (kazoo), else its last ten characters.
+/// else after the last `__lock__` (kazoo), else its last ten characters. Any other
+/// client may create children here: a name that is none of these is not a contender
+/// (and never a panic, whatever its characters).
 fn sequence(child: &str) -> Option<u64> {
     let tail = if let Some(i) = child.rfind("lock-") {
-        &child[i + 5..]
+        child.get(i + 5..)?
     } else if let Some(i) = child.rfind("__lock__") {
-        &child[i + 8..]
+        child.get(i + 8..)?
     } else {
-        &child[child.len().saturating_sub(10)..]
+        child.get(child.len().saturating_sub(10)..)?
     };
+    if tail.is_empty() || !tail.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     tail.parse().ok()
 }
 
@@ -344,7 +352,7 @@ impl Inner {
         format!("{}/{}", self.root, name.encoded())
     }
 
-    fn queued(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Queued>> {
+    fn queued(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u64), Queued>> {
         self.queued
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -352,11 +360,11 @@ impl Inner {
 
     /// The holder's node `node` is about to be deleted: a waiter of this process queued
     /// right behind it will be the lowest once the deletion is seen.
-    /// Visits only this lock's waiters: the map is ordered by lock, then owner.
+    /// Visits only this lock's waiters: the map is ordered by lock, then acquisition.
     fn holder_leaving(&self, dir: &str, node: &str) {
         let mut queued = self.queued();
         let this_lock = queued
-            .range_mut((dir.to_owned(), String::new())..)
+            .range_mut((dir.to_owned(), 0)..)
             .take_while(|((d, _), _)| d == dir);
         for (_, q) in this_lock {
             if q.predecessor.as_deref() == Some(node) {
@@ -546,7 +554,7 @@ impl Backend for ZkBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         let inner = &self.inner;
         let dir = inner.dir(&req.name);
-        let slot = (dir.clone(), req.owner.as_str().to_owned());
+        let slot = (dir.clone(), req.acquisition.get());
         let existing = inner.queued().remove(&slot);
         let mut listed = None;
         let mut q = match existing {
@@ -608,8 +616,12 @@ impl Backend for ZkBackend {
             return Ok(inner.granted(&dir, q));
         }
         if !req.will_wait {
-            // The caller will not wait: do not stay queued.
-            let _ = q.session.client.delete(&q.node, None).await;
+            // The caller will not wait: do not stay queued (a delete that cannot get
+            // through now is finished in the background: the node must not outlive
+            // this attempt under a live session).
+            if let Err(e) = delete_node(&q.session, &q.node).await {
+                tracing::debug!(node = %q.node, error = %e, "deleting a no-wait contender later");
+            }
             return Ok(Attempt::Busy {
                 retry_after: Some(RECHECK),
             });
@@ -623,19 +635,19 @@ impl Backend for ZkBackend {
         })
     }
 
-    async fn subscribe(&self, name: &LockName, owner: &Owner) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(ZkWaiter {
             inner: Arc::clone(&self.inner),
-            slot: (self.inner.dir(name), owner.as_str().to_owned()),
+            slot: (self.inner.dir(&req.name), req.acquisition.get()),
         }))
     }
 
-    async fn leave_queue(&self, name: &LockName, owner: &Owner) -> Result<()> {
-        let slot = (self.inner.dir(name), owner.as_str().to_owned());
+    async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
+        let slot = (self.inner.dir(&req.name), req.acquisition.get());
         let Some(q) = self.inner.queued().remove(&slot) else {
             return Ok(());
         };
-        delete_node(&q.session, &q.node).await
+        delete_node(&q.session, &q.node).await.map(drop)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
@@ -667,7 +679,7 @@ impl Backend for ZkBackend {
 /// Waits for the predecessor's deletion.
 struct ZkWaiter {
     inner: Arc<Inner>,
-    slot: (String, String),
+    slot: (String, u64),
 }
 
 impl std::fmt::Debug for ZkWaiter {
@@ -758,11 +770,23 @@ impl HeldLock for ZkHeld {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        let lost = || Error::LockLost {
+            name: self.dir.clone(),
+            reason: LossReason::SessionLost(
+                "the ZooKeeper session (and the lock's node) expired before the release".into(),
+            ),
+        };
         if self.session.lost.is_cancelled() {
-            return Ok(());
+            return Err(lost());
         }
         self.inner.holder_leaving(&self.dir, &self.node);
-        delete_node(&self.session, &self.node).await
+        if delete_node(&self.session, &self.node).await? {
+            Ok(())
+        } else {
+            // Our ephemeral node was gone: the session expired without this process
+            // seeing it yet.
+            Err(lost())
+        }
     }
 
     fn loss_signal(&self) -> Option<CancellationToken> {
@@ -784,6 +808,13 @@ mod tests {
         assert_eq!(sequence("4f1e0c__lock__0000000003"), Some(3));
         assert_eq!(sequence("lock-0000000007"), Some(7));
         assert_eq!(sequence("not a lock"), None);
+        // Any client may create children under a lock node: names with multi-byte
+        // characters where a byte offset would split one must not panic.
+        assert_eq!(sequence("€€€€"), None);
+        assert_eq!(sequence("x€€€€€€€€€€"), None);
+        assert_eq!(sequence("lock-€"), None);
+        assert_eq!(sequence("__lock__"), None);
+        assert_eq!(sequence("lock--5"), None);
         let sorted = contenders(vec![
             "_c_a-lock-0000000005".into(),
             "b7__lock__0000000002".into(),

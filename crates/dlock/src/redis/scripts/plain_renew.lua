@@ -1,10 +1,13 @@
 -- dlock renew, plain-string layouts, many locks per call.
--- KEYS[2i-1] a lock key, KEYS[2i] its metadata key; ARGV[2i-1] owner token, ARGV[2i] lease ms.
+-- KEYS[3i-2] a lock key, KEYS[3i-1] its metadata key, KEYS[3i] its token counter;
+-- ARGV[3i-2] owner token, ARGV[3i-1] the grant's fencing token, ARGV[3i] lease ms.
+-- A grant is renewed only while it holds (owner matches, no grant since); the lease is
+-- never shortened. Returns one 1 (held) or 0 (no longer held by that grant) per lock.
 local out = {}
-for i = 1, #KEYS / 2 do
-  local lock, meta = KEYS[2 * i - 1], KEYS[2 * i]
-  if redis.call('get', lock) == ARGV[2 * i - 1] then
-    local lease = tonumber(ARGV[2 * i])
+for i = 1, #KEYS / 3 do
+  local lock, meta, counter = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  if redis.call('get', lock) == ARGV[3 * i - 2] and redis.call('get', counter) == ARGV[3 * i - 1] then
+    local lease = tonumber(ARGV[3 * i])
     if redis.call('pttl', lock) < lease then
       redis.call('pexpire', lock, lease)
       redis.call('pexpire', meta, lease)

@@ -2,10 +2,12 @@
 -- KEYS[1] lock hash, KEYS[2] token counter, KEYS[3] queue list, KEYS[4] waiter
 -- deadlines (sorted set, ms on the server's clock).
 -- ARGV[1] lease ms, ARGV[2] owner, ARGV[3] metadata, ARGV[4] nonce, ARGV[5] '1' when
--- retrying after a lost reply, ARGV[6] queue entry lifetime in ms ('0': do not queue).
+-- retrying after a lost reply, ARGV[6] queue entry lifetime in ms ('0': do not queue),
+-- ARGV[7] this acquisition's queue entry (owner and acquisition: two waiters of one
+-- owner each have a place of their own).
 -- Granted: {1, fencing token}. Busy: {0, remaining lease in ms or -1}.
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local lease, owner, nonce = tonumber(ARGV[1]), ARGV[2], ARGV[4]
+local lease, owner, nonce, entry = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[7]
 if ARGV[5] == '1' and redis.call('hget', lock, 'dlock:nonce') == nonce then
   return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
 end
@@ -21,18 +23,23 @@ while true do
   redis.call('zrem', deadlines, head)
 end
 if redis.call('hexists', lock, owner) == 1 then
+  -- Re-entry by the holding owner: granted at once, and its queue place goes.
   redis.call('hincrby', lock, owner, 1)
   redis.call('hset', lock, 'dlock:nonce', nonce)
   if redis.call('pttl', lock) < lease then
     redis.call('pexpire', lock, lease)
   end
+  if redis.call('zscore', deadlines, entry) then
+    redis.call('lrem', queue, 0, entry)
+    redis.call('zrem', deadlines, entry)
+  end
   return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
 end
 local head = redis.call('lindex', queue, 0)
-if redis.call('exists', lock) == 0 and (not head or head == owner) then
-  if head == owner then
+if redis.call('exists', lock) == 0 and (not head or head == entry) then
+  if head == entry then
     redis.call('lpop', queue)
-    redis.call('zrem', deadlines, owner)
+    redis.call('zrem', deadlines, entry)
   end
   local token = redis.call('incr', counter)
   redis.call('hset', lock, owner, 1, 'dlock:fence', token, 'dlock:meta', ARGV[3],
@@ -40,14 +47,14 @@ if redis.call('exists', lock) == 0 and (not head or head == owner) then
   redis.call('pexpire', lock, lease)
   return {1, token}
 end
-local entry = tonumber(ARGV[6])
-if entry > 0 then
-  if not redis.call('zscore', deadlines, owner) then
-    redis.call('rpush', queue, owner)
+local life = tonumber(ARGV[6])
+if life > 0 then
+  if not redis.call('zscore', deadlines, entry) then
+    redis.call('rpush', queue, entry)
   end
-  redis.call('zadd', deadlines, now + entry, owner)
+  redis.call('zadd', deadlines, now + life, entry)
   -- If every waiter dies, the queue keys expire on their own.
-  redis.call('pexpire', queue, entry * 2)
-  redis.call('pexpire', deadlines, entry * 2)
+  redis.call('pexpire', queue, life * 2)
+  redis.call('pexpire', deadlines, life * 2)
 end
 return {0, redis.call('pttl', lock)}

@@ -1,7 +1,8 @@
 -- dlock Redlock: put a lock that a majority still holds back on a node that lost it
 -- (restarted empty), only if nobody holds the key there.
--- KEYS[1] the lock key, KEYS[2] the token counter, KEYS[3] token key.
--- ARGV[1] owner token, ARGV[2] lease in ms, ARGV[3] the holder's fencing token.
+-- KEYS[1] the lock key, KEYS[2] the token counter, KEYS[3] token key, KEYS[4] metadata.
+-- ARGV[1] owner token, ARGV[2] lease in ms, ARGV[3] the holder's fencing token,
+-- ARGV[4] the grant's metadata (carrying its nonce).
 if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 0
 end
@@ -10,4 +11,5 @@ if (tonumber(redis.call('get', KEYS[2]) or '0') or 0) < t then
   redis.call('set', KEYS[2], ARGV[3])
 end
 redis.call('set', KEYS[3], ARGV[3], 'PX', ARGV[2])
+redis.call('set', KEYS[4], ARGV[4], 'PX', ARGV[2])
 return 1

@@ -242,6 +242,7 @@ impl MysqlBackend {
             idle: Arc::clone(&self.idle),
             hub: Arc::clone(&self.hub),
             key: lock_key(name),
+            name: name.as_str().to_owned(),
             timeout: self.opts.timeout,
             backend: BACKEND,
         }
@@ -273,8 +274,13 @@ impl MysqlBackend {
                 .bind(&meta)
                 .bind(owner)
                 .bind(owner)
+                .bind(owner)
+                .bind(owner)
+                .bind(owner)
                 .bind(&meta)
+                .bind(owner)
                 .bind(name)
+                .bind(owner)
                 .bind(owner)
                 .bind(owner)
                 .bind(ttl_us)
@@ -427,7 +433,7 @@ impl Backend for MysqlBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        super::capabilities(self.opts.mode, false, self.durable)
+        super::capabilities(self.opts.mode, false, self.durable, self.opts.heartbeat)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -443,9 +449,9 @@ impl Backend for MysqlBackend {
         }
     }
 
-    async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(SqlWaiter {
-            watch: self.hub.watch(&lock_key(name)),
+            watch: self.hub.watch(&lock_key(&req.name)),
             poll: self.opts.poll,
             jitter: true,
         }))
@@ -518,7 +524,7 @@ impl Backend for MysqlBackend {
 
 /// Capabilities of `mode` on a server that flushes every commit.
 pub(crate) fn capabilities(mode: Mode) -> Capabilities {
-    super::capabilities(mode, false, true)
+    super::capabilities(mode, false, true, Duration::from_secs(1))
 }
 
 /// What every held MySQL lock knows.

@@ -46,7 +46,12 @@ impl Statements {
         // never needs checking on its own (holds is assigned mid-statement, so a later
         // condition could not read its old value).
         let d = lock_delay.as_micros();
-        let free = format!("expires_at <= {NOW} - INTERVAL {d} MICROSECOND");
+        // Free for this owner: released, or run out past the lock-delay — or its own
+        // lease ran out (then a *new* grant with a new token: the paused holder of the
+        // old one must be fenced out, so it is never re-entered). Binds the owner.
+        let free = format!(
+            "(expires_at <= {NOW} - INTERVAL {d} MICROSECOND OR (owner = ? AND expires_at <= {NOW}))"
+        );
         Statements {
             lock_delay,
             schema: [
@@ -83,9 +88,11 @@ impl Statements {
             ),
             // Assignments run left to right and later ones see earlier results, so each
             // condition reads only columns not yet assigned (owner last but one,
-            // expires_at last: by then `owner = me` means granted or re-entered).
-            // Binds: key, name, owner, ttl µs, metadata, owner, owner, metadata, name,
-            // owner, owner, ttl µs. last_insert_id = fence when granted, else 0.
+            // expires_at last: by then `owner = me` means granted or re-entered). Not
+            // free and `owner = me` means a live hold of mine: re-entered, same token.
+            // Binds: key, name, owner, ttl µs, metadata, then (owner, owner) for fence,
+            // (owner, owner) for holds, (owner, metadata), (owner, name), (owner, owner),
+            // and owner, ttl µs for expires_at. last_insert_id = fence when granted, else 0.
             acquire: format!(
                 "INSERT INTO {p}_locks (lock_key, name, owner, holds, fence, expires_at, metadata)
                  VALUES (?, ?, ?, 1, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND, ?)
@@ -99,9 +106,10 @@ impl Statements {
                     expires_at = IF(owner = ?, GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND),
                                     expires_at)"
             ),
+            // Never shortens the lease: other holds of the owner rely on it.
             // Binds: ttl µs, key, owner, fence. Affected (found) rows: 1 when renewed.
             renew: format!(
-                "UPDATE {p}_locks SET expires_at = {NOW} + INTERVAL ? MICROSECOND
+                "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
                  WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0 AND expires_at > {NOW}"
             ),
             // Binds: key, owner, fence.

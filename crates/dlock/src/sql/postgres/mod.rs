@@ -268,6 +268,7 @@ impl PostgresBackend {
             idle: Arc::clone(&self.idle),
             hub: Arc::clone(&self.hub),
             key: lock_key(name),
+            name: name.as_str().to_owned(),
             timeout: self.opts.timeout,
             backend: BACKEND,
         }
@@ -460,7 +461,7 @@ impl Backend for PostgresBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        super::capabilities(self.opts.mode, true, self.durable)
+        super::capabilities(self.opts.mode, true, self.durable, self.opts.heartbeat)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -476,9 +477,9 @@ impl Backend for PostgresBackend {
         }
     }
 
-    async fn subscribe(&self, name: &LockName, _owner: &Owner) -> Result<Box<dyn Waiter>> {
+    async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(SqlWaiter {
-            watch: self.hub.watch(&lock_key(name)),
+            watch: self.hub.watch(&lock_key(&req.name)),
             poll: self.opts.poll,
             jitter: false,
         }))
@@ -549,7 +550,7 @@ impl Backend for PostgresBackend {
 
 /// Capabilities of `mode` on a server that flushes every commit.
 pub(crate) fn capabilities(mode: Mode) -> Capabilities {
-    super::capabilities(mode, true, true)
+    super::capabilities(mode, true, true, Duration::from_secs(1))
 }
 
 /// What every held PostgreSQL lock knows.

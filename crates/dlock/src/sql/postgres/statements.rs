@@ -92,9 +92,10 @@ impl Statements {
                  FROM {p}_locks l
                  WHERE l.lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
+            // Never shortens the lease: other holds of the owner rely on it.
             // Binds: 1 key, 2 owner, 3 fence, 4 ttl µs.
             renew: format!(
-                "UPDATE {p}_locks SET expires_at = statement_timestamp() + $4 * interval '1 microsecond'
+                "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, statement_timestamp() + $4 * interval '1 microsecond')
                  WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
                    AND expires_at > statement_timestamp()"
             ),
