@@ -91,6 +91,27 @@ pub enum CheckFault {
     Reset,
 }
 
+/// What each `dlock check` worker process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CheckWorkload {
+    /// One task per process, a fresh owner per acquisition, waiting up to 30 s.
+    Single,
+    /// `--tasks` tasks per process on one locker, two owners shared among them (and
+    /// fresh ones), leases of ½, 1 and 2 × TTL with and without renewal, short waits,
+    /// `try_lock`, cancelled waits, and re-entries that outlive their outer hold.
+    Crowd,
+}
+
+impl CheckWorkload {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckWorkload::Single => "single",
+            CheckWorkload::Crowd => "crowd",
+        }
+    }
+}
+
 impl CheckFault {
     /// The name on the command line.
     pub fn name(self) -> &'static str {
@@ -122,6 +143,12 @@ pub struct CheckArgs {
     /// The fault to inject.
     #[arg(long, value_enum, default_value = "none")]
     pub fault: CheckFault,
+    /// What each worker process does.
+    #[arg(long, value_enum, default_value = "single")]
+    pub workload: CheckWorkload,
+    /// Tasks per worker process (`--workload crowd`).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=63))]
+    pub tasks: u32,
     /// How many faults (each on its own worker; at most workers − 1).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=63))]
     pub faults: u32,
@@ -183,6 +210,12 @@ pub struct CheckWorkerArgs {
     /// At the fault: wait to be killed (else stop itself).
     #[arg(long)]
     pub kill_me: bool,
+    /// Run the crowd workload with this many tasks (0: the single workload).
+    #[arg(long, default_value_t = 0)]
+    pub tasks: u32,
+    /// Seed of the crowd's random choices.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 /// Where the locks live.

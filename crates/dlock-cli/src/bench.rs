@@ -16,6 +16,7 @@ use crate::args::{BenchArgs, BenchWorkerArgs, Scenario};
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit, numbers};
 use crate::handoff::Waiting;
+use crate::output::outln;
 use crate::stats::{Latency, Percentiles, jain, micros, show_us};
 
 /// How long a polling waiter sleeps after a busy `try_lock` (redis-py's `Lock` sleeps
@@ -252,7 +253,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     if args.json {
         let text =
             serde_json::to_string_pretty(&report).map_err(|e| Failure::internal(e.to_string()))?;
-        println!("{text}");
+        outln!("{text}");
     } else {
         print_report(&report);
     }
@@ -336,7 +337,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
 }
 
 fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {
-    println!(
+    outln!(
         "  {label}: {} real hand-offs of {} acquisitions in {:.1}s = {:.0}/s; hand-off p50 {}, p99 {}, p99.9 {}; \
          fairness (Jain) {:.3}; releaser took it back {:.1}%{}",
         h.real_handoffs,
@@ -355,7 +356,7 @@ fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {
 }
 
 fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
-    println!(
+    outln!(
         "uncontended, 1 task: {:.0} cycles/s (acquire+release), p50 {}, p99 {}",
         u.cycles_per_sec,
         show_us(u.latency.p50_us),
@@ -364,7 +365,7 @@ fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
     if let (Some(f), Some(fl), Some(ratio)) =
         (u.floor_cycles_per_sec, u.floor_latency, u.ratio_to_floor)
     {
-        println!(
+        outln!(
             "  floor (the bare commands of a lock cycle, same client, same run, alternating): \
              {f:.0} cycles/s, p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
             show_us(fl.p50_us),
@@ -372,13 +373,13 @@ fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
         );
     }
     if let Some(r) = u.requests_per_cycle {
-        println!(
+        outln!(
             "  requests per cycle, counted by the server over {} more cycles: {r:.2}",
             counted_cycles(u.cycles)
         );
     }
     if let Some(s) = single {
-        println!(
+        outln!(
             "  one of its nodes alone ({}, same run): {:.0} cycles/s, p50 {}, p99 {} -> redlock at {:.2}x",
             s.url,
             s.cycles_per_sec,
@@ -390,12 +391,12 @@ fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
 }
 
 fn print_report(r: &Report) {
-    println!("backend: {}", r.url);
+    outln!("backend: {}", r.url);
     if let Some(u) = &r.uncontended {
         print_uncontended(u, r.single_node.as_ref());
     }
     if let Some(p) = &r.parallel {
-        println!(
+        outln!(
             "{} tasks cycling {} locks: {:.0} cycles/s{}",
             p.tasks,
             p.keys,
@@ -409,7 +410,7 @@ fn print_report(r: &Report) {
         );
     }
     if let Some(c) = &r.contended {
-        println!(
+        outln!(
             "contended, {} processes on one lock for {:.1}s: {} acquisitions, {:.0}/s; wait p50 {}, p99 {}; \
              fairness (Jain) {:.3}; per process {:?}",
             c.processes,
@@ -423,14 +424,14 @@ fn print_report(r: &Report) {
         );
     }
     if let Some(h) = &r.handoff {
-        println!(
+        outln!(
             "hand-off, {} tasks of one process on one lock:",
             h.dlock.waiters
         );
         print_handoff("dlock", &h.dlock);
         if let Some(f) = &h.floor {
             print_handoff("floor (bare BLPOP/LPUSH hand-off, same run)", f);
-            println!(
+            outln!(
                 "  dlock / floor: p50 {:.2}x, p99 {:.2}x",
                 h.dlock.handoff.p50_us as f64 / f.handoff.p50_us.max(1) as f64,
                 h.dlock.handoff.p99_us as f64 / f.handoff.p99_us.max(1) as f64
@@ -438,7 +439,7 @@ fn print_report(r: &Report) {
         }
     }
     if let Some(p) = &r.polling {
-        println!(
+        outln!(
             "polling, {} tasks of one process on one lock (try_lock, {} ms sleep when busy):",
             p.waiters,
             POLL_EVERY.as_millis()
@@ -446,7 +447,7 @@ fn print_report(r: &Report) {
         print_handoff("dlock", p);
     }
     if let Some(h) = &r.hold {
-        println!(
+        outln!(
             "held {} locks (lease {} ms, renewed every third): acquired in {:.1}s; RSS {:.1} MiB -> {:.1} MiB, \
              {:.1} MiB at the end ({:.0} bytes per lock); while holding {:.0}s: CPU {:.1}%, {} renewals/s asked{}; lost {}",
             h.locks,

@@ -16,15 +16,17 @@ use dlock::{LockOptions, Locker, Wait};
 use dlock_testkit::{Fault, FaultProxy, FencedStore, Findings, Grant, StoreClient, StoreReply};
 use serde_json::{Value, json};
 
-use crate::args::{CheckArgs, CheckFault, CheckWorkerArgs};
+use crate::args::{CheckArgs, CheckFault, CheckWorkerArgs, CheckWorkload};
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit};
+use crate::output::outln;
 
 /// The report `--json` prints.
 #[derive(Debug, serde::Serialize)]
 struct Report {
     backend: String,
     fault: &'static str,
+    workload: &'static str,
     fenced: bool,
     /// The backend's fencing capability: `durable` or `best-effort`.
     fencing: &'static str,
@@ -210,6 +212,12 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
         .map_err(|e| Failure::internal(format!("fenced store: {e}")))?;
     let lock_name = format!("check:{}", dlock::Owner::random());
     let per_worker = args.ops.div_ceil(args.workers);
+    let tasks = match args.workload {
+        CheckWorkload::Single => 0,
+        CheckWorkload::Crowd => args.tasks,
+    };
+    // Where a fault falls is counted in the faulty task's own critical sections.
+    let per_task = per_worker.div_ceil(tasks.max(1));
     let faults = match args.fault {
         CheckFault::KillHolder | CheckFault::PauseHolder => {
             args.faults.min(args.workers.saturating_sub(1))
@@ -244,13 +252,17 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
             format!("{}ms", args.ttl.as_millis()),
             "--think".to_owned(),
             format!("{}us", args.think.as_micros()),
+            "--tasks".to_owned(),
+            tasks.to_string(),
+            "--seed".to_owned(),
+            args.seed.wrapping_add(u64::from(w)).to_string(),
         ];
         if w < faults {
             // Spread the faults over the run, deterministically from the seed.
-            let at = (u64::from(per_worker) / 4
+            let at = (u64::from(per_task) / 4
                 + (args.seed.wrapping_mul(31).wrapping_add(u64::from(w) * 7))
-                    % (u64::from(per_worker) / 2).max(1))
-            .min(u64::from(per_worker).saturating_sub(1));
+                    % (u64::from(per_task) / 2).max(1))
+            .min(u64::from(per_task).saturating_sub(1));
             a.extend(["--fault-at".to_owned(), at.to_string()]);
             if args.fault == CheckFault::KillHolder {
                 a.push("--kill-me".to_owned());
@@ -418,6 +430,7 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     let report = Report {
         backend: locker.url().to_owned(),
         fault: args.fault.name(),
+        workload: args.workload.name(),
         fenced,
         fencing: if durable { "durable" } else { "best-effort" },
         workers: args.workers,
@@ -436,7 +449,7 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
         verdict: if broken { "broken" } else { "ok" },
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string(&report).map_err(|e| Failure::internal(e.to_string()))?
         );
@@ -448,10 +461,11 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
 
 fn print_report(r: &Report) {
     let opt = |v: Option<u64>| v.map_or("-".to_owned(), |v| format!("{v} ms"));
-    println!(
-        "dlock check: {} · fault {} · {} · {} workers",
+    outln!(
+        "dlock check: {} · fault {} · workload {} · {} · {} workers",
         r.backend,
         r.fault,
+        r.workload,
         if r.fenced {
             "fenced store"
         } else {
@@ -493,12 +507,15 @@ fn print_report(r: &Report) {
         ("history (JSONL)", r.history.clone()),
         ("verdict", r.verdict.to_owned()),
     ] {
-        println!("  {what:<42} {value}");
+        outln!("  {what:<42} {value}");
     }
 }
 
 /// One worker process (hidden `check-worker`).
 pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
+    if args.tasks > 0 {
+        return crate::crowd::worker(args).await;
+    }
     let locker = Locker::connect(&args.url).await?;
     let addr = args
         .store

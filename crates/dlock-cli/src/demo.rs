@@ -17,6 +17,7 @@ use crate::args::{DemoWorkerArgs, FlashSaleArgs, Strategy};
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit, numbers};
 use crate::inventory::Inventory;
+use crate::output::outln;
 use crate::stats::{Latency, micros, show_us};
 
 /// An optimistic buyer gives up after this many conflicts in a row.
@@ -54,7 +55,7 @@ pub async fn flash_sale(args: FlashSaleArgs) -> Result<i32, Failure> {
     } else {
         &[Strategy::None, Strategy::Optimistic, Strategy::Dlock]
     };
-    println!(
+    outln!(
         "flash sale: {} items, {} buyers, {} worker processes, lock at {}, stock in {}",
         args.stock,
         args.buyers,
@@ -82,8 +83,8 @@ pub async fn flash_sale(args: FlashSaleArgs) -> Result<i32, Failure> {
     }
     inventory.remove().await?;
 
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<11} {:>6} {:>9} {:>12} {:>10} {:>10} {:>10} {:>10}",
         "strategy",
         "sold",
@@ -101,7 +102,7 @@ pub async fn flash_sale(args: FlashSaleArgs) -> Result<i32, Failure> {
             Strategy::Dlock => (show_us(o.waits.p50_us), show_us(o.waits.p99_us)),
             _ => ("-".to_owned(), "-".to_owned()),
         };
-        println!(
+        outln!(
             "{:<11} {:>6} {:>9} {:>12} {:>10.0} {:>10} {:>10} {:>10}",
             o.strategy.name(),
             o.sold,
@@ -116,18 +117,18 @@ pub async fn flash_sale(args: FlashSaleArgs) -> Result<i32, Failure> {
             && o.final_stock == i64::from(args.stock) - i64::try_from(o.sold).unwrap_or(0);
         if o.strategy != Strategy::None && !exact {
             all_exact = false;
-            println!(
+            outln!(
                 "UNEXPECTED: {} sold {} (expected {expected})",
                 o.strategy.name(),
                 o.sold
             );
         }
     }
-    println!();
+    outln!();
     if !all_exact {
         return Ok(1);
     }
-    println!(
+    outln!(
         "every protected strategy sold exactly {expected}, stock consistent. Without \
          protection, a read-check-write from several processes oversells."
     );

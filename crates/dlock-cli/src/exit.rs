@@ -2,6 +2,8 @@
 
 use dlock::Error;
 
+use crate::output::errln;
+
 /// Usage error (bad flag, bad value, bad URL or name).
 pub const USAGE: i32 = 2;
 /// The lock service could not be reached (sysexits EX_UNAVAILABLE).
@@ -16,6 +18,12 @@ pub const LOCK_LOST: i32 = 76;
 pub const CANNOT_EXECUTE: i32 = 126;
 /// The command was not found.
 pub const NOT_FOUND: i32 = 127;
+/// Standard output could not be written (e.g. a full disk): one line on stderr
+/// (sysexits EX_IOERR).
+pub const OUTPUT_FAILED: i32 = 74;
+/// Standard output was closed by its reader (e.g. `dlock backends | head`): the program
+/// ends quietly, with the status a shell shows for a process ended by SIGPIPE.
+pub const OUTPUT_CLOSED: i32 = 141;
 
 /// A failure with the exit code it maps to and a one-line message.
 #[derive(Debug)]
@@ -59,7 +67,7 @@ impl From<Error> for Failure {
 /// Print `dlock: <message>` on one line and exit with the failure's code.
 pub fn fail(failure: &Failure) -> ! {
     let line = failure.message.lines().next().unwrap_or("failed");
-    eprintln!("dlock: {line}");
+    errln!("dlock: {line}");
     std::process::exit(failure.code)
 }
 
@@ -81,7 +89,7 @@ pub fn usage_error(e: &clap::Error) -> ! {
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("invalid arguments")
                 .trim_start_matches("error: ");
-            eprintln!("dlock: {first} (see dlock --help)");
+            errln!("dlock: {first} (see dlock --help)");
             std::process::exit(USAGE)
         }
     }

@@ -3,6 +3,7 @@
 mod args;
 mod bench;
 mod check;
+mod crowd;
 mod demo;
 mod exit;
 mod fleet;
@@ -10,6 +11,7 @@ mod floor;
 mod handoff;
 mod hold;
 mod inventory;
+mod output;
 mod parallel;
 mod raw_redis;
 mod raw_sql;

@@ -10,6 +10,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::args::RunArgs;
 use crate::exit::{self, Failure};
+use crate::output::errln;
 
 /// How long a fair-mode or waiting acquisition may take to clean up after a signal.
 const CLEANUP_GRACE: Duration = Duration::from_millis(300);
@@ -90,7 +91,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
             _ = sigterm.recv() => send(Signal::SIGTERM),
             _ = sighup.recv() => send(Signal::SIGHUP),
             err = &mut lost => {
-                eprintln!("dlock: {err}; stopping {program:?} (SIGTERM, SIGKILL after {:?})", args.grace);
+                errln!("dlock: {err}; stopping {program:?} (SIGTERM, SIGKILL after {:?})", args.grace);
                 send(Signal::SIGTERM);
                 if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
                     send(Signal::SIGKILL);
@@ -102,7 +103,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     };
     let status = status.map_err(|e| Failure::internal(format!("waiting for {program:?}: {e}")))?;
     if let Some(reason) = guard.loss_reason() {
-        eprintln!(
+        errln!(
             "dlock: lock {:?} was lost while {program:?} ran: {reason}",
             args.name
         );
@@ -110,7 +111,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     }
     if let Err(e) = guard.release().await {
         if matches!(e, dlock::Error::LockLost { .. }) {
-            eprintln!("dlock: {e}");
+            errln!("dlock: {e}");
             return Ok(exit::LOCK_LOST);
         }
         tracing::warn!(error = %e, "release failed; the lease will free the lock");

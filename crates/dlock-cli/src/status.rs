@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::args::{BackendsArgs, StatusArgs};
 use crate::exit::{self, Failure};
+use crate::output::outln;
 
 #[derive(Serialize)]
 struct StatusLine {
@@ -29,12 +30,12 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
     if args.json {
         let text =
             serde_json::to_string_pretty(&lines).map_err(|e| Failure::internal(e.to_string()))?;
-        println!("{text}");
+        outln!("{text}");
         return Ok(0);
     }
     for line in &lines {
         match &line.info {
-            None => println!("{}: free", line.name),
+            None => outln!("{}: free", line.name),
             Some(i) => {
                 let remaining = i.remaining.map_or_else(
                     || "unknown".to_owned(),
@@ -46,7 +47,7 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
                     (None, Some(p)) => format!("pid {p}"),
                     (None, None) => "unknown".to_owned(),
                 };
-                println!(
+                outln!(
                     "{}: held by {holder} (owner {}, holds {}), fencing token {}, lease {remaining} left{}{}",
                     line.name,
                     i.owner,
@@ -90,17 +91,23 @@ pub fn backends(args: &BackendsArgs) -> Result<i32, Failure> {
     if args.json {
         let text =
             serde_json::to_string_pretty(&lines).map_err(|e| Failure::internal(e.to_string()))?;
-        println!("{text}");
+        outln!("{text}");
         return Ok(0);
     }
-    println!(
+    outln!(
         "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} description",
-        "scheme", "available", "fencing", "fifo", "notify", "session", "reentrant"
+        "scheme",
+        "available",
+        "fencing",
+        "fifo",
+        "notify",
+        "session",
+        "reentrant"
     );
     let yes = |b: bool| if b { "yes" } else { "no" };
     for l in &lines {
         match &l.capabilities {
-            Some(c) => println!(
+            Some(c) => outln!(
                 "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {}",
                 format!("{}://", l.scheme),
                 yes(l.available),
@@ -111,7 +118,7 @@ pub fn backends(args: &BackendsArgs) -> Result<i32, Failure> {
                 yes(c.reentrant),
                 l.description
             ),
-            None => println!(
+            None => outln!(
                 "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {}",
                 format!("{}://", l.scheme),
                 yes(l.available),

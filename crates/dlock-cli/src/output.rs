@@ -1,0 +1,39 @@
+//! Writing to stdout and stderr without ever panicking (`println!` panics when the
+//! output is gone). A closed stdout — the reader of a pipe went away, as with
+//! `dlock backends | head` — ends the program quietly with [`exit::OUTPUT_CLOSED`];
+//! any other write error (a full disk) ends it with one line on stderr and
+//! [`exit::OUTPUT_FAILED`]. Messages to stderr that cannot be written are dropped.
+
+use std::io::Write;
+
+use crate::exit;
+
+/// Print a line on stdout (see the module docs for what happens when that fails).
+macro_rules! outln {
+    () => { $crate::output::stdout_line(format_args!("")) };
+    ($($arg:tt)*) => { $crate::output::stdout_line(format_args!($($arg)*)) };
+}
+
+/// Print a line on stderr; a failure to do so is ignored.
+macro_rules! errln {
+    ($($arg:tt)*) => { $crate::output::stderr_line(format_args!($($arg)*)) };
+}
+
+pub(crate) use {errln, outln};
+
+pub fn stdout_line(args: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let written = writeln!(out, "{args}").and_then(|()| out.flush());
+    if let Err(e) = written {
+        drop(out);
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(exit::OUTPUT_CLOSED);
+        }
+        stderr_line(format_args!("dlock: cannot write the output: {e}"));
+        std::process::exit(exit::OUTPUT_FAILED);
+    }
+}
+
+pub fn stderr_line(args: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
+}
