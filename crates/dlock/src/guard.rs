@@ -83,6 +83,18 @@ impl LockGuard {
         !self.released && !self.hold.is_lost() && !self.hold.past_deadline()
     }
 
+    /// The local deadline: from this instant on the hold counts as lost unless a
+    /// renewal succeeds before it. It is the send time of the request that last set
+    /// the lease (acquire or renewal) plus the TTL minus the drift margin, on the
+    /// monotonic clock — so it passes before the lease can end on the server. Each
+    /// successful renewal moves it later; while renewals fail, it stays put, and a
+    /// caller can stop its work in time (`dlock run` sends its command SIGTERM ahead
+    /// of it).
+    #[must_use]
+    pub fn deadline(&self) -> std::time::Instant {
+        self.hold.deadline().into_std()
+    }
+
     /// Whether the lock is held but in doubt: the backend's session is disconnected
     /// (ZooKeeper) and may still recover — or end, and then [`LockGuard::lost`] fires.
     /// Always `false` on backends without such a state.

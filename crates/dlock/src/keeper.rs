@@ -189,7 +189,7 @@ pub(crate) struct Hold {
 #[derive(Debug)]
 struct Keep {
     /// `None` once released.
-    held: Option<Box<dyn HeldLock>>,
+    held: Option<Arc<dyn HeldLock>>,
     ttl: Duration,
     renew_every: Option<Duration>,
     hold_until: Option<Instant>,
@@ -235,7 +235,7 @@ impl Hold {
             watch_end: signal.as_ref().map(|_| CancellationToken::new()),
             keepers: Arc::clone(keepers),
             keep: tokio::sync::Mutex::new(Keep {
-                held: Some(held),
+                held: Some(Arc::from(held)),
                 ttl: plan.ttl,
                 renew_every: plan.renew_every,
                 hold_until,
@@ -273,6 +273,11 @@ impl Hold {
     /// run yet (it may be late on a busy runtime).
     pub(crate) fn past_deadline(&self) -> bool {
         nanos_since_epoch(Instant::now()) >= self.deadline_ns.load(Ordering::SeqCst)
+    }
+
+    /// The local deadline as it stands (see [`Keep::deadline`]).
+    pub(crate) fn deadline(&self) -> Instant {
+        epoch() + Duration::from_nanos(self.deadline_ns.load(Ordering::SeqCst))
     }
 
     /// Move the local deadline (and its mirror).
@@ -473,7 +478,11 @@ impl Hold {
         if let Some(held) = keep.held.as_ref()
             && !held.keeps_lock_delay()
         {
-            let _ = tokio::time::timeout(LOST_RELEASE_TIMEOUT, held.release()).await;
+            // Not waited for longer than LOST_RELEASE_TIMEOUT, but never cut off: a
+            // release stopped halfway may leave its key or node under a live session.
+            let held = Arc::clone(held);
+            let release = crate::finish::Finish::new(async move { held.release().await });
+            let _ = tokio::time::timeout(LOST_RELEASE_TIMEOUT, release).await;
         }
     }
 
@@ -638,6 +647,48 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert!(!hold.is_lost(), "{:?}", hold.reason());
+    }
+
+    /// Releases slowly and says when it has finished.
+    #[derive(Debug)]
+    struct SlowRelease(Arc<AtomicBool>);
+
+    #[async_trait::async_trait]
+    impl HeldLock for SlowRelease {
+        fn fencing_token(&self) -> u64 {
+            1
+        }
+        async fn renew(&self, _ttl: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn release(&self) -> Result<()> {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            self.0.store(true, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// The release after a loss is waited for at most 2 s but never cut off halfway
+    /// (a release stopped mid-way may leave an etcd key or a ZooKeeper node behind
+    /// under a live session).
+    #[tokio::test(start_paused = true)]
+    async fn a_release_after_a_loss_is_never_cut_off() {
+        let done = Arc::new(AtomicBool::new(false));
+        let hold = start(
+            Box::new(SlowRelease(Arc::clone(&done))),
+            plan(
+                Duration::from_secs(10),
+                None,
+                Some(Duration::from_millis(100)),
+            ),
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(hold.is_lost());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the release was dropped halfway"
+        );
     }
 
     #[tokio::test(start_paused = true)]

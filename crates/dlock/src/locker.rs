@@ -237,6 +237,8 @@ impl Locker {
                     });
                 }
                 Err(AttemptError::Failed(e)) => {
+                    // Stop waiting (local queues included) before leaving the queue.
+                    drop(waiter.take());
                     cleanup.leave().await;
                     return Err(e);
                 }
@@ -244,6 +246,7 @@ impl Locker {
             let now = Instant::now();
             let remaining = match deadline {
                 Some(d) if now >= d => {
+                    drop(waiter.take());
                     cleanup.leave().await;
                     return Err(Error::Timeout {
                         name: name.as_str().to_owned(),

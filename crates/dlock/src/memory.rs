@@ -145,6 +145,13 @@ impl Backend for MemoryBackend {
                 e.holds += 1;
                 e.expires = e.expires.max(now + req.ttl);
                 let held = MemoryHeld::new(this, req, e.fence);
+                // A re-entry that had queued leaves its place (it would block the head).
+                if let Some(queue) = st.queues.get_mut(&req.name) {
+                    queue.retain(|q| q.acquisition != req.acquisition);
+                    if queue.is_empty() {
+                        st.queues.remove(&req.name);
+                    }
+                }
                 return Ok(Attempt::Acquired(Box::new(held)));
             }
             Some(e) if e.expires > now => Some(e.expires),
@@ -237,6 +244,13 @@ impl Backend for MemoryBackend {
     }
 }
 
+impl MemoryBackend {
+    /// The capabilities (the same for every store).
+    pub(crate) fn capabilities_with(_durable: bool) -> Capabilities {
+        MemoryBackend::default().capabilities()
+    }
+}
+
 #[derive(Debug)]
 struct MemoryWaiter {
     rx: watch::Receiver<u64>,
@@ -312,5 +326,54 @@ impl HeldLock for MemoryHeld {
             self.store.changes.notify(&self.name);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(b: &MemoryBackend, owner: &Owner, fair: bool) -> AcquireRequest {
+        let _ = b;
+        AcquireRequest {
+            name: LockName::new("m").expect("name"),
+            owner: owner.clone(),
+            acquisition: AcquisitionId::new(),
+            ttl: Duration::from_secs(30),
+            fair,
+            enqueue: fair.then_some(Duration::from_secs(5)),
+            metadata: Metadata::default(),
+            attempt: 1,
+            will_wait: true,
+        }
+    }
+
+    async fn granted(b: &MemoryBackend, r: &AcquireRequest) -> Option<Box<dyn HeldLock>> {
+        match b.try_acquire(r).await.expect("attempt") {
+            Attempt::Acquired(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// A fair waiter that gets in by re-entry (its owner came to hold the lock through
+    /// another acquisition) leaves its queue place: once every hold is released, the
+    /// next fair waiter is not held back by a dead head.
+    #[tokio::test]
+    async fn a_reentry_leaves_its_queue_place() {
+        let b = MemoryBackend::new();
+        let (x, y, z) = (Owner::random(), Owner::random(), Owner::random());
+        let held_y = granted(&b, &req(&b, &y, false)).await.expect("free");
+        let queued = req(&b, &x, true);
+        assert!(granted(&b, &queued).await.is_none(), "queued behind y");
+        held_y.release().await.expect("release");
+        // Another acquisition of x, unfair, takes the lock past the queue.
+        let held_x = granted(&b, &req(&b, &x, false)).await.expect("free");
+        let reentered = granted(&b, &queued).await.expect("re-entry");
+        reentered.release().await.expect("release");
+        held_x.release().await.expect("release");
+        assert!(
+            granted(&b, &req(&b, &z, true)).await.is_some(),
+            "a dead queue entry holds back the next fair waiter"
+        );
     }
 }

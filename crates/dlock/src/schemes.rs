@@ -1,11 +1,16 @@
-//! The URL scheme table: which backends exist, which cargo feature provides each, and
-//! opening one from a parsed URL.
+//! The URL scheme table: which backends exist, which cargo feature provides each, what
+//! each guarantees — asked of the backend type itself, never kept here a second time —
+//! and opening one from a parsed URL.
 
 use std::sync::Arc;
 
 use crate::backend::{Backend, Capabilities};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::url::ConnectUrl;
+
+/// A backend type's capabilities with default URL options, on a server whose token
+/// source is durable (`true`) or not.
+type CapsFn = fn(bool) -> Capabilities;
 
 /// One URL scheme dlock knows.
 #[non_exhaustive]
@@ -19,162 +24,168 @@ pub struct SchemeInfo {
     pub available: bool,
     /// One line about it.
     pub description: &'static str,
-    /// Capabilities with default options, when available.
+    /// Capabilities with default URL options on a server in its default configuration
+    /// (e.g. Redis without `appendfsync always`: best-effort tokens), when available.
     pub capabilities: Option<Capabilities>,
+    caps: Option<CapsFn>,
+}
+
+impl SchemeInfo {
+    /// The capabilities a locker of this scheme with default URL options reports on a
+    /// server whose token source is `durable` (a Redis that fsyncs every write, a
+    /// PostgreSQL with `fsync=on`, …) or not. `None` when the backend is not compiled in.
+    #[must_use]
+    pub fn capabilities_on(&self, durable: bool) -> Option<Capabilities> {
+        self.caps.map(|f| f(durable))
+    }
+}
+
+/// `Some(f)` when `$feature` is compiled in.
+macro_rules! caps_of {
+    ($feature:literal, $f:path) => {{
+        #[cfg(feature = $feature)]
+        let caps: Option<CapsFn> = Some($f);
+        #[cfg(not(feature = $feature))]
+        let caps: Option<CapsFn> = None;
+        caps
+    }};
+}
+
+/// (scheme, feature, whether a server in its default configuration gives durable
+/// tokens, description, capabilities).
+type Row = (
+    &'static str,
+    Option<&'static str>,
+    bool,
+    &'static str,
+    Option<CapsFn>,
+);
+
+fn rows() -> Vec<Row> {
+    let memory: Option<CapsFn> = Some(crate::memory::MemoryBackend::capabilities_with);
+    let sqlite = caps_of!("sqlite", crate::sqlite::SqliteBackend::capabilities_with);
+    let redis = caps_of!("redis", crate::redis::RedisBackend::capabilities_with);
+    let redlock = caps_of!("redis", crate::redlock::RedlockBackend::capabilities_with);
+    let etcd = caps_of!("etcd", crate::etcd::EtcdBackend::capabilities_with);
+    let zk = caps_of!("zookeeper", crate::zookeeper::ZkBackend::capabilities_with);
+    let postgres = caps_of!("postgres", crate::sql::postgres::capabilities_with);
+    let mysql = caps_of!("mysql", crate::sql::mysql::capabilities_with);
+    vec![
+        (
+            "memory",
+            None,
+            true,
+            "in-process store (tests, tasks of one process)",
+            memory,
+        ),
+        (
+            "sqlite",
+            Some("sqlite"),
+            true,
+            "embedded SQLite file: processes on one machine, no server (the default)",
+            sqlite,
+        ),
+        (
+            "redis",
+            Some("redis"),
+            false,
+            "single Redis; Redisson-compatible layout by default",
+            redis,
+        ),
+        (
+            "rediss",
+            Some("redis"),
+            false,
+            "single Redis over TLS (ca_file, cert_file, key_file)",
+            redis,
+        ),
+        (
+            "redis+cluster",
+            Some("redis"),
+            false,
+            "Redis Cluster; Redisson-compatible layout by default",
+            redis,
+        ),
+        (
+            "redis+sentinel",
+            Some("redis"),
+            false,
+            "the master a set of Redis Sentinels names; re-resolved on failover",
+            redis,
+        ),
+        (
+            "redlock",
+            Some("redis"),
+            false,
+            "Redlock over N independent Redis masters; node-redlock/redsync layout",
+            redlock,
+        ),
+        (
+            "etcd",
+            Some("etcd"),
+            true,
+            "etcd v3: session lease, queue by create revision, etcdctl-lock layout",
+            etcd,
+        ),
+        (
+            "etcds",
+            Some("etcd"),
+            true,
+            "etcd over TLS (ca_file, cert_file, key_file)",
+            etcd,
+        ),
+        (
+            "zk",
+            Some("zookeeper"),
+            true,
+            "ZooKeeper: ephemeral sequential nodes, Curator InterProcessMutex layout",
+            zk,
+        ),
+        (
+            "postgres",
+            Some("postgres"),
+            true,
+            "PostgreSQL: lease table (default), mode=advisory, mode=row; LISTEN/NOTIFY",
+            postgres,
+        ),
+        (
+            "postgresql",
+            Some("postgres"),
+            true,
+            "PostgreSQL (alias of postgres://)",
+            postgres,
+        ),
+        (
+            "mysql",
+            Some("mysql"),
+            true,
+            "MySQL/MariaDB: lease table (default), mode=named (GET_LOCK), mode=row",
+            mysql,
+        ),
+        (
+            "mariadb",
+            Some("mysql"),
+            true,
+            "MariaDB (alias of mysql://)",
+            mysql,
+        ),
+    ]
 }
 
 /// Every scheme dlock knows, available or not.
 #[must_use]
 pub fn schemes() -> Vec<SchemeInfo> {
-    let mut out = vec![SchemeInfo {
-        scheme: "memory",
-        feature: None,
-        available: true,
-        description: "in-process store (tests, tasks of one process)",
-        capabilities: Some(crate::memory::MemoryBackend::default().capabilities()),
-    }];
-    out.push(SchemeInfo {
-        scheme: "sqlite",
-        feature: Some("sqlite"),
-        available: cfg!(feature = "sqlite"),
-        description: "embedded SQLite file: processes on one machine, no server (the default)",
-        capabilities: sqlite_caps(),
-    });
-    for (scheme, description) in [
-        (
-            "redis",
-            "single Redis; Redisson-compatible layout by default",
-        ),
-        (
-            "rediss",
-            "single Redis over TLS (ca_file, cert_file, key_file)",
-        ),
-        (
-            "redis+cluster",
-            "Redis Cluster; Redisson-compatible layout by default",
-        ),
-        (
-            "redis+sentinel",
-            "the master a set of Redis Sentinels names; re-resolved on failover",
-        ),
-        (
-            "redlock",
-            "Redlock over N independent Redis masters; node-redlock/redsync layout",
-        ),
-    ] {
-        out.push(SchemeInfo {
+    rows()
+        .into_iter()
+        .map(|(scheme, feature, durable, description, caps)| SchemeInfo {
             scheme,
-            feature: Some("redis"),
-            available: cfg!(feature = "redis"),
+            feature,
+            available: caps.is_some(),
             description,
-            capabilities: redis_caps(),
-        });
-    }
-    for (scheme, description) in [
-        (
-            "etcd",
-            "etcd v3: session lease, queue by create revision, etcdctl-lock layout",
-        ),
-        ("etcds", "etcd over TLS (ca_file, cert_file, key_file)"),
-    ] {
-        out.push(SchemeInfo {
-            scheme,
-            feature: Some("etcd"),
-            available: cfg!(feature = "etcd"),
-            description,
-            capabilities: etcd_caps(),
-        });
-    }
-    out.push(SchemeInfo {
-        scheme: "zk",
-        feature: Some("zookeeper"),
-        available: cfg!(feature = "zookeeper"),
-        description: "ZooKeeper: ephemeral sequential nodes, Curator InterProcessMutex layout",
-        capabilities: cfg!(feature = "zookeeper")
-            .then(|| Capabilities::queue_and_watch(crate::backend::DEFAULT_SESSION_TIMEOUT)),
-    });
-    for scheme in ["postgres", "postgresql"] {
-        out.push(SchemeInfo {
-            scheme,
-            feature: Some("postgres"),
-            available: cfg!(feature = "postgres"),
-            description: "PostgreSQL: lease table (default), mode=advisory, mode=row; LISTEN/NOTIFY",
-            capabilities: postgres_caps(),
-        });
-    }
-    for scheme in ["mysql", "mariadb"] {
-        out.push(SchemeInfo {
-            scheme,
-            feature: Some("mysql"),
-            available: cfg!(feature = "mysql"),
-            description: "MySQL/MariaDB: lease table (default), mode=named (GET_LOCK), mode=row",
-            capabilities: mysql_caps(),
-        });
-    }
-    out
-}
-
-#[cfg(feature = "postgres")]
-fn postgres_caps() -> Option<Capabilities> {
-    Some(crate::sql::postgres::capabilities(crate::sql::Mode::Lease))
-}
-
-#[cfg(not(feature = "postgres"))]
-fn postgres_caps() -> Option<Capabilities> {
-    None
-}
-
-#[cfg(feature = "mysql")]
-fn mysql_caps() -> Option<Capabilities> {
-    Some(crate::sql::mysql::capabilities(crate::sql::Mode::Lease))
-}
-
-#[cfg(not(feature = "mysql"))]
-fn mysql_caps() -> Option<Capabilities> {
-    None
-}
-
-#[cfg(feature = "sqlite")]
-fn sqlite_caps() -> Option<Capabilities> {
-    let mut caps = Capabilities::new(crate::backend::Fencing::Durable);
-    caps.fifo = true;
-    caps.reentrant = true;
-    caps.cross_process = true;
-    Some(caps)
-}
-
-/// Redis capabilities with the default layout; fencing is durable only when the server
-/// persists every write (checked at connect time), so the table shows best effort.
-#[cfg(feature = "redis")]
-fn redis_caps() -> Option<Capabilities> {
-    let mut caps = Capabilities::new(crate::backend::Fencing::BestEffort);
-    caps.native_wait = true;
-    caps.fifo = true;
-    caps.reentrant = true;
-    caps.cross_process = true;
-    Some(caps)
-}
-
-#[cfg(feature = "etcd")]
-fn etcd_caps() -> Option<Capabilities> {
-    Some(Capabilities::queue_and_watch(
-        crate::backend::DEFAULT_SESSION_TIMEOUT,
-    ))
-}
-
-#[cfg(not(feature = "etcd"))]
-fn etcd_caps() -> Option<Capabilities> {
-    None
-}
-
-#[cfg(not(feature = "redis"))]
-fn redis_caps() -> Option<Capabilities> {
-    None
-}
-
-#[cfg(not(feature = "sqlite"))]
-fn sqlite_caps() -> Option<Capabilities> {
-    None
+            capabilities: caps.map(|f| f(durable)),
+            caps,
+        })
+        .collect()
 }
 
 /// Open the backend named by `url`.
@@ -183,59 +194,29 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         "memory" => Ok(crate::memory::MemoryBackend::open(url)?),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(crate::sqlite::SqliteBackend::open(url).await?),
-        #[cfg(not(feature = "sqlite"))]
-        "sqlite" => Err(crate::error::Error::BackendNotEnabled {
-            scheme: "sqlite".into(),
-            feature: "sqlite".into(),
-        }),
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => {
             Ok(crate::redis::RedisBackend::open(url).await?)
         }
         #[cfg(feature = "redis")]
         "redlock" => Ok(crate::redlock::RedlockBackend::open(url).await?),
-        #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" | "redlock" => {
-            Err(crate::error::Error::BackendNotEnabled {
-                scheme: url.scheme().to_owned(),
-                feature: "redis".into(),
-            })
-        }
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(crate::etcd::EtcdBackend::open(url).await?),
-        #[cfg(not(feature = "etcd"))]
-        "etcd" | "etcds" => Err(crate::error::Error::BackendNotEnabled {
-            scheme: url.scheme().to_owned(),
-            feature: "etcd".into(),
-        }),
         #[cfg(feature = "zookeeper")]
         "zk" => Ok(crate::zookeeper::ZkBackend::open(url).await?),
-        #[cfg(not(feature = "zookeeper"))]
-        "zk" => Err(crate::error::Error::BackendNotEnabled {
-            scheme: "zk".into(),
-            feature: "zookeeper".into(),
-        }),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => crate::sql::postgres::PostgresBackend::open(url).await,
-        #[cfg(not(feature = "postgres"))]
-        "postgres" | "postgresql" => Err(crate::error::Error::BackendNotEnabled {
-            scheme: url.scheme().to_owned(),
-            feature: "postgres".into(),
-        }),
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => crate::sql::mysql::MysqlBackend::open(url).await,
-        #[cfg(not(feature = "mysql"))]
-        "mysql" | "mariadb" => Err(crate::error::Error::BackendNotEnabled {
-            scheme: url.scheme().to_owned(),
-            feature: "mysql".into(),
-        }),
-        other => Err(url.invalid(&format!(
-            "unknown scheme {other:?} (known: {})",
-            schemes()
-                .iter()
-                .map(|s| s.scheme)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
+        other => match rows().into_iter().find(|r| r.0 == other) {
+            Some((scheme, Some(feature), ..)) => Err(Error::BackendNotEnabled {
+                scheme: scheme.to_owned(),
+                feature: feature.to_owned(),
+            }),
+            _ => Err(url.invalid(&format!(
+                "unknown scheme {other:?} (known: {})",
+                rows().iter().map(|r| r.0).collect::<Vec<_>>().join(", ")
+            ))),
+        },
     }
 }

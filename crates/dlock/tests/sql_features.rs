@@ -299,3 +299,64 @@ async fn wrong_password_is_reported_without_it() {
         );
     }
 }
+
+/// `inspect` asks the server what an acquire asks: a key held by a psql session, or by
+/// dlock under another spelling of the same number (`042` for `42`), shows as held —
+/// never as free while `try_lock` would refuse it.
+#[tokio::test]
+async fn inspect_sees_every_holder_of_an_advisory_key() {
+    let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
+        return;
+    };
+    let url = format!("{}?mode=advisory&advisory_key=number", pg.url());
+    let locker = Locker::connect(&url).await.expect("connect");
+    let mut raw = sqlx::PgConnection::connect(&pg.url()).await.expect("raw");
+    sqlx::query("SELECT pg_advisory_lock(7)")
+        .execute(&mut raw)
+        .await
+        .expect("raw lock");
+    assert!(locker.try_lock("7").await.expect("try").is_none());
+    let info = locker.inspect("7").await.expect("inspect");
+    let info = info.expect("a key psql holds is reported free");
+    assert_eq!(
+        info.fencing_token, 0,
+        "a foreign holder has no token: {info:?}"
+    );
+    assert!(info.owner.contains("pid"), "{info:?}");
+    sqlx::query("SELECT pg_advisory_unlock(7)")
+        .execute(&mut raw)
+        .await
+        .expect("raw unlock");
+    assert!(locker.inspect("7").await.expect("inspect").is_none());
+    // dlock holds 42; asked as 042 (the same key).
+    let g = locker.lock("42").await.expect("lock");
+    assert!(locker.try_lock("042").await.expect("try").is_none());
+    assert!(
+        locker.inspect("042").await.expect("inspect").is_some(),
+        "042 (key 42, held) reported free"
+    );
+    let info = locker.inspect("42").await.expect("inspect").expect("held");
+    assert_eq!(info.fencing_token, g.fencing_token());
+    g.release().await.expect("release");
+
+    // MariaDB GET_LOCK held by a connection outside dlock, under dlock's server name.
+    let url = format!("{}?mode=named", maria.url());
+    let locker = Locker::connect(&url).await.expect("connect");
+    let key = dlock::sql::lock_key(&dlock::name::LockName::new("job").expect("name"));
+    let server_name: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let mut raw = sqlx::MySqlConnection::connect(&maria.url())
+        .await
+        .expect("raw");
+    let got: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        .bind(&server_name)
+        .fetch_one(&mut raw)
+        .await
+        .expect("raw GET_LOCK");
+    assert_eq!(got, 1);
+    assert!(locker.try_lock("job").await.expect("try").is_none());
+    let info = locker.inspect("job").await.expect("inspect");
+    assert!(
+        info.is_some(),
+        "a GET_LOCK held outside dlock is reported free"
+    );
+}

@@ -192,6 +192,7 @@ macro_rules! conformance_suite {
             shared_owner_waiters_leave_nothing,
             renewal_never_shortens_the_server_lease,
             a_stale_grant_cannot_touch_its_owners_newer_grant,
+            a_waiter_that_left_is_never_handed_the_lock,
         );
     };
     (@each $harness:expr; $($behaviour:ident),* $(,)?) => {

@@ -797,3 +797,38 @@ pub async fn a_stale_grant_cannot_touch_its_owners_newer_grant(h: &Harness) {
     assert_eq!(info.fencing_token, newer.fencing_token());
     newer.release().await.expect("release");
 }
+
+/// An acquisition that waited, gave up (its queue left, as the core does on timeout)
+/// and only then stopped waiting: a release in between must not hand it the lock —
+/// nobody would ever give it back. This locker gets the lock at once afterwards.
+pub async fn a_waiter_that_left_is_never_handed_the_lock(h: &Harness) {
+    let name = unique("left-waiter");
+    let a = h.locker().await;
+    let holder = grant(
+        &a,
+        &request(&name, &Owner::random(), Duration::from_secs(30)),
+    )
+    .await
+    .expect("a free lock");
+    let mut waiting = request(&name, &Owner::random(), Duration::from_secs(30));
+    waiting.will_wait = true;
+    let busy = a.backend().try_acquire(&waiting).await.expect("attempt");
+    assert!(
+        matches!(busy, crate::backend::Attempt::Busy { .. }),
+        "a held lock granted"
+    );
+    let mut waiter = a.backend().subscribe(&waiting).await.expect("subscribe");
+    waiter
+        .changed(Duration::from_millis(20))
+        .await
+        .expect("changed");
+    // Gives up: leaves the queue first, stops waiting only after the release below.
+    a.backend().leave_queue(&waiting).await.expect("leave");
+    holder.release().await.expect("release");
+    drop(waiter);
+    let again = a
+        .lock_timeout(&name, Duration::from_secs(3))
+        .await
+        .expect("the lock was handed to a waiter that had left");
+    again.release().await.expect("release");
+}

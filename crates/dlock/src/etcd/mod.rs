@@ -107,8 +107,10 @@ struct Slot {
     held: bool,
     /// A put of the key has been sent (it may exist): leaving must delete it.
     maybe_put: bool,
-    /// When queued: the key created just before ours (its deletion is watched).
-    predecessor: Option<String>,
+    /// When queued: the key created just before ours and its create revision (its
+    /// deletion is watched; a key of the same name with another revision — another
+    /// local contender of that process reusing the name — means it is gone).
+    predecessor: Option<(String, i64)>,
 }
 
 struct Inner {
@@ -604,10 +606,12 @@ impl Inner {
             )
             .await
             .map_err(|e| map_err(&e))?;
-        let predecessor = before
-            .kvs()
-            .first()
-            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+        let predecessor = before.kvs().first().map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.create_revision(),
+            )
+        });
         let retry_now = predecessor.is_none();
         if let Some(s) = self.slots().get_mut(dir)
             && s.acquisition == req.acquisition
@@ -677,6 +681,17 @@ impl Backend for EtcdBackend {
         let dir = inner.dir(&req.name);
         let slot = {
             let mut slots = inner.slots();
+            // No longer waiting for the local slot either: a release must not hand the
+            // slot to an acquisition that has gone (nobody would ever free it).
+            {
+                let mut local = inner.local();
+                if let Some(queue) = local.get_mut(&dir) {
+                    queue.retain(|w| w.acquisition != req.acquisition);
+                    if queue.is_empty() {
+                        local.remove(&dir);
+                    }
+                }
+            }
             match slots.get_mut(&dir) {
                 Some(s) if s.acquisition == req.acquisition && !s.held => {
                     if !s.maybe_put {
@@ -751,6 +766,14 @@ impl Backend for EtcdBackend {
     }
 }
 
+impl EtcdBackend {
+    /// The capabilities with the default session TTL (tokens are revisions: always
+    /// durable).
+    pub(crate) fn capabilities_with(_durable: bool) -> Capabilities {
+        Capabilities::queue_and_watch(crate::backend::DEFAULT_SESSION_TIMEOUT)
+    }
+}
+
 /// Waits for the predecessor's deletion (queued in etcd) or for the local slot.
 struct EtcdWaiter {
     inner: Arc<Inner>,
@@ -795,7 +818,7 @@ impl Waiter for EtcdWaiter {
             }
             return Ok(());
         };
-        let Some(key) = predecessor else {
+        let Some((key, key_revision)) = predecessor else {
             return Ok(());
         };
         // Watch from "now" (a watch that starts at an older revision is caught up by
@@ -819,9 +842,14 @@ impl Waiter for EtcdWaiter {
             let still = inner
                 .client
                 .clone()
-                .get(key.as_str(), Some(GetOptions::new().with_count_only()))
+                .get(key.as_str(), Some(GetOptions::new().with_keys_only()))
                 .await?;
-            if still.count() == 0 {
+            // Gone, or a new key of the same name (a later contender): not ours to wait for.
+            if still
+                .kvs()
+                .first()
+                .is_none_or(|kv| kv.create_revision() != key_revision)
+            {
                 return Ok(());
             }
             while let Some(resp) = stream.message().await? {
@@ -924,5 +952,71 @@ impl HeldLock for EtcdHeld {
 
     fn loss_signal(&self) -> Option<tokio_util::sync::CancellationToken> {
         Some(self.session.lost.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::{Metadata, Owner};
+
+    fn request(name: &str, attempt: u32) -> AcquireRequest {
+        AcquireRequest {
+            name: LockName::new(name).expect("name"),
+            owner: Owner::random(),
+            acquisition: AcquisitionId::new(),
+            ttl: Duration::from_secs(30),
+            fair: false,
+            enqueue: None,
+            metadata: Metadata::default(),
+            attempt,
+            will_wait: true,
+        }
+    }
+
+    /// A queued waiter's predecessor is deleted and its name put again at once (the
+    /// next local acquisition of that process reuses the session's key name): the
+    /// waiter is not fooled by the name — it looks again at once instead of waiting
+    /// for the new key to go.
+    #[tokio::test]
+    async fn a_reused_key_name_is_not_the_predecessor() {
+        let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+            return;
+        };
+        let open =
+            || async { EtcdBackend::open(ConnectUrl::parse(&etcd.url()).expect("url")).await };
+        let (p, q) = (open().await.expect("p"), open().await.expect("q"));
+        let first = request("reuse", 0);
+        let Attempt::Acquired(held) = p.try_acquire(&first).await.expect("p1") else {
+            panic!("a free lock was busy");
+        };
+        let mut waiting = request("reuse", 1);
+        assert!(matches!(
+            q.try_acquire(&waiting).await.expect("q"),
+            Attempt::Busy { .. }
+        ));
+        held.release().await.expect("release");
+        // p's next acquisition puts the same key name again, behind q.
+        let second = request("reuse", 1);
+        assert!(matches!(
+            p.try_acquire(&second).await.expect("p2"),
+            Attempt::Busy { .. }
+        ));
+        let mut waiter = q.subscribe(&waiting).await.expect("subscribe");
+        let started = std::time::Instant::now();
+        waiter
+            .changed(Duration::from_secs(10))
+            .await
+            .expect("changed");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "waited {:?} for a key that was not its predecessor",
+            started.elapsed()
+        );
+        waiting.attempt = 2;
+        assert!(matches!(
+            q.try_acquire(&waiting).await.expect("q again"),
+            Attempt::Acquired(_)
+        ));
     }
 }

@@ -309,6 +309,39 @@ impl RedisBackend {
     }
 }
 
+/// What a Redis backend guarantees in `layout`, with tokens of quality `fencing`.
+fn caps(layout: Layout, fencing: Fencing) -> Capabilities {
+    Capabilities {
+        fencing,
+        fifo: layout == Layout::Redisson,
+        native_wait: layout.publishes(),
+        session_bound: false,
+        reentrant: layout.reentrant(),
+        cross_process: true,
+        max_ttl: None,
+        queued_waiting: false,
+        session_timeout: None,
+        connection_loss_notice: None,
+    }
+}
+
+impl RedisBackend {
+    /// The capabilities of the default layout on a server that persists every write
+    /// before answering (`durable`), or not.
+    pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
+        caps(Layout::Redisson, durable_if(durable))
+    }
+}
+
+/// Durable fencing if the token source is, best effort otherwise.
+pub(crate) fn durable_if(durable: bool) -> Fencing {
+    if durable {
+        Fencing::Durable
+    } else {
+        Fencing::BestEffort
+    }
+}
+
 /// What `open` decided, handed to `finish_open`.
 struct Settings {
     cluster: bool,
@@ -550,18 +583,7 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: self.inner.fencing,
-            fifo: self.inner.layout == Layout::Redisson,
-            native_wait: self.inner.layout.publishes(),
-            session_bound: false,
-            reentrant: self.inner.layout.reentrant(),
-            cross_process: true,
-            max_ttl: None,
-            queued_waiting: false,
-            session_timeout: None,
-            connection_loss_notice: None,
-        }
+        caps(self.inner.layout, self.inner.fencing)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {

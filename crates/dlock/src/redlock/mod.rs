@@ -105,6 +105,21 @@ impl std::fmt::Debug for RedlockBackend {
     }
 }
 
+/// What Redlock guarantees with tokens of quality `fencing`: no FIFO order, no
+/// notification (waiters poll), no reentrancy (the plain layout of its peers).
+fn caps(fencing: Fencing) -> Capabilities {
+    let mut caps = Capabilities::new(fencing);
+    caps.cross_process = true;
+    caps
+}
+
+impl RedlockBackend {
+    /// The capabilities on nodes that all persist every write (`durable`), or not.
+    pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
+        caps(crate::redis::durable_if(durable))
+    }
+}
+
 /// The keys of one lock on every node.
 #[derive(Debug, Clone)]
 struct Keys {
@@ -467,9 +482,7 @@ impl Backend for RedlockBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::new(self.inner.fencing);
-        caps.cross_process = true;
-        caps
+        caps(self.inner.fencing)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {

@@ -181,6 +181,15 @@ pub fn lock_key(name: &LockName) -> [u8; 32] {
 
 pub(crate) use crate::hex::encode as hex;
 
+/// A session lock the server reports taken, with no dlock holder record for this name:
+/// a client outside dlock (raw SQL, another library) — or dlock under another name
+/// that maps to the same key. It has no fencing token dlock knows (0).
+pub(crate) fn foreign_holder(name: &LockName, session: String) -> crate::LockInfo {
+    let mut info = crate::LockInfo::new(name, session, 1, 0);
+    info.metadata.note = Some("held outside dlock under this name (no holder record)".into());
+    info
+}
+
 /// Metadata as stored (JSON text).
 pub(crate) fn metadata_json(m: &crate::Metadata) -> String {
     serde_json::to_string(m).unwrap_or_else(|_| "{}".into())

@@ -395,22 +395,7 @@ impl Backend for SqliteBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: if self.inner.durable {
-                Fencing::Durable
-            } else {
-                Fencing::BestEffort
-            },
-            fifo: true,
-            native_wait: false,
-            session_bound: false,
-            reentrant: true,
-            cross_process: self.inner.cross_process,
-            max_ttl: None,
-            queued_waiting: false,
-            session_timeout: None,
-            connection_loss_notice: None,
-        }
+        caps(self.inner.durable, self.inner.cross_process)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -578,6 +563,35 @@ impl HeldLock for SqliteHeld {
 
     fn keeps_lock_delay(&self) -> bool {
         !self.inner.lock_delay.is_zero()
+    }
+}
+
+/// What an SQLite backend guarantees: `durable` with `synchronous=full`, across
+/// processes for a file (not for `sqlite::memory:`).
+fn caps(durable: bool, cross_process: bool) -> Capabilities {
+    Capabilities {
+        fencing: if durable {
+            Fencing::Durable
+        } else {
+            Fencing::BestEffort
+        },
+        fifo: true,
+        native_wait: false,
+        session_bound: false,
+        reentrant: true,
+        cross_process,
+        max_ttl: None,
+        queued_waiting: false,
+        session_timeout: None,
+        connection_loss_notice: None,
+    }
+}
+
+impl SqliteBackend {
+    /// The capabilities of a database file opened with default options
+    /// (`synchronous=full`, so `durable` holds unless the disk lies).
+    pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
+        caps(durable, true)
     }
 }
 

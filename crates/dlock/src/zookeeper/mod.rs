@@ -559,7 +559,12 @@ impl Backend for ZkBackend {
         let mut listed = None;
         let mut q = match existing {
             Some(q) => {
-                q.session.check()?;
+                if let Err(e) = q.session.check() {
+                    // Keep the entry: `leave_queue` still tries to delete the node (the
+                    // server may not have expired a session this process gave up on).
+                    inner.queued().insert(slot, q);
+                    return Err(e);
+                }
                 if q.behind_holder && q.predecessor_gone {
                     // Our predecessor held the lock in this process and is gone.
                     return Ok(inner.granted(&dir, q));
@@ -676,6 +681,14 @@ impl Backend for ZkBackend {
     }
 }
 
+impl ZkBackend {
+    /// The capabilities with the default session timeout, as long as the server grants
+    /// it (tokens are zxids: always durable).
+    pub(crate) fn capabilities_with(_durable: bool) -> Capabilities {
+        Capabilities::queue_and_watch(crate::backend::DEFAULT_SESSION_TIMEOUT)
+    }
+}
+
 /// Waits for the predecessor's deletion.
 struct ZkWaiter {
     inner: Arc<Inner>,
@@ -777,6 +790,13 @@ impl HeldLock for ZkHeld {
             ),
         };
         if self.session.lost.is_cancelled() {
+            // Given up on locally; the server may still keep the session (the client
+            // reconnects on its own): delete the node if it is still there.
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                self.session.client.delete(&self.node, None),
+            )
+            .await;
             return Err(lost());
         }
         self.inner.holder_leaving(&self.dir, &self.node);

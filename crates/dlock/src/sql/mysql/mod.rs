@@ -469,8 +469,8 @@ impl Backend for MysqlBackend {
                     BACKEND,
                     t,
                     sqlx::query(AssertSqlSafe(&*self.sql.inspect_named))
-                        .bind(&key[..])
                         .bind(hex(&key))
+                        .bind(&key[..])
                         .fetch_optional(&self.pool),
                 )
                 .await?
@@ -510,9 +510,14 @@ impl Backend for MysqlBackend {
             }
         };
         Ok(row.map(|r| {
+            let owner = owner_of(&r);
+            if owner.is_empty() && self.opts.mode == Mode::Named {
+                let conn: u64 = r.try_get(4).unwrap_or(0);
+                return super::foreign_holder(name, format!("MySQL connection {conn}"));
+            }
             let mut info = LockInfo::new(
                 name,
-                owner_of(&r),
+                owner,
                 1,
                 u64::try_from(r.get::<i64, _>(2)).unwrap_or(0),
             );
@@ -522,9 +527,10 @@ impl Backend for MysqlBackend {
     }
 }
 
-/// Capabilities of `mode` on a server that flushes every commit.
-pub(crate) fn capabilities(mode: Mode) -> Capabilities {
-    super::capabilities(mode, false, true, Duration::from_secs(1))
+/// Capabilities in the default mode (lease) on a server that flushes every commit
+/// (`durable`), or not.
+pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
+    super::capabilities(Mode::Lease, false, durable, Duration::from_secs(1))
 }
 
 /// What every held MySQL lock knows.

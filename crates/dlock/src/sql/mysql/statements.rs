@@ -133,10 +133,16 @@ impl Statements {
                  ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), name = ?, owner = ?,
                     metadata = ?, conn_id = CONNECTION_ID()"
             ),
-            // Binds: key, lock name.
+            // Asks what the acquire asks: is the named lock taken? Then who holds it: the
+            // holder record of that connection, if any (none: a client outside dlock).
+            // Binds: lock name, key. Row: name, owner, fence, metadata (empty without a
+            // record), connection id.
             inspect_named: format!(
-                "SELECT name, owner, fence, metadata FROM {p}_holders
-                 WHERE lock_key = ? AND conn_id = IS_USED_LOCK(?)"
+                "SELECT COALESCE(h.name, ''), COALESCE(h.owner, ''), COALESCE(h.fence, 0),
+                        COALESCE(h.metadata, '{{}}'), u.conn
+                 FROM (SELECT IS_USED_LOCK(?) AS conn) u
+                 LEFT JOIN {p}_holders h ON h.lock_key = ? AND h.conn_id = u.conn
+                 WHERE u.conn IS NOT NULL"
             ),
             // Binds: key.
             row_ensure: format!("INSERT IGNORE INTO {p}_rows (lock_key) VALUES (?)"),

@@ -536,9 +536,14 @@ impl Backend for PostgresBackend {
             }
         };
         Ok(row.map(|r| {
+            let owner = r.get::<String, _>(1);
+            if owner.is_empty() && self.opts.mode == Mode::Advisory {
+                let pid: i32 = r.try_get(4).unwrap_or(0);
+                return super::foreign_holder(name, format!("PostgreSQL backend pid {pid}"));
+            }
             let mut info = LockInfo::new(
                 name,
-                r.get::<String, _>(1),
+                owner,
                 1,
                 u64::try_from(r.get::<i64, _>(2)).unwrap_or(0),
             );
@@ -548,9 +553,10 @@ impl Backend for PostgresBackend {
     }
 }
 
-/// Capabilities of `mode` on a server that flushes every commit.
-pub(crate) fn capabilities(mode: Mode) -> Capabilities {
-    super::capabilities(mode, true, true, Duration::from_secs(1))
+/// Capabilities in the default mode (lease) on a server that flushes every commit
+/// (`durable`), or not.
+pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
+    super::capabilities(Mode::Lease, true, durable, Duration::from_secs(1))
 }
 
 /// What every held PostgreSQL lock knows.

@@ -130,17 +130,25 @@ impl Statements {
             ),
             // On the pinned connection. Binds: 1 advisory key, 2 channel, 3 key hex.
             advisory_release: "SELECT pg_advisory_unlock($1), pg_notify($2, $3)".into(),
-            // Binds: 1 key, 2 advisory key.
+            // Asks what the acquire asks: is the advisory key taken (in this database)?
+            // Then who holds it: the holder record of this name's session, if any (none:
+            // a client outside dlock, or dlock under a name with the same key).
+            // Binds: 1 key, 2 advisory key. Row: name, owner, fence, metadata (empty
+            // without a record), backend pid.
             inspect_advisory: format!(
-                "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
-                 WHERE h.lock_key = $1
-                   AND EXISTS (SELECT 1 FROM pg_locks k
-                               WHERE k.locktype = 'advisory' AND k.granted AND k.pid = h.pid
-                                 AND k.classid = (($2 >> 32) & 4294967295)::text::oid
-                                 AND k.objid = ($2 & 4294967295)::text::oid
-                                 AND k.objsubid = 1)
+                "SELECT COALESCE(h.name, ''), COALESCE(h.owner, ''), COALESCE(h.fence, 0::bigint),
+                        COALESCE(h.metadata, '{{}}'), k.pid
+                 FROM pg_locks k
+                 LEFT JOIN {p}_holders h ON h.lock_key = $1 AND h.pid = k.pid
                    AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                               WHERE a.pid = h.pid AND a.backend_start = h.backend_start)"
+                               WHERE a.pid = h.pid AND a.backend_start = h.backend_start)
+                 WHERE k.locktype = 'advisory' AND k.granted
+                   AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND k.classid = (($2 >> 32) & 4294967295)::text::oid
+                   AND k.objid = ($2 & 4294967295)::text::oid
+                   AND k.objsubid = 1
+                 ORDER BY h.owner IS NULL
+                 LIMIT 1"
             ),
             // Binds: 1 key.
             row_ensure: format!(
