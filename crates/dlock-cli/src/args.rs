@@ -24,7 +24,14 @@ fn ttl(text: &str) -> Result<Duration, String> {
 
 /// Distributed locks over the servers you already run.
 #[derive(Debug, Parser)]
-#[command(name = "dlock", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "dlock",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = crate::exit::codes_help()
+)]
 pub struct Cli {
     /// Log level for dlock's own diagnostics (error, warn, info, debug, trace).
     #[arg(long, global = true, default_value = "warn", env = "DLOCK_LOG")]
@@ -229,12 +236,7 @@ pub struct UrlArg {
 
 /// `dlock run`.
 #[derive(Debug, Args)]
-#[command(
-    after_help = "Exit status: the command's own; 75 if the lock was not acquired in time; \
-                  76 if the lock was lost while the command ran (it got SIGTERM, then SIGKILL \
-                  after --grace); 69 if the lock service could not be reached; 126/127 if the \
-                  command could not be run; 2 for usage errors."
-)]
+#[command(after_help = crate::exit::codes_help())]
 pub struct RunArgs {
     #[command(flatten)]
     pub url: UrlArg,
@@ -253,7 +255,10 @@ pub struct RunArgs {
     /// Owner token (reentrancy across processes); default: a fresh random one.
     #[arg(long, value_name = "TOKEN")]
     pub owner: Option<String>,
-    /// After a lock loss, how long the command gets between SIGTERM and SIGKILL.
+    /// How long the command gets between SIGTERM and SIGKILL when the lock is in
+    /// danger: while renewals fail, SIGTERM comes this long before the local deadline
+    /// (at most when a renewal is overdue) and SIGKILL at the deadline; after a sudden
+    /// loss, SIGKILL follows SIGTERM after this long.
     #[arg(long, value_parser = duration, default_value = "5s", value_name = "DURATION")]
     pub grace: Duration,
     /// Free text shown by `dlock status`.

@@ -25,6 +25,59 @@ pub const OUTPUT_FAILED: i32 = 74;
 /// ends quietly, with the status a shell shows for a process ended by SIGPIPE.
 pub const OUTPUT_CLOSED: i32 = 141;
 
+/// Every exit status `dlock` itself can end with (besides `dlock run`'s command's own,
+/// and 0), with what it means: the one list the help text and the docs come from.
+pub const CODES: [(i32, &str); 13] = [
+    (1, "dlock check: a hard guarantee broke (see its report)"),
+    (
+        USAGE,
+        "usage error (bad flag, duration, URL or name): one line on stderr",
+    ),
+    (UNAVAILABLE, "the lock service could not be reached"),
+    (INTERNAL, "internal error (a bug): one line on stderr"),
+    (
+        OUTPUT_FAILED,
+        "standard output could not be written (e.g. a full disk)",
+    ),
+    (
+        NOT_ACQUIRED,
+        "the lock was not acquired in time (--wait ran out, or --no-wait and busy): the holder is named",
+    ),
+    (
+        LOCK_LOST,
+        "the lock was lost while the command ran, or renewals failed and the command was stopped before the lease could end",
+    ),
+    (CANNOT_EXECUTE, "the command could not be executed"),
+    (NOT_FOUND, "the command was not found"),
+    (
+        129,
+        "dlock run: SIGHUP while waiting for the lock (nothing was run)",
+    ),
+    (
+        130,
+        "dlock run: SIGINT while waiting for the lock (nothing was run)",
+    ),
+    (
+        143,
+        "dlock run: SIGTERM while waiting for the lock (nothing was run)",
+    ),
+    (
+        OUTPUT_CLOSED,
+        "standard output was closed by its reader (e.g. piped into head): ends quietly",
+    ),
+];
+
+/// The exit statuses, for `--help`.
+pub fn codes_help() -> String {
+    let mut text = String::from(
+        "Exit status: 0 on success; for `run`, the command's own (128 + N if it died of signal N). Otherwise:",
+    );
+    for (code, meaning) in CODES {
+        text.push_str(&format!("\n  {code:>3}  {meaning}"));
+    }
+    text
+}
+
 /// A failure with the exit code it maps to and a one-line message.
 #[derive(Debug)]
 pub struct Failure {

@@ -1,12 +1,27 @@
 //! `dlock run`: hold a lock while a child command runs.
+//!
+//! The command must never run without the lock:
+//! - it dies with dlock: the kernel sends it SIGKILL if dlock dies first
+//!   (`PR_SET_PDEATHSIG`, set in the child before exec and checked against a parent
+//!   that died before that);
+//! - when renewals fail, it is stopped before the lease can end on the server: SIGTERM
+//!   at the guard's local deadline minus `--grace` (or as soon as a renewal is overdue,
+//!   when the lease is too short for the whole grace), SIGKILL at the deadline;
+//! - when standard input is not a terminal (cron, systemd, CI), the command runs in a
+//!   process group of its own: signals go to that group, and a small reaper process
+//!   kills the whole group — the command's own children too — if dlock dies. On a
+//!   terminal the command stays in dlock's process group (job control keeps working)
+//!   and only the command itself is covered.
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::Stdio;
 use std::time::Duration;
 
-use dlock::{LockOptions, Locker, Metadata, Owner, Wait};
-use nix::sys::signal::{Signal, kill};
+use dlock::{LockGuard, LockOptions, Locker, Metadata, Owner, Wait};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
 
 use crate::args::RunArgs;
 use crate::exit::{self, Failure};
@@ -14,6 +29,10 @@ use crate::output::errln;
 
 /// How long a fair-mode or waiting acquisition may take to clean up after a signal.
 const CLEANUP_GRACE: Duration = Duration::from_millis(300);
+
+/// Most time spent giving the lock back after the command was stopped for failing
+/// renewals (the lease frees it anyway).
+const STOPPED_RELEASE_LIMIT: Duration = Duration::from_secs(1);
 
 pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     let url = exit::resolve_url(args.url.url.as_deref())?;
@@ -45,22 +64,33 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     let locker = Locker::connect(&url).await?;
     let acquire = locker.lock_with(&args.name, &opts);
     let guard = tokio::select! {
-        r = acquire => r?,
+        r = acquire => match r {
+            Ok(g) => g,
+            Err(e @ dlock::Error::Timeout { .. }) => return Err(busy(&locker, &args.name, &e).await),
+            Err(e) => return Err(e.into()),
+        },
         _ = sigint.recv() => return interrupted(130).await,
         _ = sigterm.recv() => return interrupted(143).await,
         _ = sighup.recv() => return interrupted(129).await,
     };
 
-    let mut child = match tokio::process::Command::new(&program)
+    let own_group = !nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
+    let parent = nix::unistd::getpid().as_raw();
+    let mut command = tokio::process::Command::new(&program);
+    command
         .args(&args.command[1..])
         .env("DLOCK_NAME", &args.name)
         .env("DLOCK_OWNER", owner.as_str())
         .env("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
         .stdin(Stdio::inherit())
         .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .spawn()
-    {
+        .stderr(Stdio::inherit());
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe calls (setpgid, prctl, getppid, kill, getpid).
+    unsafe {
+        command.pre_exec(move || child_setup(parent, own_group));
+    }
+    let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             let _ = guard.release().await;
@@ -72,36 +102,82 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
             return Err(Failure::new(code, format!("cannot run {program:?}: {e}")));
         }
     };
-    let pid = child
-        .id()
-        .and_then(|p| i32::try_from(p).ok())
-        .map(Pid::from_raw);
-    let send = |sig: Signal| {
-        if let Some(pid) = pid {
-            let _ = kill(pid, sig);
-        }
+    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+        return Err(Failure::internal("the command has no process id"));
     };
+    let target = if own_group {
+        Target::Group(Pid::from_raw(pid))
+    } else {
+        Target::Process(Pid::from_raw(pid))
+    };
+    let reaper = own_group.then(|| Reaper::start(pid)).flatten();
 
     let lost = guard.lost();
     tokio::pin!(lost);
-    let status = loop {
+    let mut stopping: Option<Instant> = None;
+    let outcome = loop {
+        let check_at = stop_check_at(&guard, args.ttl, args.grace, stopping.is_some());
         tokio::select! {
-            status = child.wait() => break status,
-            _ = sigint.recv() => send(Signal::SIGINT),
-            _ = sigterm.recv() => send(Signal::SIGTERM),
-            _ = sighup.recv() => send(Signal::SIGHUP),
-            err = &mut lost => {
-                errln!("dlock: {err}; stopping {program:?} (SIGTERM, SIGKILL after {:?})", args.grace);
-                send(Signal::SIGTERM);
-                if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
-                    send(Signal::SIGKILL);
-                    let _ = child.wait().await;
+            status = child.wait() => break Outcome::Exited(status),
+            _ = sigint.recv() => target.send(Signal::SIGINT),
+            _ = sigterm.recv() => target.send(Signal::SIGTERM),
+            _ = sighup.recv() => target.send(Signal::SIGHUP),
+            () = tokio::time::sleep_until(check_at) => {
+                if stopping.is_none() && renewals_failing(&guard, args.ttl, args.grace) {
+                    let left = guard.deadline().saturating_duration_since(std::time::Instant::now());
+                    errln!(
+                        "dlock: renewals of {:?} are failing; stopping {program:?} before the lease can end ({left:?} left: SIGTERM now, SIGKILL then)",
+                        args.name
+                    );
+                    target.send(Signal::SIGTERM);
+                    stopping = Some(Instant::now());
                 }
-                return Ok(exit::LOCK_LOST);
+            }
+            err = &mut lost => {
+                if stopping.is_some() {
+                    // The deadline came: the lease may end on the server any moment.
+                    target.send(Signal::SIGKILL);
+                    let _ = child.wait().await;
+                } else {
+                    errln!("dlock: {err}; stopping {program:?} (SIGTERM, SIGKILL after {:?})", args.grace);
+                    target.send(Signal::SIGTERM);
+                    if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
+                        target.send(Signal::SIGKILL);
+                        let _ = child.wait().await;
+                    }
+                }
+                break Outcome::Lost;
             }
         }
     };
-    let status = status.map_err(|e| Failure::internal(format!("waiting for {program:?}: {e}")))?;
+    let code = match outcome {
+        Outcome::Lost => {
+            if let Some(r) = reaper {
+                // What the command left behind ran without the lock too.
+                r.kill_now();
+            }
+            return Ok(exit::LOCK_LOST);
+        }
+        Outcome::Exited(status) => {
+            status.map_err(|e| Failure::internal(format!("waiting for {program:?}: {e}")))?
+        }
+    };
+    if stopping.is_some() {
+        // Stopped for failing renewals: the lock is as good as lost, and whatever the
+        // command left running must stop too (its group, by the reaper).
+        if let Some(r) = reaper {
+            r.kill_now();
+        }
+        let _ = tokio::time::timeout(STOPPED_RELEASE_LIMIT, guard.release()).await;
+        errln!(
+            "dlock: {program:?} was stopped: the lock {:?} could not be kept",
+            args.name
+        );
+        return Ok(exit::LOCK_LOST);
+    }
+    if let Some(r) = reaper {
+        r.done();
+    }
     if let Some(reason) = guard.loss_reason() {
         errln!(
             "dlock: lock {:?} was lost while {program:?} ran: {reason}",
@@ -116,7 +192,166 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         }
         tracing::warn!(error = %e, "release failed; the lease will free the lock");
     }
-    Ok(child_code(status))
+    Ok(child_code(code))
+}
+
+enum Outcome {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    Lost,
+}
+
+/// Where signals for the command go.
+#[derive(Clone, Copy)]
+enum Target {
+    /// The command's own process group (it and everything it started).
+    Group(Pid),
+    /// The command alone (it shares dlock's process group on a terminal).
+    Process(Pid),
+}
+
+impl Target {
+    fn send(self, sig: Signal) {
+        let _ = match self {
+            Target::Group(g) => killpg(g, sig),
+            Target::Process(p) => kill(p, sig),
+        };
+    }
+}
+
+/// In the forked child, before exec: a process group of its own (unless on a
+/// terminal), and death with the parent. If the parent died before the death signal
+/// was armed, the signal never comes: then the child ends itself.
+fn child_setup(parent: i32, own_group: bool) -> std::io::Result<()> {
+    // SAFETY: async-signal-safe libc calls with valid arguments.
+    unsafe {
+        if own_group && libc::setpgid(0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() != parent {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+    Ok(())
+}
+
+/// When to look next whether renewals are failing: the instant the guard's remaining
+/// lease falls to the stop threshold (re-checked, since renewals move the deadline).
+fn stop_check_at(guard: &LockGuard, ttl: Duration, grace: Duration, stopping: bool) -> Instant {
+    if stopping {
+        return Instant::now() + Duration::from_secs(3600);
+    }
+    let deadline = Instant::from_std(guard.deadline());
+    deadline
+        .checked_sub(stop_threshold(ttl, grace))
+        .unwrap_or_else(Instant::now)
+        .max(Instant::now() + Duration::from_millis(5))
+}
+
+/// How much lease may be left, at most, when the command gets SIGTERM: `grace`, but
+/// never more than renewals that work would leave (two thirds of the TTL, renewed
+/// every third, less a tenth of slack): a lease too short for the whole grace still
+/// sends SIGTERM only once a renewal is overdue.
+fn stop_threshold(ttl: Duration, grace: Duration) -> Duration {
+    grace.min((ttl * 2 / 3).saturating_sub(ttl / 10))
+}
+
+fn renewals_failing(guard: &LockGuard, ttl: Duration, grace: Duration) -> bool {
+    guard.is_held()
+        && guard
+            .deadline()
+            .saturating_duration_since(std::time::Instant::now())
+            <= stop_threshold(ttl, grace)
+}
+
+/// A process that kills the command's process group if dlock dies: forked (no exec),
+/// it waits on a pipe whose other end only dlock holds. A byte means "done, leave
+/// them"; the end of the pipe without one means dlock is gone.
+struct Reaper {
+    pipe: OwnedFd,
+}
+
+impl Reaper {
+    fn start(group: i32) -> Option<Self> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
+        let read_fd = read.as_raw_fd();
+        // SAFETY: the child only makes async-signal-safe calls (no allocation, no
+        // locks) and ends with _exit.
+        match unsafe { libc::fork() } {
+            0 => unsafe { reap(read_fd, group) },
+            -1 => None,
+            _ => {
+                drop(read);
+                Some(Reaper { pipe: write })
+            }
+        }
+    }
+
+    /// dlock is finishing normally: the reaper leaves without killing.
+    fn done(self) {
+        let _ = nix::unistd::write(&self.pipe, b"d");
+    }
+
+    /// The lock was lost: kill the command's group now (the reaper's end does it).
+    fn kill_now(self) {
+        drop(self.pipe);
+    }
+}
+
+/// The reaper's life (in the forked child).
+///
+/// # Safety
+/// Only in a child just forked: it makes async-signal-safe calls only.
+unsafe fn reap(read_fd: i32, group: i32) -> ! {
+    // SAFETY: async-signal-safe calls on our own descriptors and process group.
+    unsafe {
+        // Out of dlock's process group (a Ctrl-C or a signal to dlock's group must
+        // not take the reaper with it), and holding nothing of dlock's but the pipe.
+        libc::setpgid(0, 0);
+        libc::syscall(
+            libc::SYS_close_range,
+            0u32,
+            (read_fd as u32).saturating_sub(1),
+            0u32,
+        );
+        libc::syscall(libc::SYS_close_range, (read_fd as u32) + 1, u32::MAX, 0u32);
+        let mut byte = [0u8; 1];
+        loop {
+            let n = libc::read(read_fd, byte.as_mut_ptr().cast(), 1);
+            if n == 1 {
+                libc::_exit(0);
+            }
+            if n == 0 || *libc::__errno_location() != libc::EINTR {
+                break;
+            }
+        }
+        libc::kill(-group, libc::SIGKILL);
+        libc::_exit(0)
+    }
+}
+
+/// The lock was busy (or the wait ran out): say who holds it and for how long.
+async fn busy(locker: &Locker, name: &str, e: &dlock::Error) -> Failure {
+    let waited = match e {
+        dlock::Error::Timeout { waited, .. } => *waited,
+        _ => Duration::ZERO,
+    };
+    let holder = match locker.inspect(name).await {
+        Ok(Some(info)) => crate::status::describe_holder(&info),
+        Ok(None) => "nobody now (it was released meanwhile)".to_owned(),
+        Err(_) => "unknown (it cannot be inspected)".to_owned(),
+    };
+    let asked = if waited < Duration::from_millis(1) {
+        "busy".to_owned()
+    } else {
+        format!("still busy after {waited:.1?}")
+    };
+    Failure::new(
+        exit::NOT_ACQUIRED,
+        format!("lock {name:?} is {asked}: held by {holder}"),
+    )
 }
 
 /// The shell convention: the exit code, or 128 + the signal that killed it.

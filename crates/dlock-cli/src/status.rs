@@ -7,12 +7,40 @@ use crate::args::{BackendsArgs, StatusArgs};
 use crate::exit::{self, Failure};
 use crate::output::outln;
 
-#[derive(Serialize)]
-struct StatusLine {
-    name: String,
-    held: bool,
-    #[serde(flatten)]
-    info: Option<dlock::LockInfo>,
+/// Who holds a lock, for a person: host and pid (or what is known), the note, the
+/// owner, and how long the lease has left.
+pub fn describe_holder(i: &dlock::LockInfo) -> String {
+    let mut who = match (&i.metadata.host, i.metadata.pid) {
+        (Some(h), Some(p)) => format!("{h} pid {p}"),
+        (Some(h), None) => h.clone(),
+        (None, Some(p)) => format!("pid {p}"),
+        (None, None) => format!("owner {}", i.owner),
+    };
+    if let Some(note) = &i.metadata.note {
+        who.push_str(&format!(" ({note})"));
+    }
+    match i.remaining {
+        Some(d) => who.push_str(&format!(", lease {:.1}s left", d.as_secs_f64())),
+        None => who.push_str(", for as long as its session lives"),
+    }
+    who
+}
+
+/// One lock's status as JSON: its name once, whether it is held, and what is known of
+/// the holder.
+fn status_json(name: &str, info: Option<&dlock::LockInfo>) -> serde_json::Value {
+    let mut line = serde_json::Map::new();
+    line.insert("name".into(), name.into());
+    line.insert("held".into(), info.is_some().into());
+    if let Some(serde_json::Value::Object(fields)) = info.and_then(|i| serde_json::to_value(i).ok())
+    {
+        for (k, v) in fields {
+            if k != "name" {
+                line.insert(k, v);
+            }
+        }
+    }
+    serde_json::Value::Object(line)
 }
 
 pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
@@ -21,45 +49,34 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
     let mut lines = Vec::new();
     for name in &args.names {
         let info = locker.inspect(name).await?;
-        lines.push(StatusLine {
-            name: name.clone(),
-            held: info.is_some(),
-            info,
-        });
+        lines.push((name.clone(), info));
     }
     if args.json {
+        let all: Vec<serde_json::Value> = lines
+            .iter()
+            .map(|(name, info)| status_json(name, info.as_ref()))
+            .collect();
         let text =
-            serde_json::to_string_pretty(&lines).map_err(|e| Failure::internal(e.to_string()))?;
+            serde_json::to_string_pretty(&all).map_err(|e| Failure::internal(e.to_string()))?;
         outln!("{text}");
         return Ok(0);
     }
-    for line in &lines {
-        match &line.info {
-            None => outln!("{}: free", line.name),
+    for (name, info) in &lines {
+        match info {
+            None => outln!("{name}: free"),
             Some(i) => {
-                let remaining = i.remaining.map_or_else(
-                    || "unknown".to_owned(),
-                    |d| format!("{:.1}s", d.as_secs_f64()),
-                );
-                let holder = match (&i.metadata.host, i.metadata.pid) {
-                    (Some(h), Some(p)) => format!("{h} pid {p}"),
-                    (Some(h), None) => h.clone(),
-                    (None, Some(p)) => format!("pid {p}"),
-                    (None, None) => "unknown".to_owned(),
+                let token = if i.fencing_token == 0 {
+                    "none".to_owned()
+                } else {
+                    i.fencing_token.to_string()
                 };
                 outln!(
-                    "{}: held by {holder} (owner {}, holds {}), fencing token {}, lease {remaining} left{}{}",
-                    line.name,
+                    "{name}: held by {} (owner {}, holds {}), fencing token {token}{}",
+                    describe_holder(i),
                     i.owner,
                     i.holds,
-                    i.fencing_token,
                     i.waiters
                         .map(|w| format!(", {w} queued"))
-                        .unwrap_or_default(),
-                    i.metadata
-                        .note
-                        .as_deref()
-                        .map(|n| format!(" — {n}"))
                         .unwrap_or_default(),
                 );
             }

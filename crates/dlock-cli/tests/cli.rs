@@ -853,3 +853,204 @@ fn flash_sale_demo_on_postgres_and_mariadb_shows_every_strategy() {
         assert!(!stdout.contains(dlock_testkit::PG_PASSWORD), "{stdout}");
     }
 }
+
+/// `dlock backends --json` shows, for every scheme, what a locker of that scheme with
+/// default options reports itself (`capabilities()`), on a real server of each kind —
+/// no second, hand-kept copy. The only server-dependent fact (whether the token source
+/// is durable) is matched to the server under test.
+#[test]
+fn backends_table_is_what_each_backend_reports() {
+    use dlock_testkit::{Matrix, RedisCluster, RedisOptions, RedisSentinel, RedisServer};
+    let Some(m) = Matrix::start() else {
+        return;
+    };
+    let (Some(cluster), Some(sentinel), Some(tls)) = (
+        RedisCluster::start(3),
+        RedisSentinel::start(),
+        RedisServer::start_with(RedisOptions {
+            tls: true,
+            ..RedisOptions::default()
+        }),
+    ) else {
+        return;
+    };
+    let env = Env::new();
+    let out = env.run(&["backends", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let url_of = |label: &str| {
+        m.targets
+            .iter()
+            .find(|t| t.label == label)
+            .map(|t| t.url.split('?').next().unwrap_or_default().to_owned())
+            .unwrap_or_else(|| panic!("no {label} target"))
+    };
+    let (tls_port, certs) = tls.tls().expect("TLS port");
+    let urls: Vec<(&str, String)> = vec![
+        ("memory", "memory://".into()),
+        ("sqlite", env.url()),
+        ("redis", url_of("redis")),
+        (
+            "rediss",
+            format!(
+                "rediss://127.0.0.1:{tls_port}?ca_file={}",
+                certs.ca.display()
+            ),
+        ),
+        ("redis+cluster", cluster.url()),
+        ("redis+sentinel", sentinel.url()),
+        ("redlock", m.redlock_url.clone()),
+        ("etcd", url_of("etcd")),
+        ("etcds", String::new()),
+        (
+            "zk",
+            format!("{}/locks", url_of("zookeeper").trim_end_matches("/locks")),
+        ),
+        ("postgres", url_of("postgres lease")),
+        (
+            "postgresql",
+            url_of("postgres lease").replacen("postgres://", "postgresql://", 1),
+        ),
+        (
+            "mysql",
+            url_of("mariadb lease").replacen("mariadb://", "mysql://", 1),
+        ),
+        ("mariadb", url_of("mariadb lease")),
+    ];
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let schemes = dlock::schemes();
+    let mut compared = 0;
+    for row in table.as_array().expect("array") {
+        let scheme = row["scheme"].as_str().expect("scheme");
+        let info = schemes
+            .iter()
+            .find(|s| s.scheme == scheme)
+            .expect("the library knows every scheme the CLI lists");
+        // The table shows the library's registry.
+        assert_eq!(
+            row["capabilities"],
+            serde_json::to_value(info.capabilities).expect("JSON"),
+            "{scheme}"
+        );
+        let url = urls
+            .iter()
+            .find(|(s, _)| *s == scheme)
+            .unwrap_or_else(|| panic!("no server for {scheme}: add one to this test"))
+            .1
+            .clone();
+        if url.is_empty() {
+            // etcds: the same backend type as etcd (its own TLS test runs elsewhere).
+            assert_eq!(
+                info.capabilities_on(true),
+                schemes
+                    .iter()
+                    .find(|s| s.scheme == "etcd")
+                    .and_then(|s| s.capabilities_on(true))
+            );
+            continue;
+        }
+        let reported = rt.block_on(async {
+            dlock::Locker::connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{scheme} ({url}): {e}"))
+                .capabilities()
+        });
+        let durable = reported.fencing == dlock::Fencing::Durable;
+        assert_eq!(
+            info.capabilities_on(durable),
+            Some(reported),
+            "{scheme}: dlock backends disagrees with the backend"
+        );
+        compared += 1;
+    }
+    assert!(compared >= 12, "only {compared} schemes compared");
+}
+
+/// A closed stdout ends the program quietly (141), never a panic; a full disk is one
+/// line and exit 74.
+#[test]
+fn output_errors_never_panic() {
+    let env = Env::new();
+    for args in [
+        &["backends"][..],
+        &["backends", "--json"][..],
+        &["status", "a", "b"][..],
+    ] {
+        let mut child = env
+            .cmd()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        // The reader goes away before reading anything.
+        drop(child.stdout.take());
+        let status = wait_timeout(&mut child, Duration::from_secs(10));
+        let err = stderr_of(&mut child);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            matches!(status.code(), Some(0 | 141)),
+            "{args:?}: {status:?} {err}"
+        );
+    }
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let out = env
+        .cmd()
+        .args(["backends"])
+        .stdout(full)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(74), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `status --json`: each lock's name once, `held`, and the holder's fields.
+#[test]
+fn status_json_names_each_lock_once() {
+    let env = Env::new();
+    let out = env.run(&["status", "--json", "free-one"]);
+    let raw = text(&out.stdout);
+    assert_eq!(raw.matches("\"name\"").count(), 1, "{raw}");
+    let mut holder = env.spawn(&["run", "held-one", "--", "sleep", "30"]);
+    env.wait_held("held-one");
+    let raw = text(&env.run(&["status", "--json", "held-one"]).stdout);
+    assert_eq!(raw.matches("\"name\"").count(), 1, "{raw}");
+    kill_group(&holder, nix::sys::signal::Signal::SIGTERM);
+    let _ = wait_timeout(&mut holder, Duration::from_secs(10));
+}
+
+/// Every exit status `dlock --help` lists (the one list, in `exit.rs`) is in the
+/// README's table, and the table lists no other.
+#[test]
+fn exit_statuses_are_documented_once() {
+    let env = Env::new();
+    let help = text(&env.run(&["--help"]).stdout);
+    let mut listed: Vec<u32> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Exit status"))
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    listed.sort_unstable();
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md");
+    let mut documented: Vec<u32> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("| exit status"))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.split('|').nth(1))
+        .flat_map(|cell| {
+            cell.split('/')
+                .filter_map(|c| c.trim().parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    documented.sort_unstable();
+    assert!(listed.len() >= 10, "{help}");
+    assert_eq!(listed, documented, "dlock --help and README.md disagree");
+}

@@ -1,0 +1,238 @@
+//! `dlock run` never leaves its command running without the lock: a SIGKILLed dlock
+//! takes its command (and, off a terminal, the command's own children) with it, on
+//! every backend; and when renewals fail, the command is stopped before the lease can
+//! end on the server.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use dlock_testkit::{Fault, FaultProxy, Matrix, RedisServer};
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(DLOCK)
+        .args(args)
+        .env_remove("DLOCK_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock")
+}
+
+fn wait_for_file(path: &Path, within: Duration) -> String {
+    let end = Instant::now() + within;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text.trim().to_owned();
+        }
+        assert!(Instant::now() < end, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie counts as gone: it runs nothing.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().to_owned())
+        })
+        .is_some_and(|rest| !rest.starts_with('Z'))
+}
+
+fn wait_gone(pid: i32, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if !alive(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    !alive(pid)
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let end = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            return s;
+        }
+        assert!(Instant::now() < end, "dlock did not exit within {within:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// dlock SIGKILLed while its command runs: the command and the child the command
+/// started are gone at once (the kernel's parent-death signal, then the reaper), long
+/// before the next holder can get the lock — on every backend.
+#[test]
+fn a_killed_dlock_takes_its_command_and_its_children_along() {
+    let Some(m) = Matrix::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (i, t) in m.targets.iter().enumerate() {
+        let name = format!("run-kill-{i}");
+        let (child_pid, grand_pid) = (
+            dir.path().join(format!("c{i}")),
+            dir.path().join(format!("g{i}")),
+        );
+        let script = format!(
+            "sleep 60 & echo $! > {g}.tmp && mv {g}.tmp {g}; echo $$ > {c}.tmp && mv {c}.tmp {c}; wait",
+            g = grand_pid.display(),
+            c = child_pid.display()
+        );
+        let mut run = spawn(&[
+            "run", "--url", &t.url, "--ttl", "2s", &name, "--", "sh", "-c", &script,
+        ]);
+        let command: i32 = wait_for_file(&child_pid, Duration::from_secs(20))
+            .parse()
+            .expect("pid");
+        let grandchild: i32 = wait_for_file(&grand_pid, Duration::from_secs(5))
+            .parse()
+            .expect("pid");
+        let killed_at = Instant::now();
+        run.kill().expect("SIGKILL dlock");
+        let _ = run.wait();
+        assert!(
+            wait_gone(command, Duration::from_secs(1)),
+            "{}: the command outlived dlock",
+            t.label
+        );
+        assert!(
+            wait_gone(grandchild, Duration::from_secs(1)),
+            "{}: the command's child outlived dlock",
+            t.label
+        );
+        let gone_after = killed_at.elapsed();
+        // The next holder comes only after the lease (or session) ends: both were gone
+        // well before.
+        let next = Command::new(DLOCK)
+            .args(["run", "--url", &t.url, "--wait", "20s", &name, "--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("next dlock run");
+        assert_eq!(
+            next.status.code(),
+            Some(0),
+            "{}: {}",
+            t.label,
+            String::from_utf8_lossy(&next.stderr)
+        );
+        eprintln!(
+            "figure: {}: SIGKILLed dlock → command and its child gone after {gone_after:?}; next holder after {:?}",
+            t.label,
+            killed_at.elapsed()
+        );
+    }
+}
+
+fn wall_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos()
+}
+
+/// Renewals fail (the server is blackholed behind a proxy): the command gets SIGTERM
+/// at the local deadline minus the grace and, if it ignores it, SIGKILL at the
+/// deadline — before the lease can end on the server and another client get the lock.
+#[test]
+fn failing_renewals_stop_the_command_before_the_lease_ends() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let proxy = rt
+        .block_on(FaultProxy::start(server.addr()))
+        .expect("proxy");
+    let through = format!("redis://{}?timeout=300ms", proxy.addr());
+    let direct = server.url();
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (label, trap) in [
+        ("polite", "date +%s%N > {t}; exit 143"),
+        ("stubborn", "date +%s%N > {t}"),
+    ] {
+        proxy.set(Fault::None);
+        let term = dir.path().join(format!("{label}.term"));
+        let started = dir.path().join(format!("{label}.started"));
+        let beat = dir.path().join(format!("{label}.alive"));
+        let script = format!(
+            "trap '{}' TERM; echo $$ > {s}.tmp && mv {s}.tmp {s}; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.02; done",
+            trap.replace("{t}", &term.display().to_string()),
+            s = started.display(),
+            b = beat.display()
+        );
+        let name = format!("renew-fail-{label}");
+        let mut run = spawn(&[
+            "run", "--url", &through, "--ttl", "2s", "--grace", "500ms", &name, "--", "sh", "-c",
+            &script,
+        ]);
+        let command: i32 = wait_for_file(&started, Duration::from_secs(10))
+            .parse()
+            .expect("pid");
+        // Let a renewal or two succeed, then cut the server off.
+        std::thread::sleep(Duration::from_millis(800));
+        let cut_ns = wall_ns();
+        let cut = Instant::now();
+        proxy.set(Fault::Blackhole);
+        // Another client, directly on the server, takes the lock once the lease ends.
+        let next = Command::new(DLOCK)
+            .args([
+                "run",
+                "--url",
+                &direct,
+                "--wait",
+                "10s",
+                &name,
+                "--",
+                "sh",
+                "-c",
+                "date +%s%N",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("next holder");
+        assert_eq!(
+            next.status.code(),
+            Some(0),
+            "{label}: {}",
+            String::from_utf8_lossy(&next.stderr)
+        );
+        let next_ns: u128 = String::from_utf8_lossy(&next.stdout)
+            .trim()
+            .parse()
+            .expect("next holder's time");
+        let status = wait_exit(&mut run, Duration::from_secs(10));
+        assert_eq!(status.code(), Some(76), "{label}: dlock's exit status");
+        let term_ns: u128 = wait_for_file(&term, Duration::from_secs(1))
+            .parse()
+            .expect("SIGTERM time");
+        assert!(!alive(command), "{label}: the command still runs");
+        let term_after = Duration::from_nanos(u64::try_from(term_ns - cut_ns).unwrap_or(u64::MAX));
+        let next_after = Duration::from_nanos(u64::try_from(next_ns - cut_ns).unwrap_or(u64::MAX));
+        eprintln!(
+            "figure: {label} command, lease 2 s, grace 500 ms, server cut off: SIGTERM after {term_after:?}, next holder after {next_after:?} (dlock exited 76 after {:?})",
+            cut.elapsed()
+        );
+        // The last renewal that got through was at most 2/3 s before the cut: the
+        // deadline is at most 2 s after it, SIGTERM half a second before that.
+        assert!(
+            term_after < Duration::from_millis(1600),
+            "{label}: SIGTERM after {term_after:?}"
+        );
+        let last_beat: u128 = wait_for_file(&beat, Duration::from_secs(1))
+            .parse()
+            .expect("last sign of life");
+        assert!(
+            term_ns < next_ns && last_beat < next_ns,
+            "{label}: the command was still running when the next holder started"
+        );
+    }
+}
