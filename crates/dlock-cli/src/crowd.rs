@@ -10,11 +10,13 @@
 //! one shared owner take turns for that (they are one holder: reentrancy lets them
 //! hold together, not race each other's updates) — and now and then re-enters with the
 //! same owner and hands that hold to a task of its own that keeps it past the outer
-//! release. A grant whose (owner, token) is already held in this process is reported
-//! as `reenter`, not as a new grant, so the checker's duplicate-token count stays
-//! exact. Every wait and every loop is bounded.
+//! release. A grant whose (owner, token) this process has seen before is reported as
+//! `reenter`, not as a new grant: a new grant to an owner always carries a new token,
+//! so only a re-entry repeats one — whatever the order in which the server and the
+//! tasks saw the holds come and go — and the checker's duplicate-token count stays
+//! exact across owners. Every wait and every loop is bounded.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,37 +35,20 @@ struct Ctx {
     args: CheckWorkerArgs,
     store: SocketAddr,
     shared: [Owner; 2],
-    /// Live holds in this process per (owner, token): a grant found here is a re-entry.
-    holds: Mutex<HashMap<(String, u64), u32>>,
+    /// Every (owner, token) granted in this process: a grant found here is a re-entry.
+    seen: Mutex<HashSet<(String, u64)>>,
     /// Tasks of one shared owner take turns at the store.
     turns: [tokio::sync::Mutex<()>; 2],
 }
 
 impl Ctx {
-    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64), u32>> {
-        self.holds
+    /// Note a hold; `true` when its grant was seen here before (a re-entry).
+    fn reentered(&self, owner: &Owner, token: u64) -> bool {
+        !self
+            .seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Count a hold; `true` when its grant was already held here (a re-entry).
-    fn note_hold(&self, owner: &Owner, token: u64) -> bool {
-        let mut holds = self.holds();
-        let n = holds.entry((owner.as_str().to_owned(), token)).or_insert(0);
-        *n += 1;
-        *n > 1
-    }
-
-    /// A hold is given back (its release has returned).
-    fn note_release(&self, owner: &Owner, token: u64) {
-        let mut holds = self.holds();
-        let key = (owner.as_str().to_owned(), token);
-        if let Some(n) = holds.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                holds.remove(&key);
-            }
-        }
+            .insert((owner.as_str().to_owned(), token))
     }
 }
 
@@ -81,7 +66,7 @@ pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
         args,
         store,
         shared: [Owner::random(), Owner::random()],
-        holds: Mutex::new(HashMap::new()),
+        seen: Mutex::new(HashSet::new()),
         turns: [tokio::sync::Mutex::new(()), tokio::sync::Mutex::new(())],
     });
     let mut joins = tokio::task::JoinSet::new();
@@ -190,8 +175,11 @@ async fn section(
 ) -> Result<(), Failure> {
     let args = &ctx.args;
     let token = guard.fencing_token();
-    let reentered = ctx.note_hold(owner, token);
-    let kind = if reentered { "reenter" } else { "grant" };
+    let kind = if ctx.reentered(owner, token) {
+        "reenter"
+    } else {
+        "grant"
+    };
     emit(&json!({"t": kind, "token": token, "task": t}));
     let watcher = (t == 0).then(|| {
         let lost = guard.lost_token();
@@ -214,11 +202,19 @@ async fn section(
             Some(i) => Some(ctx.turns[i].lock().await),
             None => None,
         };
+        // A hold whose lease ran out while it waited for its turn (renewal off) was
+        // told so: it leaves the store alone, as a careful holder would.
+        if !guard.is_held() {
+            return finish(guard, t, watcher).await;
+        }
         let read = store.read(&args.lock_name, token).await.map_err(io)?;
         emit(&json!({"t": "read", "stale": matches!(read, StoreReply::Stale { .. })}));
         if let StoreReply::Ok { value, version } = read {
             if !args.think.is_zero() {
                 tokio::time::sleep(args.think).await;
+            }
+            if !guard.is_held() {
+                return finish(guard, t, watcher).await;
             }
             let wrote = store
                 .write(&args.lock_name, token, version, value + 1)
@@ -230,8 +226,16 @@ async fn section(
     if shared.is_some() && rng.u8(..10) < 3 {
         reenter(ctx, owner, token, rng, nested).await;
     }
+    finish(guard, t, watcher).await
+}
+
+/// Give a hold back and say so.
+async fn finish(
+    guard: LockGuard,
+    t: u32,
+    watcher: Option<tokio::task::JoinHandle<()>>,
+) -> Result<(), Failure> {
     let released = guard.release().await.is_ok();
-    ctx.note_release(owner, token);
     if let Some(w) = watcher {
         w.abort();
     }
@@ -254,18 +258,16 @@ async fn reenter(
         _ => return,
     };
     let again_token = again.fencing_token();
-    let kind = if ctx.note_hold(owner, again_token) {
+    let kind = if ctx.reentered(owner, again_token) {
         "reenter"
     } else {
         "grant"
     };
     emit(&json!({"t": kind, "token": again_token, "nested_of": token}));
     let keep = Duration::from_millis(rng.u64(0..=millis(ctx.args.ttl) / 2));
-    let (ctx, owner) = (Arc::clone(ctx), owner.clone());
     nested.spawn(async move {
         tokio::time::sleep(keep).await;
         let _ = again.release().await;
-        ctx.note_release(&owner, again_token);
     });
 }
 

@@ -41,7 +41,7 @@ pub enum Floor {
         owner: dlock::Owner,
     },
     Etcd {
-        client: Box<etcd_client::Client>,
+        client: dlock::etcd::RawClient,
         key: String,
         lease: i64,
     },
@@ -107,12 +107,8 @@ impl Floor {
                 .await
                 .map_err(crate::raw_redis::err),
             Floor::Etcd { client, key, lease } => {
-                let put = etcd_client::PutOptions::new().with_lease(*lease);
-                client
-                    .put(key.as_str(), "", Some(put))
-                    .await
-                    .map_err(etcd_err)?;
-                client.delete(key.as_str(), None).await.map_err(etcd_err)?;
+                client.put(key, b"", *lease).await.map_err(etcd_err)?;
+                client.delete(key).await.map_err(etcd_err)?;
                 Ok(())
             }
             Floor::Zk { client, node } => {
@@ -159,10 +155,7 @@ impl Floor {
 
     /// Give back what the floor holds on the server (the etcd lease).
     pub async fn close(self) {
-        if let Floor::Etcd {
-            mut client, lease, ..
-        } = self
-        {
+        if let Floor::Etcd { client, lease, .. } = self {
             let _ = client.lease_revoke(lease).await;
         }
     }
@@ -285,14 +278,13 @@ async fn sqlite(url: &str) -> Result<Option<Floor>, Failure> {
     }))
 }
 
-fn etcd_err(e: etcd_client::Error) -> Failure {
+fn etcd_err(e: dlock::Error) -> Failure {
     Failure::internal(format!("bench's bare etcd client: {e}"))
 }
 
 /// The store's revision: it grows by one with every write.
-async fn etcd_revision(client: &mut etcd_client::Client, key: &str) -> Result<i64, Failure> {
-    let r = client.get(key, None).await.map_err(etcd_err)?;
-    Ok(r.header().map_or(0, etcd_client::ResponseHeader::revision))
+async fn etcd_revision(client: &dlock::etcd::RawClient, key: &str) -> Result<i64, Failure> {
+    client.revision(key).await.map_err(etcd_err)
 }
 
 fn zk_err(e: zk::Error) -> Failure {
@@ -315,13 +307,13 @@ async fn etcd(url: &str) -> Result<Option<Floor>, Failure> {
         .filter(|h| !h.is_empty())
         .map(|h| format!("http://{h}"))
         .collect();
-    let mut client = etcd_client::Client::connect(endpoints, None)
+    let client = dlock::etcd::RawClient::connect(&endpoints)
         .await
         .map_err(etcd_err)?;
     // Long enough for the whole interleaved measurement.
-    let lease = client.lease_grant(3600, None).await.map_err(etcd_err)?.id();
+    let lease = client.lease_grant(3600).await.map_err(etcd_err)?;
     Ok(Some(Floor::Etcd {
-        client: Box::new(client),
+        client,
         key: format!("dlock-bench-floor/{lease:x}"),
         lease,
     }))

@@ -53,10 +53,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse,
-};
+use client::{Client, ConnectOptions, RpcError, create_revision_is, prefix_end, revision};
+use proto::{Request, RequestOp, Response, SortOrder, SortTarget};
 use tokio::sync::Notify;
 
 use crate::backend::AcquisitionId;
@@ -67,25 +65,27 @@ use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
 use crate::url::ConnectUrl;
 
+mod client;
+mod proto;
 mod session;
 
 use session::Session;
 
 const SCHEME: &str = "etcd";
 
+/// A transaction operation.
+fn op(request: Request) -> RequestOp {
+    RequestOp {
+        request: Some(request),
+    }
+}
+
 /// How long a queued waiter waits for its predecessor's deletion before it looks again
 /// (the watch is the wake-up; this only bounds a missed event).
 const RECHECK: Duration = Duration::from_secs(10);
 
-pub(crate) fn map_err(e: &etcd_client::Error) -> Error {
-    use etcd_client::Error as E;
-    // gRPC codes that mean "try again": CANCELLED 1, DEADLINE_EXCEEDED 4, UNAVAILABLE 14.
-    let retry = match e {
-        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => true,
-        E::GRpcStatus(s) => matches!(s.code() as i32, 1 | 4 | 14),
-        _ => false,
-    };
-    if retry {
+pub(crate) fn map_err(e: &RpcError) -> Error {
+    if e.is_retryable() {
         Error::connection(SCHEME, e)
     } else {
         Error::backend(SCHEME, e)
@@ -192,16 +192,17 @@ impl EtcdBackend {
                 })
                 .collect()
         };
-        let mut options = ConnectOptions::new()
-            .with_timeout(timeout)
-            .with_connect_timeout(timeout)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        let mut options = ConnectOptions {
+            timeout: Some(timeout),
+            keep_alive: Some((Duration::from_secs(2), Duration::from_secs(2))),
+            ..ConnectOptions::default()
+        };
         if let Some(user) = url.username() {
             let password = url
                 .password()
                 .map(|p| p.expose().to_owned())
                 .unwrap_or_default();
-            options = options.with_user(user, password);
+            options.credentials = Some((user.to_owned(), password));
         }
         if tls {
             let read = |param: &str, path: &str| {
@@ -209,31 +210,42 @@ impl EtcdBackend {
                     url.invalid(&format!("cannot read {param} {path:?}: {}", e.kind()))
                 })
             };
-            let mut t = etcd_client::TlsOptions::new();
+            let mut t = tonic::transport::ClientTlsConfig::new();
             if let Some(ca) = &ca {
-                t = t.ca_certificate(etcd_client::Certificate::from_pem(read("ca_file", ca)?));
+                t = t.ca_certificate(tonic::transport::Certificate::from_pem(read(
+                    "ca_file", ca,
+                )?));
             }
             if let (Some(cert), Some(key)) = (&cert, &key) {
-                t = t.identity(etcd_client::Identity::from_pem(
+                t = t.identity(tonic::transport::Identity::from_pem(
                     read("cert_file", cert)?,
                     read("key_file", key)?,
                 ));
             }
-            options = options.with_tls(t);
+            options.tls = Some(t);
         }
-        let client = tokio::time::timeout(timeout, Client::connect(endpoints, Some(options)))
+        let tried = |e: &RpcError| {
+            let e = map_err(e);
+            match e {
+                Error::Connection { .. } => Error::connection(SCHEME, format!("{url}: {e}")),
+                other => other,
+            }
+        };
+        let client = tokio::time::timeout(timeout, Client::connect(&endpoints, options))
             .await
             .map_err(|_| Error::connection(SCHEME, format!("connecting to {url} timed out")))?
-            .map_err(|e| map_err(&e))?;
+            .map_err(|e| tried(&e))?;
         // Fail now, not on the first lock, when the cluster does not answer (a read
         // under the prefix: a role limited to the prefix may read nothing else).
-        let mut probe = client.clone();
-        let probe_key = format!("{prefix}dlock-connect-probe");
-        let probe_opts = GetOptions::new().with_count_only();
-        tokio::time::timeout(timeout, probe.get(probe_key, Some(probe_opts)))
+        let probe = proto::RangeRequest {
+            key: format!("{prefix}dlock-connect-probe").into_bytes(),
+            count_only: true,
+            ..proto::RangeRequest::default()
+        };
+        tokio::time::timeout(timeout, client.range(probe))
             .await
             .map_err(|_| Error::connection(SCHEME, format!("{url} did not answer")))?
-            .map_err(|e| map_err(&e))?;
+            .map_err(|e| tried(&e))?;
         Ok(Arc::new(EtcdBackend {
             inner: Arc::new(Inner {
                 client,
@@ -382,15 +394,20 @@ impl Inner {
         client: &Client,
         key: &str,
         revision: Option<i64>,
-    ) -> std::result::Result<bool, etcd_client::Error> {
-        let mut client = client.clone();
+    ) -> std::result::Result<bool, RpcError> {
+        let delete = proto::DeleteRangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..proto::DeleteRangeRequest::default()
+        };
         match revision {
-            None => Ok(client.delete(key, None).await?.deleted() > 0),
+            None => Ok(client.delete_range(delete).await?.deleted > 0),
             Some(rev) => {
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-                    .and_then([TxnOp::delete(key, None)]);
-                Ok(client.txn(txn).await?.succeeded())
+                let txn = proto::TxnRequest {
+                    compare: vec![create_revision_is(key.as_bytes(), rev, false)],
+                    success: vec![op(Request::DeleteRange(delete))],
+                    failure: Vec::new(),
+                };
+                Ok(client.txn(txn).await?.succeeded)
             }
         }
     }
@@ -408,11 +425,16 @@ impl Inner {
         Ok(s)
     }
 
-    fn first_created() -> GetOptions {
-        GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1)
+    /// The key created first under `dir` (the holder).
+    fn first_created(dir: &str) -> RequestOp {
+        op(Request::Range(proto::RangeRequest {
+            key: dir.as_bytes().to_vec(),
+            range_end: prefix_end(dir.as_bytes()),
+            sort_target: SortTarget::Create as i32,
+            sort_order: SortOrder::Ascend as i32,
+            limit: 1,
+            ..proto::RangeRequest::default()
+        }))
     }
 
     /// Take the local slot for `dir` for `acquisition` (and note that its key is
@@ -503,12 +525,13 @@ impl Inner {
     }
 
     /// Put this contender's key (owner and metadata), attached to the session lease.
-    fn put_mine(req: &AcquireRequest, key: &str, session: &Session) -> TxnOp {
-        TxnOp::put(
-            key,
-            StoredHolder::encode(req),
-            Some(PutOptions::new().with_lease(session.id)),
-        )
+    fn put_mine(req: &AcquireRequest, key: &str, session: &Session) -> RequestOp {
+        op(Request::Put(proto::PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: StoredHolder::encode(req),
+            lease: session.id,
+            ..proto::PutRequest::default()
+        }))
     }
 
     /// First attempt: put the key only if the directory is empty (no holder, nobody
@@ -520,20 +543,14 @@ impl Inner {
         session: Arc<Session>,
         key: String,
     ) -> Result<Attempt> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
-            .and_then([Self::put_mine(req, &key, &session)])
-            .or_else([TxnOp::get(dir, Some(Self::first_created()))]);
-        let resp = self
-            .client
-            .clone()
-            .txn(txn)
-            .await
-            .map_err(|e| map_err(&e))?;
-        if resp.succeeded() {
-            let rev = resp
-                .header()
-                .map_or(0, etcd_client::ResponseHeader::revision);
+        let txn = proto::TxnRequest {
+            compare: vec![create_revision_is(dir.as_bytes(), 0, true)],
+            success: vec![Self::put_mine(req, &key, &session)],
+            failure: vec![Self::first_created(dir)],
+        };
+        let resp = self.client.txn(txn).await.map_err(|e| map_err(&e))?;
+        if resp.succeeded {
+            let rev = revision(resp.header.as_ref());
             return self.granted(dir, key, req, session, rev);
         }
         // Not queued (nothing was put): the slot is given back for other local
@@ -553,25 +570,33 @@ impl Inner {
         session: Arc<Session>,
         key: String,
     ) -> Result<Attempt> {
-        let mut client = self.client.clone();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([
+        let client = &self.client;
+        let get_mine = op(Request::Range(proto::RangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..proto::RangeRequest::default()
+        }));
+        let txn = proto::TxnRequest {
+            compare: vec![create_revision_is(key.as_bytes(), 0, false)],
+            success: vec![
                 Self::put_mine(req, &key, &session),
-                TxnOp::get(dir, Some(Self::first_created())),
-            ])
-            .or_else([
-                TxnOp::get(key.as_str(), None),
-                TxnOp::get(dir, Some(Self::first_created())),
-            ]);
+                Self::first_created(dir),
+            ],
+            failure: vec![get_mine, Self::first_created(dir)],
+        };
         let resp = client.txn(txn).await.map_err(|e| map_err(&e))?;
-        let responses = resp.op_responses();
-        let my_rev = if resp.succeeded() {
-            resp.header()
-                .map_or(0, etcd_client::ResponseHeader::revision)
+        let ranges: Vec<Option<&proto::RangeResponse>> = resp
+            .responses
+            .iter()
+            .map(|r| match &r.response {
+                Some(Response::Range(g)) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let my_rev = if resp.succeeded {
+            revision(resp.header.as_ref())
         } else {
-            match responses.first() {
-                Some(TxnOpResponse::Get(g)) if !g.kvs().is_empty() => g.kvs()[0].create_revision(),
+            match ranges.first().copied().flatten() {
+                Some(g) if !g.kvs.is_empty() => g.kvs[0].create_revision,
                 _ => {
                     // Our key is gone although the slot says queued: the session lease
                     // ended under us.
@@ -584,32 +609,33 @@ impl Inner {
                 }
             }
         };
-        let holder_rev = match responses.get(1) {
-            Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.create_revision()),
-            _ => 0,
-        };
+        let holder_rev = ranges
+            .get(1)
+            .copied()
+            .flatten()
+            .and_then(|g| g.kvs.first())
+            .map_or(0, |kv| kv.create_revision);
         if holder_rev == my_rev {
             return self.granted(dir, key, req, session, my_rev);
         }
         // The key created just before ours: only its deletion can make us the holder.
         let before = client
-            .get(
-                dir,
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_max_create_revision(my_rev - 1)
-                        .with_sort(SortTarget::Create, SortOrder::Descend)
-                        .with_limit(1)
-                        .with_keys_only(),
-                ),
-            )
+            .range(proto::RangeRequest {
+                key: dir.as_bytes().to_vec(),
+                range_end: prefix_end(dir.as_bytes()),
+                max_create_revision: my_rev - 1,
+                sort_target: SortTarget::Create as i32,
+                sort_order: SortOrder::Descend as i32,
+                limit: 1,
+                keys_only: true,
+                ..proto::RangeRequest::default()
+            })
             .await
             .map_err(|e| map_err(&e))?;
-        let predecessor = before.kvs().first().map(|kv| {
+        let predecessor = before.kvs.first().map(|kv| {
             (
-                String::from_utf8_lossy(kv.key()).into_owned(),
-                kv.create_revision(),
+                String::from_utf8_lossy(&kv.key).into_owned(),
+                kv.create_revision,
             )
         });
         let retry_now = predecessor.is_none();
@@ -726,25 +752,23 @@ impl Backend for EtcdBackend {
         let resp = self
             .inner
             .client
-            .clone()
-            .get(
-                dir.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend),
-                ),
-            )
+            .range(proto::RangeRequest {
+                key: dir.as_bytes().to_vec(),
+                range_end: prefix_end(dir.as_bytes()),
+                sort_target: SortTarget::Create as i32,
+                sort_order: SortOrder::Ascend as i32,
+                ..proto::RangeRequest::default()
+            })
             .await
             .map_err(|e| map_err(&e))?;
-        let Some(first) = resp.kvs().first() else {
+        let Some(first) = resp.kvs.first() else {
             return Ok(None);
         };
-        let stored = StoredHolder::decode(first.value());
+        let stored = StoredHolder::decode(&first.value);
         // A foreign holder (etcdctl) stores nothing: show its key's last part.
         let owner = stored.as_ref().map_or_else(
             || {
-                String::from_utf8_lossy(first.key())
+                String::from_utf8_lossy(&first.key)
                     .rsplit('/')
                     .next()
                     .unwrap_or_default()
@@ -756,13 +780,133 @@ impl Backend for EtcdBackend {
             name,
             owner,
             1,
-            u64::try_from(first.create_revision()).unwrap_or(0),
+            u64::try_from(first.create_revision).unwrap_or(0),
         );
         if let Some(s) = stored {
             info.metadata = s.metadata;
         }
-        info.waiters = Some(resp.kvs().len() - 1);
+        info.waiters = Some(resp.kvs.len() - 1);
         Ok(Some(info))
+    }
+}
+
+/// The bare etcd operations under the backend, for measuring the server's own cost
+/// next to a lock's (`dlock bench`'s floor: a put attached to a lease, a delete, and
+/// the store's revision to count writes). Not a general etcd client.
+#[derive(Debug, Clone)]
+pub struct RawClient {
+    client: Client,
+}
+
+impl RawClient {
+    /// Connect to `endpoints` (`http://host:port`), without credentials or TLS.
+    ///
+    /// # Errors
+    /// [`Error::Connection`] when no endpoint answers.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn connect(endpoints: &[String]) -> Result<Self> {
+        let options = ConnectOptions {
+            timeout: Some(Duration::from_secs(5)),
+            ..ConnectOptions::default()
+        };
+        let client = Client::connect(endpoints, options)
+            .await
+            .map_err(|e| map_err(&e))?;
+        Ok(RawClient { client })
+    }
+
+    /// Grant a lease of `ttl_secs`; its id.
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (the lease may or may not have been granted).
+    pub async fn lease_grant(&self, ttl_secs: i64) -> Result<i64> {
+        Ok(self
+            .client
+            .lease_grant(ttl_secs)
+            .await
+            .map_err(|e| map_err(&e))?
+            .id)
+    }
+
+    /// Revoke lease `id` (its keys go with it).
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn lease_revoke(&self, id: i64) -> Result<()> {
+        self.client
+            .lease_revoke(id)
+            .await
+            .map(drop)
+            .map_err(|e| map_err(&e))
+    }
+
+    /// Put `key` = `value` attached to `lease` (0: none); the store's revision after.
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (the put may or may not have happened).
+    pub async fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<i64> {
+        let r = self
+            .client
+            .put(proto::PutRequest {
+                key: key.as_bytes().to_vec(),
+                value: value.to_vec(),
+                lease,
+                ..proto::PutRequest::default()
+            })
+            .await
+            .map_err(|e| map_err(&e))?;
+        Ok(revision(r.header.as_ref()))
+    }
+
+    /// Delete `key`; the store's revision after.
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (the delete may or may not have happened).
+    pub async fn delete(&self, key: &str) -> Result<i64> {
+        let r = self
+            .client
+            .delete_range(proto::DeleteRangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..proto::DeleteRangeRequest::default()
+            })
+            .await
+            .map_err(|e| map_err(&e))?;
+        Ok(revision(r.header.as_ref()))
+    }
+
+    /// The store's current revision (it grows by one with every write), read with a
+    /// count of `key`.
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    pub async fn revision(&self, key: &str) -> Result<i64> {
+        let r = self
+            .client
+            .range(proto::RangeRequest {
+                key: key.as_bytes().to_vec(),
+                count_only: true,
+                ..proto::RangeRequest::default()
+            })
+            .await
+            .map_err(|e| map_err(&e))?;
+        Ok(revision(r.header.as_ref()))
     }
 }
 
@@ -826,43 +970,46 @@ impl Waiter for EtcdWaiter {
         // a deletion before the watch was created shows there, one after it in the watch.
         let inner = &self.inner;
         let deleted = async {
-            let mut stream = inner.client.clone().watch(key.as_str(), None).await?;
-            while let Some(resp) = stream.message().await? {
-                let gone = resp
-                    .events()
+            let is_delete = |r: &proto::WatchResponse| {
+                r.events
                     .iter()
-                    .any(|e| e.event_type() == etcd_client::EventType::Delete);
-                if resp.canceled() || gone {
+                    .any(|e| e.r#type == proto::EventType::Delete as i32)
+            };
+            let next = |m: std::result::Result<Option<proto::WatchResponse>, tonic::Status>| {
+                m.map_err(|s| RpcError::Status(s.code(), s.message().to_owned()))
+            };
+            // The request stream must stay open for the watch to go on.
+            let (_requests, mut stream) = inner.client.watch(key.as_bytes()).await?;
+            while let Some(resp) = next(stream.message().await)? {
+                if resp.canceled || is_delete(&resp) {
                     return Ok(());
                 }
-                if resp.created() {
+                if resp.created {
                     break;
                 }
             }
             let still = inner
                 .client
-                .clone()
-                .get(key.as_str(), Some(GetOptions::new().with_keys_only()))
+                .range(proto::RangeRequest {
+                    key: key.as_bytes().to_vec(),
+                    keys_only: true,
+                    ..proto::RangeRequest::default()
+                })
                 .await?;
             // Gone, or a new key of the same name (a later contender): not ours to wait for.
             if still
-                .kvs()
+                .kvs
                 .first()
-                .is_none_or(|kv| kv.create_revision() != key_revision)
+                .is_none_or(|kv| kv.create_revision != key_revision)
             {
                 return Ok(());
             }
-            while let Some(resp) = stream.message().await? {
-                if resp.canceled()
-                    || resp
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == etcd_client::EventType::Delete)
-                {
+            while let Some(resp) = next(stream.message().await)? {
+                if resp.canceled || is_delete(&resp) {
                     break;
                 }
             }
-            Ok::<(), etcd_client::Error>(())
+            Ok::<(), RpcError>(())
         };
         tokio::select! {
             () = lost.cancelled() => Err(Error::connection(

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use etcd_client::Client;
+use super::client::{Client, RpcError, Sender, Streaming};
+use super::proto::{LeaseKeepAliveRequest, LeaseKeepAliveResponse};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
@@ -33,13 +34,12 @@ impl Session {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         let sent = Instant::now();
         let granted = client
-            .clone()
-            .lease_grant(secs, None)
+            .lease_grant(secs)
             .await
             .map_err(|e| super::map_err(&e))?;
-        let lease_ttl = Duration::from_secs(u64::try_from(granted.ttl().max(1)).unwrap_or(1));
+        let lease_ttl = Duration::from_secs(u64::try_from(granted.ttl.max(1)).unwrap_or(1));
         let session = Arc::new(Session {
-            id: granted.id(),
+            id: granted.id,
             lost: CancellationToken::new(),
             expires: Mutex::new(sent + lease_ttl),
         });
@@ -82,7 +82,10 @@ impl Session {
 async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive: Weak<()>) {
     let every = ttl / 3;
     let mut delay = every;
-    let mut stream: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+    let mut stream: Option<(
+        Sender<LeaseKeepAliveRequest>,
+        Streaming<LeaseKeepAliveResponse>,
+    )> = None;
     loop {
         let next = Instant::now() + delay;
         tokio::select! {
@@ -91,7 +94,7 @@ async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive:
         }
         if alive.strong_count() == 0 {
             // The backend is gone: give the lease back so its keys go at once.
-            let _ = client.clone().lease_revoke(session.id).await;
+            let _ = client.lease_revoke(session.id).await;
             session.lost.cancel();
             return;
         }
@@ -105,19 +108,26 @@ async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive:
         }
         let sent = Instant::now();
         let attempt = async {
-            if stream.is_none() {
-                stream = Some(client.clone().lease_keep_alive(session.id).await?);
+            match stream.as_mut() {
+                // Opening the stream sends the first keep-alive.
+                None => stream = Some(client.lease_keep_alive(session.id).await?),
+                Some((requests, _)) => requests
+                    .send(LeaseKeepAliveRequest { id: session.id })
+                    .await
+                    .map_err(|_| RpcError::Transport("keep-alive stream closed".into()))?,
             }
-            let Some((keeper, responses)) = stream.as_mut() else {
+            let Some((_, responses)) = stream.as_mut() else {
                 return Ok(None);
             };
-            keeper.keep_alive().await?;
-            responses.message().await
+            responses
+                .message()
+                .await
+                .map_err(|s| RpcError::Status(s.code(), s.message().to_owned()))
         };
         let budget = session.trusted_until().saturating_duration_since(sent);
         match tokio::time::timeout(budget, attempt).await {
-            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
-                let granted = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(1));
+            Ok(Ok(Some(resp))) if resp.ttl > 0 => {
+                let granted = Duration::from_secs(u64::try_from(resp.ttl).unwrap_or(1));
                 *session
                     .expires
                     .lock()
