@@ -181,6 +181,12 @@ fn busy_lock_gives_exit_75() {
         "{}",
         text(&out.stderr)
     );
+    // It says who holds the lock, and for how long.
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("held by") && said.contains("pid") && said.contains("left"),
+        "{said}"
+    );
     let start = Instant::now();
     let out = env.run(&["run", "--wait", "300ms", "busy", "--", "true"]);
     assert_eq!(out.status.code(), Some(75));
