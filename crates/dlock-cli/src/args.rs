@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Parse a duration flag (`500ms`, `30s`, `2m`).
 fn duration(text: &str) -> Result<Duration, String> {
-    dlock::parse_duration("duration", text).map_err(|e| match e {
+    dlock::url::parse_duration("duration", text).map_err(|e| match e {
         dlock::Error::InvalidOption { reason, .. } => reason,
         other => other.to_string(),
     })
@@ -15,10 +15,13 @@ fn duration(text: &str) -> Result<Duration, String> {
 /// Parse a lease flag: a duration within dlock's accepted TTL range.
 fn ttl(text: &str) -> Result<Duration, String> {
     let d = duration(text)?;
-    dlock::validate_ttl(d).map_err(|e| match e {
-        dlock::Error::InvalidOption { reason, .. } => reason,
-        other => other.to_string(),
-    })?;
+    dlock::LockOptions::new()
+        .ttl(d)
+        .validate()
+        .map_err(|e| match e {
+            dlock::Error::InvalidOption { reason, .. } => reason,
+            other => other.to_string(),
+        })?;
     Ok(d)
 }
 

@@ -1,6 +1,6 @@
 //! `dlock check`: worker processes take the lock, read a fenced store with their token,
 //! write value + 1, release — while faults are injected — and an offline checker counts
-//! what went wrong (`dlock_testkit::check`).
+//! what went wrong (`dlock_check::check`).
 //!
 //! The parent is the collector: it stamps every worker event with its own monotonic
 //! clock when it arrives, so a paused or skewed worker cannot bend the history. Faults
@@ -13,7 +13,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use dlock::{LockOptions, Locker, Wait};
-use dlock_testkit::{Fault, FaultProxy, FencedStore, Findings, Grant, StoreClient, StoreReply};
+use dlock_check::{Fault, FaultProxy, FencedStore, Findings, Grant, StoreClient, StoreReply};
 use serde_json::{Value, json};
 
 use crate::args::{CheckArgs, CheckFault, CheckWorkerArgs, CheckWorkload};
@@ -416,7 +416,7 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
         Err(e) => (0, format!("not possible: {e}")),
     };
     let log = store.log();
-    let findings = dlock_testkit::check(&grants, &log);
+    let findings = dlock_check::check(&grants, &log);
     let (final_value, _, _) = store.cell(&lock_name);
     let accepted_writes = log.iter().filter(|o| o.write && o.accepted).count() as u64;
     let durable = locker.capabilities().fencing == dlock::Fencing::Durable;

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock::{Error, LockGuard, LockOptions, Locker, Owner, Renewal, Wait};
-use dlock_testkit::{StoreClient, StoreReply};
+use dlock_check::{StoreClient, StoreReply};
 use serde_json::json;
 
 use crate::args::CheckWorkerArgs;

@@ -113,7 +113,7 @@ impl From<Error> for Failure {
         };
         // Error messages are redacted by the library; redact once more for anything
         // that came from elsewhere.
-        Failure::new(code, dlock::redact_secrets(&e.to_string()))
+        Failure::new(code, dlock::url::redact_secrets(&e.to_string()))
     }
 }
 

@@ -1031,7 +1031,7 @@ fn status_json_names_each_lock_once() {
 }
 
 /// Every exit status `dlock --help` lists (the one list, in `exit.rs`) is in the
-/// README's table, and the table lists no other.
+/// CLI README's table, and the table lists no other.
 #[test]
 fn exit_statuses_are_documented_once() {
     let env = Env::new();
@@ -1043,7 +1043,7 @@ fn exit_statuses_are_documented_once() {
         .filter_map(|l| l.split_whitespace().next()?.parse().ok())
         .collect();
     listed.sort_unstable();
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
         .expect("README.md");
     let mut documented: Vec<u32> = readme
         .lines()
@@ -1058,5 +1058,8 @@ fn exit_statuses_are_documented_once() {
         .collect();
     documented.sort_unstable();
     assert!(listed.len() >= 10, "{help}");
-    assert_eq!(listed, documented, "dlock --help and README.md disagree");
+    assert_eq!(
+        listed, documented,
+        "dlock --help and crates/dlock-cli/README.md disagree"
+    );
 }

@@ -1,15 +1,14 @@
-//! Test support for dlock: real lock servers started from PATH on free 127.0.0.1 ports
-//! in temp dirs (killed on Drop), and a loopback TCP proxy that injects faults.
+//! Test support for dlock (dev-only, unpublished): real lock servers started from PATH
+//! on free 127.0.0.1 ports in temp dirs (killed on Drop), the matrix of every backend,
+//! and `dlock check` runs over it. The fault proxy, fenced store and checker come from
+//! `dlock-check` and are re-exported here.
 //!
 //! A test whose server binary is missing prints `skipped: … not found` and returns,
 //! unless `DLOCK_REQUIRE_SERVERS=1`, in which case it fails: CI never passes by skipping.
 //! No test here touches an address outside 127.0.0.0/8.
 
-mod checker;
 mod etcd;
-mod fenced;
 mod matrix;
-mod proxy;
 mod restart;
 mod scenarios;
 mod server;
@@ -17,11 +16,12 @@ mod sql;
 mod tls;
 mod zookeeper;
 
-pub use checker::{Findings, Grant, check};
+// What `dlock check` ships lives in the publishable `dlock-check`; tests use it from here.
+pub use dlock_check::{
+    Fault, FaultProxy, FencedStore, Findings, Grant, StoreClient, StoreOp, StoreReply, check,
+};
 pub use etcd::EtcdServer;
-pub use fenced::{FencedStore, StoreClient, StoreOp, StoreReply};
 pub use matrix::{Matrix, Target};
-pub use proxy::{Fault, FaultProxy};
 pub use restart::{Restartable, SharedServer, lock_server};
 pub use scenarios::{SCENARIOS, Scenario, run_check};
 pub use server::{

@@ -17,6 +17,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
+/// The core's drift margin, for backends that add their own to it.
+pub use crate::lease::drift_margin;
 use crate::name::LockName;
 use crate::options::{Metadata, Owner};
 
@@ -44,9 +46,6 @@ impl fmt::Display for Fencing {
         })
     }
 }
-
-/// The session timeout etcd and ZooKeeper backends use unless the URL says otherwise.
-pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a backend guarantees; tests and users can ask before relying on a property.
 #[non_exhaustive]
@@ -102,20 +101,6 @@ impl Capabilities {
             session_timeout: None,
             connection_loss_notice: None,
         }
-    }
-
-    /// The shape etcd and ZooKeeper share: a server-side queue every waiter joins, a
-    /// watch on the predecessor, a session, and durable tokens (revision / zxid).
-    #[must_use]
-    pub(crate) fn queue_and_watch(session_timeout: Duration) -> Self {
-        let mut caps = Capabilities::new(Fencing::Durable);
-        caps.fifo = true;
-        caps.native_wait = true;
-        caps.session_bound = true;
-        caps.cross_process = true;
-        caps.queued_waiting = true;
-        caps.session_timeout = Some(session_timeout);
-        caps
     }
 }
 
@@ -371,9 +356,9 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
 
     /// The margin the holder subtracts from each lease before trusting it (clock drift
     /// between client and servers). The core never uses less than
-    /// [`crate::drift_margin`]; a backend with a configurable drift may ask for more.
+    /// [`drift_margin`]; a backend with a configurable drift may ask for more.
     fn clock_drift(&self, ttl: Duration) -> Duration {
-        crate::guard::drift_margin(ttl)
+        drift_margin(ttl)
     }
 
     /// When the request that made this grant left this process, if that was before the
@@ -400,60 +385,5 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     /// the delay at once while the holder may still be finishing its work.
     fn keeps_lock_delay(&self) -> bool {
         false
-    }
-}
-
-/// After a release that could not reach the server, keep trying in the background
-/// (50 ms doubling to 1 s, for at most 10 min) until `attempt` reports it done or
-/// `gone` is cancelled (the session ended and took the lock with it). On a
-/// session-bound backend the lock would otherwise stay held for as long as this
-/// process's session lives, which after a reconnect is indefinitely.
-#[cfg(any(feature = "etcd", feature = "zookeeper"))]
-pub(crate) fn finish_release_later<F, Fut>(gone: CancellationToken, mut attempt: F)
-where
-    F: FnMut() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
-{
-    tokio::spawn(async move {
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(600);
-        let mut backoff = Duration::from_millis(50);
-        while tokio::time::Instant::now() < give_up {
-            tokio::select! {
-                () = gone.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
-            }
-            if attempt().await {
-                return;
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(1));
-        }
-        tracing::warn!("a release could not reach the server for 10 minutes; giving up");
-    });
-}
-
-/// What queue-and-watch backends (etcd, ZooKeeper) store in a contender's key or node:
-/// the owner token and the metadata, as JSON. Foreign clients store anything else.
-#[cfg(any(feature = "etcd", feature = "zookeeper"))]
-#[derive(Serialize, serde::Deserialize)]
-pub(crate) struct StoredHolder {
-    pub(crate) owner: String,
-    #[serde(flatten)]
-    pub(crate) metadata: Metadata,
-}
-
-#[cfg(any(feature = "etcd", feature = "zookeeper"))]
-impl StoredHolder {
-    /// The JSON for `req`'s contender.
-    pub(crate) fn encode(req: &AcquireRequest) -> Vec<u8> {
-        serde_json::to_vec(&StoredHolder {
-            owner: req.owner.as_str().to_owned(),
-            metadata: req.metadata.clone(),
-        })
-        .unwrap_or_default()
-    }
-
-    /// Parse what a contender stored; `None` for a foreign client's value.
-    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
-        serde_json::from_slice(bytes).ok()
     }
 }

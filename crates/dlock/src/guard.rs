@@ -17,13 +17,6 @@ use crate::finish::Finish;
 use crate::keeper::Hold;
 use crate::options::Owner;
 
-/// Safety margin subtracted from a lease before the holder trusts it: 1 % of the TTL
-/// plus 2 ms (the Redlock drift rule).
-#[must_use]
-pub fn drift_margin(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
 /// Context handed to the closure of [`crate::Locker::with_lock`].
 #[derive(Debug, Clone)]
 pub struct LockContext {

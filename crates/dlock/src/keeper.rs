@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::HeldLock;
 use crate::error::{Error, LossReason, Result};
-use crate::guard::drift_margin;
+use crate::lease::drift_margin;
 use crate::name::LockName;
 use crate::options::{MIN_TTL, Owner};
 

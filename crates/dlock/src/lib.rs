@@ -42,7 +42,8 @@
 //! the highest it has seen never accepts a stale operation, on every backend whose
 //! [`Capabilities::fencing`] is [`Fencing::Durable`].
 
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 #[cfg(feature = "conformance")]
@@ -54,12 +55,15 @@ mod finish;
 mod guard;
 mod hex;
 mod keeper;
+mod lease;
 mod locker;
 pub mod memory;
 pub mod name;
 mod notify;
 mod options;
 mod owner_waits;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
@@ -74,13 +78,10 @@ pub mod url;
 pub mod zookeeper;
 
 pub use backend::{AcquisitionId, Capabilities, Fencing, LockInfo};
-pub use error::{Error, LossReason, Result, redact_secrets};
-pub use guard::{LockContext, LockGuard, drift_margin};
+pub use error::{Error, LossReason, Result};
+pub use guard::{LockContext, LockGuard};
 pub use locker::Locker;
-pub use options::{
-    DEFAULT_TTL, LockOptions, MAX_TTL, MIN_TTL, Metadata, Owner, Renewal, Wait, parse_duration,
-    validate_ttl,
-};
+pub use options::{DEFAULT_TTL, LockOptions, MAX_TTL, MIN_TTL, Metadata, Owner, Renewal, Wait};
 pub use schemes::{SchemeInfo, schemes};
 
 /// The README's examples, compiled as doc tests.

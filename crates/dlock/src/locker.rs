@@ -11,8 +11,9 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::finish::Finish;
-use crate::guard::{LockGuard, drift_margin};
+use crate::guard::LockGuard;
 use crate::keeper::{Hold, KeeperPlan, Keepers};
+use crate::lease::{drift_margin, lease_start};
 use crate::name::LockName;
 use crate::options::{LockOptions, Metadata, Owner, Wait};
 use crate::owner_waits::{OwnerWait, OwnerWaiters};
@@ -467,13 +468,6 @@ impl Locker {
             },
         ))
     }
-}
-
-/// When the lease of `held` began, at the latest: `sent_at` (the instant before the
-/// attempt that returned it was sent), or earlier if the grant was made before that.
-fn lease_start(held: &dyn crate::backend::HeldLock, sent_at: Instant) -> Instant {
-    held.granted_at()
-        .map_or(sent_at, |g| Instant::from_std(g).min(sent_at))
 }
 
 /// What an attempt task hands back to the waiting caller.

@@ -307,7 +307,7 @@ impl LockOptions {
 ///
 /// # Errors
 /// [`Error::InvalidOption`] otherwise.
-pub fn validate_ttl(ttl: Duration) -> Result<()> {
+pub(crate) fn validate_ttl(ttl: Duration) -> Result<()> {
     if ttl < MIN_TTL || ttl > MAX_TTL {
         return Err(Error::option(
             "ttl",

@@ -13,7 +13,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::{Error, Result, redact_secrets};
+/// Replace the password of every URL in a text by `***` (errors and `Debug` output of
+/// dlock are redacted already; this is for a URL a program logs itself).
+pub use crate::error::redact_secrets;
+use crate::error::{Error, Result};
+/// The duration syntax of URL options (`500ms`, `30s`, `2m`, `1h`) — also that of the
+/// `dlock` command's flags, for programs that take the same.
+pub use crate::options::parse_duration;
 
 /// A password that never shows itself in `Debug` or `Display`.
 #[derive(Clone, PartialEq, Eq)]
@@ -281,7 +287,7 @@ impl ConnectUrl {
     /// release stays ungrantable to others (the Chubby/Consul lock-delay).
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`] / [`Error::InvalidDuration`] when it is not a duration of
+    /// [`Error::InvalidUrl`] / [`Error::InvalidOption`] when it is not a duration of
     /// at most one hour.
     pub fn take_lock_delay(&mut self) -> Result<Duration> {
         let Some(v) = self.params.remove("lock_delay") else {

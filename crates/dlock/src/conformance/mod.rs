@@ -65,7 +65,7 @@ pub struct Harness {
 impl std::fmt::Debug for Harness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Harness")
-            .field("url", &crate::redact_secrets(&self.url))
+            .field("url", &crate::url::redact_secrets(&self.url))
             .finish_non_exhaustive()
     }
 }
@@ -103,7 +103,7 @@ impl Harness {
             Ok(l) => Some(l),
             Err(e) => panic!(
                 "cannot connect through the proxy to {}: {e}",
-                crate::redact_secrets(url)
+                crate::url::redact_secrets(url)
             ),
         }
     }
@@ -138,7 +138,7 @@ impl Harness {
             Ok(l) => l,
             Err(e) => panic!(
                 "cannot connect to {}: {e}",
-                crate::redact_secrets(&self.url)
+                crate::url::redact_secrets(&self.url)
             ),
         }
     }

@@ -43,9 +43,18 @@
 //! with an error.
 //!
 //! # Options
-//! `session_ttl=D` (whole seconds, at least 2 s, default 10 s), `raw_names=true|false`,
-//! `timeout=D` (per request and connecting, default 5 s); `etcds://` takes `ca_file`,
-//! `cert_file`, `key_file`; `user:password@` in the URL authenticates.
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `session_ttl` | `10s` | the session lease (whole seconds, at least 2 s): how long a dead holder's locks outlive it |
+//! | `raw_names` | `false` | use names as they are (etcdctl's layout; the prefix is the URL path) |
+//! | `timeout` | `5s` | per request, and connecting |
+//! | `ca_file`, `cert_file`, `key_file` | none | `etcds://` only: the CA that signs the server, a client certificate |
+//!
+//! `user:password@` in the URL authenticates (etcd's auth token is renewed when it
+//! expires). A role with `readwrite` on the prefix only (e.g. `/dlock/`) is enough
+//! (tested). dlock speaks etcd's v3 gRPC protocol through a small client of its own
+//! (`client.rs`, `proto.rs`): building needs no `protoc`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,11 +67,10 @@ use proto::{Request, RequestOp, Response, SortOrder, SortTarget};
 use tokio::sync::Notify;
 
 use crate::backend::AcquisitionId;
-use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, StoredHolder, Waiter,
-};
+use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Waiter};
 use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
+use crate::queue::StoredHolder;
 use crate::url::ConnectUrl;
 
 mod client;
@@ -148,7 +156,7 @@ impl EtcdBackend {
         let tls = url.scheme() == "etcds";
         let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
         let session_ttl =
-            url.take_duration("session_ttl", crate::backend::DEFAULT_SESSION_TIMEOUT)?;
+            url.take_duration("session_ttl", crate::queue::DEFAULT_SESSION_TIMEOUT)?;
         if session_ttl < Duration::from_secs(2) || session_ttl.subsec_nanos() != 0 {
             return Err(url.invalid("session_ttl must be whole seconds, at least 2s"));
         }
@@ -371,7 +379,7 @@ impl Inner {
                 let (inner, key, dir) = (Arc::clone(self), key.to_owned(), dir.to_owned());
                 // Should the session end first, the key goes with it and
                 // `claim_slot` drops the slot.
-                crate::backend::finish_release_later(session.lost.clone(), move || {
+                crate::queue::finish_release_later(session.lost.clone(), move || {
                     let (inner, key, dir) = (Arc::clone(&inner), key.clone(), dir.clone());
                     async move {
                         let done = Self::delete_key(&inner.client, &key, revision)
@@ -661,7 +669,7 @@ impl Backend for EtcdBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::queue_and_watch(self.inner.session_ttl)
+        crate::queue::capabilities(self.inner.session_ttl)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -914,7 +922,7 @@ impl EtcdBackend {
     /// The capabilities with the default session TTL (tokens are revisions: always
     /// durable).
     pub(crate) fn capabilities_with(_durable: bool) -> Capabilities {
-        Capabilities::queue_and_watch(crate::backend::DEFAULT_SESSION_TIMEOUT)
+        crate::queue::capabilities(crate::queue::DEFAULT_SESSION_TIMEOUT)
     }
 }
 

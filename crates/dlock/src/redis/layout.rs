@@ -128,7 +128,7 @@ impl Keys {
     /// Redisson layout, fair mode: the FIFO list of waiters and their deadlines
     /// (dlock's own keys: Redisson's RFairLock keeps different semantics in its own).
     /// Made on demand: most locks are never fair, and a held lock keeps its keys.
-    pub fn queue(&self) -> Option<(String, String)> {
+    pub(crate) fn queue(&self) -> Option<(String, String)> {
         self.fair_queue.then(|| {
             (
                 suffixed("dlock_lock_queue", &self.lock),

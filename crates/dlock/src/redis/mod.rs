@@ -4,44 +4,80 @@
 //! `redis+sentinel://s1:26379,s2:26379/master[?db=N]`: the master that Sentinel names,
 //! re-resolved after a connection error or a READONLY answer (feature `redis`).
 //!
-//! A Sentinel failover can lose the last writes acknowledged by the old master: a lock
-//! (and its token counter) may vanish or go back. dlock reports fencing there as best
-//! effort, and the failover test shows what happens to a held lock.
+//! # Options
 //!
-//! On a cluster every key of one lock shares the name's hash slot (Redisson's naming
-//! rule), so each script runs on the slot's master; unlock messages are ordinary
-//! PUBLISHes, which a cluster delivers on every node, so the shared subscriber listens
-//! on the first node of the URL.
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `layout` | `redisson` | the on-server layout: `redisson`, `redis-py`, `python-redis-lock` (below) |
+//! | `prefix` | none | prepended to every lock name |
+//! | `min_replicas` | none | after each grant, `WAIT` for this many replicas; else give the grant back and fail with `NoQuorum` |
+//! | `wait_timeout` | `1s` | how long `min_replicas` waits |
+//! | `timeout` | `5s` | per command, and connecting |
+//! | `poll` | `50ms` | re-poll interval of the plain layouts (no unlock messages) |
+//! | `handoff_burst` | `16` | most in-process hand-offs in a row (below); `0` turns them off |
+//! | `ca_file`, `cert_file`, `key_file` | system roots | `rediss://` only: the CA that signs the server, a client certificate |
+//! | `db` | `0` | `redis+sentinel://` only (elsewhere the path names the database) |
+//!
+//! # Layouts: the same lock as other languages' clients
+//!
+//! | layout | keys | compatible with |
+//! |---|---|---|
+//! | `redisson` | hash at the name, field `<owner>` → hold count, PEXPIRE lease; token `redisson_lock_token:{name}` (INCR); release publishes `0` on `redisson_lock__channel:{name}` | Redisson `RLock` / `RFencedLock` (Java): each side's release wakes the other's waiters |
+//! | `redis-py` | `SET name <owner> NX PX`; compare-and-delete release | redis-py `Lock`, redsync, rslock, node-redlock (no reentrancy) |
+//! | `python-redis-lock` | `SET lock:name <owner> NX`; release pushes one element to `lock-signal:name` (expires 1 s) | python-redis-lock (not on a cluster: two hash slots) |
+//!
+//! dlock and each peer exclude each other on the same name (tested against raw commands
+//! and the real Python peers). In the plain layouts dlock keeps its token counter at
+//! `dlock_token:{key}` and the holder's metadata at `dlock_meta:{key}`; a foreign holder
+//! has no token. A plain-layout release or renewal acts only while the counter still
+//! shows the grant's token: a stale grant of an owner never touches a newer one. On a
+//! cluster every key of one lock shares the name's hash slot (Redisson's naming rule).
 //!
 //! # How a lock works here
-//! Acquire, renew and release are Lua scripts (EVALSHA, with EVAL on NOSCRIPT), so
-//! every check-and-set is atomic on the server: an uncontended cycle is exactly two
-//! commands. The default layout is Redisson's (see [`Layout`]): a Java service using
-//! Redisson's RLock and a Rust service using dlock exclude each other on the same name.
+//! Acquire, renew and release are Lua scripts (EVALSHA, EVAL on NOSCRIPT), so every
+//! check-and-set is atomic on the server: an uncontended cycle is two commands. Every
+//! acquire carries a nonce: if the connection drops after the server ran it but before
+//! the reply arrived, the retry finds that grant instead of orphaning it or taking a
+//! second hold. A renewal never shortens a lease (reentrant holds share it). Renewals
+//! due together go to Redis as one script over up to 512 keys.
 //!
 //! # Waiting
 //! A waiter subscribes to the lock's unlock channel before its second attempt, on one
-//! pub/sub connection shared by the whole backend, and wakes on the unlock message —
-//! or at the holder's remaining lease (PTTL) at the latest, so a lost message costs no
-//! more than that. Each message wakes one local waiter, in arrival order, and a fresh
-//! acquisition in this process queues behind local waiters instead of barging.
-//! Between tasks of one process the lock is handed over directly (see `handoff`): the
-//! release script makes the longest-waiting local task the holder.
+//! pub/sub connection shared by the whole backend (dropped 250 ms after the last waiter
+//! leaves), and wakes on the unlock message — or at the holder's remaining lease (PTTL)
+//! at the latest. Each message wakes one local waiter, in arrival order. After the
+//! pub/sub connection was lost, the next wait subscribes again and looks at once; a user
+//! without channel rights waits by polling.
+//!
+//! **In-process hand-off** (Redisson layout, unfair locks): when a holder releases a
+//! lock that other tasks of the same `Locker` wait for, one script gives the lock
+//! straight to the task that has waited longest, with a new fencing token and that
+//! task's own lease — no unlock message, no race with the releaser's next attempt.
+//! While a task of the process holds the lock, another task of it sends no attempt (a
+//! holding owner re-entering does). After `handoff_burst` hand-offs in a row, if another
+//! connection listens for the unlock message (a waiter in another process), the lock is
+//! released to everyone and this process's waiters hold back 5 ms. Across processes the
+//! lock stays unfair; `fair` gives FIFO order: a list of waiters with deadlines on the
+//! server's clock (`dlock_lock_queue:{name}`, `dlock_lock_timeout:{name}`; not
+//! Redisson's RFairLock keys); a dead waiter blocks the queue only until its deadline.
 //!
 //! # Fencing
-//! Tokens come from an INCR counter beside the lock (`redisson_lock_token:{name}`),
-//! bumped in the acquire script. They are durable only if the server persists every
-//! write before answering (`appendonly yes` + `appendfsync always`); dlock checks with
-//! `CONFIG GET` and reports [`Fencing::BestEffort`] otherwise (also when CONFIG is not
-//! permitted). A restart without persistence, or a failover to a replica that missed the
-//! last INCR, can hand out a token again.
+//! Tokens come from an INCR counter beside the lock, bumped in the acquire script. They
+//! are durable only if the server persists every write before answering (`appendonly
+//! yes` + `appendfsync always`); dlock checks with `CONFIG GET` and reports
+//! [`Fencing::BestEffort`] otherwise (also when CONFIG is not permitted). A restart
+//! without persistence, or a failover to a replica that missed the last INCR, can hand
+//! out a token again: a Sentinel or Cluster failover is best effort, and the failover
+//! test shows what happens to a held lock.
 //!
-//! # Options
-//! `layout=redisson|redis-py|python-redis-lock`, `prefix=TEXT` (prepended to every
-//! lock name), `min_replicas=N` (WAIT for N replicas after each grant, else release and
-//! fail), `wait_timeout=D` (for `min_replicas`, default 1s), `timeout=D` (per command,
-//! default 5s), `poll=D` (waiting on layouts without unlock messages, default 50ms),
-//! `handoff_burst=N` (most in-process hand-offs in a row, default 16; 0 = none).
+//! # Least privilege
+//! This ACL rule is enough (tested): `ACL SETUSER dlock on >PASSWORD ~* &* -@all
+//! +evalsha +eval +script|load +publish +subscribe +unsubscribe +ping +hgetall +pttl +get
+//! +wait +exists +incr +hset +hexists +hincrby +hget +hmget +hdel +pexpire +del +set
+//! +lpush +zcard +lindex +lpop +lrem +rpush +zscore +zrem +zadd +time +pubsub|numsub`.
+//! Without `+pubsub|numsub` a hand-off streak always ends with a release to everyone;
+//! without `+config|get` fencing is reported as best effort; without channel rights
+//! waiters poll.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -35,12 +35,32 @@
 //! [`Fencing::Durable`] only when every node says `appendfsync always` at connect time,
 //! [`Fencing::BestEffort`] otherwise.
 //!
+//! Each round's grants carry a nonce in their metadata on every node: release, renewal
+//! and the clean-up of a failed round act on that grant only, never on another task's
+//! grant of the same owner. A renewal never shortens a lease.
+//!
+//! # Not guaranteed
+//! Redlock assumes bounded clock drift and bounded pauses; a holder paused past its
+//! validity is exactly the case fencing tokens exist for. No FIFO order, no unlock
+//! notifications (waiters poll), no reentrancy. With a node SIGSTOPped, an acquire or
+//! renewal returns as soon as a majority has answered, but a release or a failed attempt
+//! waits up to `node_timeout` for it.
+//!
 //! # Options
-//! `node_timeout=D` (per node call; default 50 ms and at most a tenth of the TTL; a
-//! configured value is used as given — keep it far below your TTLs),
-//! `drift_factor=F` (default 0.01), `retries=N` (rounds after the first when nodes do
-//! not answer, default 3), `poll=D` (waiting, default 20ms, jittered), `prefix=TEXT`,
-//! `timeout=D` (connecting, default 5s). A password in the URL is used on every node.
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `node_timeout` | 50 ms, at most a tenth of the TTL | per node call (a configured value is used as given: keep it far below your TTLs) |
+//! | `drift_factor` | `0.01` | clock drift allowed, as a fraction of the TTL (0 to < 0.5) |
+//! | `retries` | `3` | rounds after the first when too few nodes answer (0–100) |
+//! | `poll` | `20ms` | waiting (jittered) |
+//! | `prefix` | none | prepended to every lock name |
+//! | `timeout` | `5s` | connecting |
+//!
+//! A password in the URL is used on every node. The on-node layout is node-redlock's,
+//! redsync's and rslock's (the name as key, the owner as value, `SET NX PX`): they and
+//! dlock exclude each other; dlock adds `dlock_token:{name}`, `dlock_fence:{name}` and
+//! `dlock_meta:{name}`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -12,6 +12,15 @@
 //!   with it, so a holder that dies frees the lock as soon as the server sees its
 //!   connection close. A heartbeat on the pinned connection fires `lost()` when the
 //!   connection stops answering.
+//!
+//! # Guarantees, and what a session mode cannot promise
+//! Lease mode: a renewal never shortens the lease (reentrant holds of one owner share
+//! the row); the same owner after its lease ran out gets a new grant with a new token,
+//! never the lapsed one's. Session modes: a connection that breaks (a reset, the server
+//! or a proxy closing it) frees the lock on the server at once, and the holder hears of
+//! it by its next heartbeat — [`Capabilities::connection_loss_notice`]. Only a resource
+//! that checks fencing tokens protects that window. A holder that is SIGSTOPped keeps
+//! its session, and so the lock, until it resumes.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -29,7 +29,7 @@ pub(super) struct Now {
 }
 
 impl Now {
-    pub fn read(boot_id: &Arc<str>) -> Self {
+    pub(super) fn read(boot_id: &Arc<str>) -> Self {
         let boot_ms = nix::time::clock_gettime(LEASE_CLOCK)
             .map(|ts| ts.tv_sec() * 1000 + ts.tv_nsec() / 1_000_000)
             .unwrap_or(0);
@@ -47,7 +47,7 @@ impl Now {
     /// Milliseconds left on a lease stored as (boot id, boot expiry, wall expiry); zero
     /// or less means expired. Same boot: the boot clock decides, so a wall-clock jump
     /// changes nothing. Another boot: the wall clock is all there is.
-    pub fn remaining_ms(&self, boot_id: &str, expires_boot: i64, expires_wall: i64) -> i64 {
+    pub(super) fn remaining_ms(&self, boot_id: &str, expires_boot: i64, expires_wall: i64) -> i64 {
         if boot_id == &*self.boot_id {
             expires_boot - self.boot_ms
         } else {
@@ -56,13 +56,13 @@ impl Now {
     }
 
     /// (boot ms, wall ms) of now + `d`.
-    pub fn after(&self, d: Duration) -> (i64, i64) {
+    pub(super) fn after(&self, d: Duration) -> (i64, i64) {
         let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
         (self.boot_ms + ms, self.wall_ms + ms)
     }
 
     /// (boot ms, wall ms) of now − `d`.
-    pub fn before(&self, d: Duration) -> (i64, i64) {
+    pub(super) fn before(&self, d: Duration) -> (i64, i64) {
         let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
         (self.boot_ms - ms, self.wall_ms - ms)
     }

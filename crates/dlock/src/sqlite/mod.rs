@@ -28,11 +28,17 @@
 //! processes are noticed by polling every `poll` (default 10 ms, jittered 50–100 %).
 //!
 //! # URL
-//! `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:` (one process),
-//! options `synchronous=full|normal` (default `full`; `normal` can lose the last
-//! commits on power loss, so fencing drops to best effort), `poll=10ms` and
-//! `lock_delay=DURATION` (default none: a lease that ran out without a release keeps
-//! the lock from other owners this much longer — see the README).
+//! `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:` (one process).
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `synchronous` | `full` | `normal` can lose the last commits on power loss, so fencing drops to best effort |
+//! | `poll` | `10ms` | waiting for other processes (jittered 50–100 %) |
+//! | `lock_delay` | none | a lease that ran out without a release keeps the lock from other owners this much longer (Chubby's lock-delay; at most 1 h). A clean release frees it at once. It narrows the window in which a paused holder and the next one work at once; only fencing closes it |
+//!
+//! A lock between processes on one machine: a database file on a network file system
+//! shared by several machines is not supported. Fairness across processes exists only
+//! in `fair` mode (a queue table with expiring entries).
 
 use std::path::PathBuf;
 use std::str::FromStr;

@@ -33,11 +33,21 @@
 //! or the server reports it expired, `lost()` fires and the next acquisition opens a new
 //! session. A lock's own TTL is kept by the live holder.
 //!
+//! Any client may create children under a lock's node: names that are not contenders
+//! are ignored. A node whose session this process gave up on is still deleted on
+//! release if the server kept the session; a release of a node that is gone reports the
+//! loss.
+//!
 //! # Options
-//! `session_timeout=D` (default 10s; the server clamps it to 2–20 ticks),
-//! `timeout=D` (connecting, default 5s). `user:password@` authenticates with the
-//! `digest` scheme, and nodes are then created with the creator-only ACL (others
-//! cannot delete them).
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `session_timeout` | `10s` | asked of the server, which clamps it to 2–20 ticks: how long a dead holder's locks outlive it |
+//! | `timeout` | `5s` | connecting |
+//!
+//! `user:password@` authenticates with the `digest` scheme, and nodes are then created
+//! with the creator-only ACL (a client without the credentials can neither list nor
+//! delete them; tested). Names with `/`, `..` or unicode never leave the root.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,11 +58,10 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, StoredHolder, Waiter,
-};
+use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Waiter};
 use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
+use crate::queue::StoredHolder;
 use crate::url::ConnectUrl;
 
 const SCHEME: &str = "zk";
@@ -82,7 +91,7 @@ async fn delete_node(session: &Arc<Session>, node: &str) -> Result<bool> {
         Err(zk::Error::NoNode) => Ok(false),
         Err(e) => {
             let (session, node) = (Arc::clone(session), node.to_owned());
-            crate::backend::finish_release_later(session.lost.clone(), move || {
+            crate::queue::finish_release_later(session.lost.clone(), move || {
                 let (session, node) = (Arc::clone(&session), node.clone());
                 async move {
                     matches!(
@@ -161,7 +170,7 @@ async fn watch_session(
     timeout: Duration,
 ) {
     let mut states = client.state_watcher();
-    let margin = crate::drift_margin(timeout) + Duration::from_millis(50);
+    let margin = crate::lease::drift_margin(timeout) + Duration::from_millis(50);
     let every = timeout / 4;
     let mut trusted_until = Instant::now() + timeout.saturating_sub(margin);
     loop {
@@ -298,7 +307,7 @@ fn uuid() -> String {
 impl ZkBackend {
     pub(crate) async fn open(mut url: ConnectUrl) -> Result<Arc<Self>> {
         let session_timeout =
-            url.take_duration("session_timeout", crate::backend::DEFAULT_SESSION_TIMEOUT)?;
+            url.take_duration("session_timeout", crate::queue::DEFAULT_SESSION_TIMEOUT)?;
         let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
         url.finish(&["session_timeout", "timeout"])?;
         let mut root = url.path().trim_end_matches('/').to_owned();
@@ -445,7 +454,7 @@ impl Inner {
         if created.is_err() && maybe_created {
             let (session, dir) = (Arc::clone(session), dir.to_owned());
             let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
-            crate::backend::finish_release_later(session.lost.clone(), move || {
+            crate::queue::finish_release_later(session.lost.clone(), move || {
                 let (session, dir, mine) = (Arc::clone(&session), dir.clone(), mine.clone());
                 async move { delete_by_prefix(&session, &dir, &mine).await }
             });
@@ -548,7 +557,7 @@ impl Backend for ZkBackend {
     fn capabilities(&self) -> Capabilities {
         // The server may have raised the timeout asked for (2 to 20 ticks).
         let negotiated = Duration::from_millis(self.inner.negotiated_ms.load(Ordering::Relaxed));
-        Capabilities::queue_and_watch(self.inner.session_timeout.max(negotiated))
+        crate::queue::capabilities(self.inner.session_timeout.max(negotiated))
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -685,7 +694,7 @@ impl ZkBackend {
     /// The capabilities with the default session timeout, as long as the server grants
     /// it (tokens are zxids: always durable).
     pub(crate) fn capabilities_with(_durable: bool) -> Capabilities {
-        Capabilities::queue_and_watch(crate::backend::DEFAULT_SESSION_TIMEOUT)
+        crate::queue::capabilities(crate::queue::DEFAULT_SESSION_TIMEOUT)
     }
 }
 

@@ -25,9 +25,24 @@
 //! a release in this process wakes this process's waiters at once.
 //!
 //! # Options
-//! `mode=lease|named|row`, `table_prefix=dlock`, `poll=10ms`, `timeout=5s`,
-//! `heartbeat=1s`, `pool=10`, `sessions=100`,
-//! `ssl_mode=disabled|preferred|required|verify_ca|verify_identity`, `ssl_ca=PEM file`.
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `mode` | `lease` | how the lock is held (above) |
+//! | `table_prefix` | `dlock` | prefix of dlock's tables (a plain identifier) |
+//! | `lock_delay` | none | lease mode: a lease that ran out without a release keeps the lock from other owners this much longer (at most 1 h) |
+//! | `poll` | `10ms` (jittered) | waiting: re-poll interval |
+//! | `timeout` | `5s` | connecting, and per statement |
+//! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
+//! | `pool` | `10` | connections for lease statements |
+//! | `sessions` | `100` | idle pinned connections kept for session modes |
+//! | `ssl_mode` | `preferred` | `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` |
+//! | `ssl_ca` | none | PEM file of the CA that signs the server |
+//!
+//! `inspect` asks the server what the acquire asks (`IS_USED_LOCK`): a named lock held
+//! outside dlock is reported held, with no token (0). Least privilege (tested): once the
+//! tables exist, `SELECT, INSERT, UPDATE` on them are enough (row-mode `inspect` also
+//! needs `PROCESS`). Not yet: fair (FIFO) mode, waiting by notification.
 
 use std::str::FromStr;
 use std::sync::Arc;

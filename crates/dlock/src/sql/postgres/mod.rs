@@ -30,10 +30,26 @@
 //! by the fallback re-poll every `poll` (default 100 ms).
 //!
 //! # Options
-//! `mode=lease|advisory|row`, `table_prefix=dlock`, `poll=100ms`, `timeout=5s`,
-//! `heartbeat=1s`, `pool=10` (lease statements), `sessions=100` (idle pinned connections
-//! kept), `advisory_key=sha256|number`, `sslmode=disable|prefer|require|verify-ca|verify-full`,
-//! `ssl_ca=PEM file`.
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `mode` | `lease` | how the lock is held (above) |
+//! | `table_prefix` | `dlock` | prefix of dlock's tables (a plain identifier) |
+//! | `lock_delay` | none | lease mode: a lease that ran out without a release keeps the lock from other owners this much longer (at most 1 h) |
+//! | `poll` | `100ms` (a fallback: releases notify) | waiting: re-poll interval |
+//! | `timeout` | `5s` | connecting, and per statement |
+//! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
+//! | `pool` | `10` | connections for lease statements |
+//! | `sessions` | `100` | idle pinned connections kept for session modes |
+//! | `advisory_key` | `sha256` | advisory mode: `sha256` (first 8 bytes of the name's SHA-256) or `number` (the name as a decimal int8) |
+//! | `sslmode` | `prefer` | `disable`, `prefer`, `require`, `verify-ca`, `verify-full` |
+//! | `ssl_ca` | none | PEM file of the CA that signs the server |
+//!
+//! `inspect` asks the server what the acquire asks (`pg_locks` for the advisory key):
+//! a key held outside dlock — or by dlock under another spelling of the same number — is
+//! reported held, with no token (0). Least privilege (tested): once the tables exist,
+//! `SELECT, INSERT, UPDATE` on them and `USAGE` on the sequence are enough in every mode;
+//! a user that cannot create the tables gets a clear permission error.
 
 use std::str::FromStr;
 use std::sync::Arc;

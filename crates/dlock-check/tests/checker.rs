@@ -1,7 +1,7 @@
 //! The checker itself, property-tested: clean synthetic histories report nothing, and
 //! every injected anomaly is found.
 
-use dlock_testkit::{Findings, Grant, StoreOp, check};
+use dlock_check::{Findings, Grant, StoreOp, check};
 use proptest::prelude::*;
 
 /// A clean history: `n` critical sections one after another, tokens strictly
