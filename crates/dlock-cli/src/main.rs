@@ -3,20 +3,11 @@
 mod args;
 mod bench;
 mod check;
-mod crowd;
 mod demo;
 mod exit;
 mod fleet;
-mod floor;
-mod handoff;
-mod hold;
-mod inventory;
 mod output;
-mod parallel;
-mod raw_redis;
-mod raw_sql;
 mod run;
-mod stats;
 mod status;
 
 use clap::Parser;

@@ -157,6 +157,7 @@ impl LockGuard {
     /// # Cancel safety
     /// Cancel safe in that dropping the future leaves the guard usable; the extension
     /// may or may not have happened.
+    #[tracing::instrument(level = "debug", name = "extend", skip_all, fields(lock = %self.hold.name, scheme = self.hold.scheme()))]
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         crate::options::validate_ttl(ttl)?;
         self.hold.extend(ttl).await
@@ -171,6 +172,7 @@ impl LockGuard {
     /// # Cancel safety
     /// Cancel safe: the release runs in the caller's task and, if this future is
     /// dropped halfway, finishes in a task of its own.
+    #[tracing::instrument(level = "debug", name = "release", skip_all, fields(lock = %self.hold.name, scheme = self.hold.scheme()))]
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         // Run here (no hop through another task), finished in a task of its own if

@@ -25,6 +25,7 @@ use crate::error::{Error, LossReason, Result};
 use crate::lease::drift_margin;
 use crate::name::LockName;
 use crate::options::{MIN_TTL, Owner};
+use crate::telemetry::Meters;
 
 /// How long the keeper waits for a best-effort release after a loss.
 const LOST_RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -52,6 +53,8 @@ pub(crate) struct Keepers {
     state: Mutex<Timers>,
     /// Wakes the driver when a slot earlier than its sleep is added.
     wake: Notify,
+    /// The locker's metric handles (renewals, losses; acquisitions in the locker).
+    pub(crate) meters: Meters,
 }
 
 #[derive(Debug, Default)]
@@ -63,6 +66,15 @@ struct Timers {
 }
 
 impl Keepers {
+    /// The keepers of a locker on the backend `scheme`.
+    pub(crate) fn new(scheme: &'static str) -> Self {
+        Keepers {
+            state: Mutex::default(),
+            wake: Notify::new(),
+            meters: Meters::new(scheme),
+        }
+    }
+
     fn timers(&self) -> std::sync::MutexGuard<'_, Timers> {
         self.state
             .lock()
@@ -298,6 +310,11 @@ impl Hold {
         }
     }
 
+    /// The scheme of the backend that holds this lock (for spans and metrics).
+    pub(crate) fn scheme(&self) -> &'static str {
+        self.keepers.meters.scheme()
+    }
+
     /// The token cancelled on loss (made now if nobody asked before).
     pub(crate) fn lost_token(&self) -> &CancellationToken {
         let token = self.lost_token.get_or_init(CancellationToken::new);
@@ -313,6 +330,7 @@ impl Hold {
         let first = self.reason.set(reason).is_ok();
         if first && let Some(reason) = self.reason.get() {
             tracing::warn!(lock = %self.name, %reason, "lock lost");
+            self.keepers.meters.lost(reason);
         }
         self.lost.store(true, Ordering::SeqCst);
         if let Some(token) = self.lost_token.get() {
@@ -416,6 +434,7 @@ impl Hold {
         if let Some(h) = keep.hold_until {
             asked = asked.min(h);
         }
+        self.keepers.meters.renewed(outcome.is_ok());
         match outcome {
             Ok(()) => {
                 self.set_deadline(keep, asked);

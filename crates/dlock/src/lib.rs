@@ -73,6 +73,7 @@ mod schemes;
 pub mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub mod telemetry;
 pub mod url;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;

@@ -17,6 +17,7 @@ use crate::lease::{drift_margin, lease_start};
 use crate::name::LockName;
 use crate::options::{LockOptions, Metadata, Owner, Wait};
 use crate::owner_waits::{OwnerWait, OwnerWaiters};
+use crate::telemetry::Ended;
 
 /// How long a fair-mode queue entry lives without being refreshed by its waiter.
 const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(5);
@@ -55,6 +56,7 @@ impl Locker {
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is held until the future completes.
+    #[tracing::instrument(level = "debug", name = "connect", skip_all, fields(scheme))]
     pub async fn connect(url: &str) -> Result<Self> {
         let mut parsed = crate::url::ConnectUrl::parse(url)?;
         let mut defaults = LockOptions::default();
@@ -63,10 +65,11 @@ impl Locker {
             crate::options::validate_ttl(defaults.ttl)?;
         }
         let shown = parsed.to_string();
+        tracing::Span::current().record("scheme", parsed.scheme());
         let backend = crate::schemes::open(parsed).await?;
         Ok(Locker {
+            keepers: Arc::new(Keepers::new(backend.scheme())),
             backend,
-            keepers: Arc::default(),
             waiting: Arc::default(),
             defaults,
             url: shown,
@@ -78,8 +81,8 @@ impl Locker {
     pub fn from_backend(backend: Arc<dyn Backend>) -> Self {
         Locker {
             url: format!("{}://", backend.scheme()),
+            keepers: Arc::new(Keepers::new(backend.scheme())),
             backend,
-            keepers: Arc::default(),
             waiting: Arc::default(),
             defaults: LockOptions::default(),
         }
@@ -164,7 +167,20 @@ impl Locker {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves nothing held.
+    #[tracing::instrument(level = "debug", name = "try_lock", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn try_lock_with(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let started = Instant::now();
+        let result = self.try_once(name, opts).await;
+        let outcome = match &result {
+            Ok(Some(_)) => Ended::Granted,
+            Ok(None) => Ended::Busy,
+            Err(_) => Ended::Error,
+        };
+        self.keepers.meters.acquired(outcome, started.elapsed());
+        result
+    }
+
+    async fn try_once(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
         let (name, req) = self.prepare(name, opts)?;
         let mut cleanup = Cleanup::new(&self.backend, &req);
         let sent_at = Instant::now();
@@ -178,6 +194,7 @@ impl Locker {
             }
             // A single attempt that will not wait leaves nothing queued.
             Err(AttemptError::Busy(_) | AttemptError::Abandoned) => {
+                self.keepers.meters.busy();
                 cleanup.armed = false;
                 Ok(None)
             }
@@ -197,7 +214,34 @@ impl Locker {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves nothing held and no queue entry behind.
+    #[tracing::instrument(level = "debug", name = "lock", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn lock_with(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
+        let started = Instant::now();
+        let mut first_busy = None;
+        let result = self.acquire(name, opts, &mut first_busy).await;
+        let meters = &self.keepers.meters;
+        let outcome = match &result {
+            Ok(_) => {
+                if let Some(busy) = first_busy {
+                    meters.waited(busy.elapsed());
+                }
+                Ended::Granted
+            }
+            Err(Error::Timeout { .. }) => Ended::Timeout,
+            Err(_) => Ended::Error,
+        };
+        meters.acquired(outcome, started.elapsed());
+        result
+    }
+
+    /// The acquisition loop behind [`Locker::lock_with`]; notes when the first busy
+    /// answer came (for the wait-time metric).
+    async fn acquire(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        first_busy: &mut Option<Instant>,
+    ) -> Result<LockGuard> {
         let (name, mut req) = self.prepare(name, opts)?;
         let started = Instant::now();
         let deadline = match opts.wait {
@@ -227,7 +271,11 @@ impl Locker {
                     cleanup.armed = false;
                     return Ok(self.finish(held, name, req.owner, opts, sent_at));
                 }
-                Err(AttemptError::Busy(hint)) => hint,
+                Err(AttemptError::Busy(hint)) => {
+                    self.keepers.meters.busy();
+                    first_busy.get_or_insert_with(Instant::now);
+                    hint
+                }
                 Err(AttemptError::Abandoned) => {
                     // The attempt outlived the wait: it finishes in a task of its own,
                     // which gives back a grant and leaves the queue after it.
@@ -344,6 +392,7 @@ impl Locker {
     ///
     /// # Cancel safety
     /// Cancel safe (read only).
+    #[tracing::instrument(level = "debug", name = "inspect", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let name = LockName::new(name)?;
         self.backend.inspect(&name).await

@@ -996,6 +996,7 @@ impl RedisHeld {
                     counted: std::sync::atomic::AtomicBool::new(true),
                 };
                 handoffs.note_held(&self.keys.lock, offer.owner(), sent_at + want.ttl);
+                crate::telemetry::handoff("redis");
                 if let Err(grant) = handoffs.deliver(&self.keys.lock, offer, grant) {
                     // The waiter left while the hand-off was on its way.
                     grant.release().await?;

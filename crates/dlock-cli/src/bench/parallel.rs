@@ -62,7 +62,7 @@ pub async fn run(
         total += j.await.map_err(|e| Failure::internal(e.to_string()))??;
     }
     let cycles_per_sec = total as f64 / start.elapsed().as_secs_f64();
-    let floor = match crate::raw_redis::bare_url(url) {
+    let floor = match crate::bench::raw_redis::bare_url(url) {
         Some(bare) if keys >= u64::from(tasks) => {
             Some(redis_floor(&bare, name, tasks, duration).await?)
         }
@@ -83,7 +83,7 @@ async fn redis_floor(
     tasks: u32,
     duration: Duration,
 ) -> Result<f64, Failure> {
-    let conn = crate::raw_redis::connect(url).await?;
+    let conn = crate::bench::raw_redis::connect(url).await?;
     let start = Instant::now();
     let deadline = start + duration;
     let mut joins = Vec::new();
@@ -94,7 +94,7 @@ async fn redis_floor(
         joins.push(tokio::spawn(async move {
             let mut n = 0u64;
             while Instant::now() < deadline {
-                crate::raw_redis::floor_cycle(&mut conn, &key, owner.as_str()).await?;
+                crate::bench::raw_redis::floor_cycle(&mut conn, &key, owner.as_str()).await?;
                 n += 1;
             }
             Ok::<u64, redis::RedisError>(n)
@@ -105,7 +105,7 @@ async fn redis_floor(
         total += j
             .await
             .map_err(|e| Failure::internal(e.to_string()))?
-            .map_err(crate::raw_redis::err)?;
+            .map_err(crate::bench::raw_redis::err)?;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }

@@ -11,8 +11,8 @@ use sqlx::postgres::PgConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Connection, Executor, Row, SqlitePool};
 
+use crate::bench::raw_sql::SqlConn;
 use crate::exit::Failure;
-use crate::raw_sql::SqlConn;
 
 /// One connection to the stock.
 pub enum Inventory {
@@ -29,7 +29,7 @@ impl Inventory {
     /// Open the stock at `spec`: an SQLite file path, or a `postgres://` / `mysql://` /
     /// `mariadb://` URL with the run's row id.
     pub async fn open(spec: &str, id: i64) -> Result<Self, Failure> {
-        if crate::raw_sql::target(spec).is_some() {
+        if crate::bench::raw_sql::target(spec).is_some() {
             let create = "CREATE TABLE IF NOT EXISTS dlock_demo_stock \
                           (id BIGINT PRIMARY KEY, qty BIGINT NOT NULL, version BIGINT NOT NULL)";
             return Ok(match SqlConn::connect(spec).await? {

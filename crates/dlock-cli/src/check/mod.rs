@@ -9,6 +9,8 @@
 //! stops itself (pause-holder: SIGSTOP; the parent sends SIGCONT after TTL + 0.5 s), and
 //! then carries on with its now stale token.
 
+mod crowd;
+
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -514,7 +516,7 @@ fn print_report(r: &Report) {
 /// One worker process (hidden `check-worker`).
 pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
     if args.tasks > 0 {
-        return crate::crowd::worker(args).await;
+        return crate::check::crowd::worker(args).await;
     }
     let locker = Locker::connect(&args.url).await?;
     let addr = args

@@ -5,6 +5,14 @@
 //! cycle in the same run, alternating with dlock's cycles. For Redlock, the same cycles
 //! on the first node alone (same layout), measured in the same run.
 
+mod floor;
+mod handoff;
+mod hold;
+mod parallel;
+mod raw_redis;
+pub(crate) mod raw_sql;
+pub(crate) mod stats;
+
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum as _;
@@ -13,11 +21,11 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::args::{BenchArgs, BenchWorkerArgs, Scenario};
+use crate::bench::handoff::Waiting;
+use crate::bench::stats::{Latency, Percentiles, jain, micros, show_us};
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit, numbers};
-use crate::handoff::Waiting;
 use crate::output::outln;
-use crate::stats::{Latency, Percentiles, jain, micros, show_us};
 
 /// How long a polling waiter sleeps after a busy `try_lock` (redis-py's `Lock` sleeps
 /// 100 ms by default; 10 ms favours polling).
@@ -72,11 +80,11 @@ struct Report {
     scenarios: Vec<ScenarioRow>,
     uncontended: Option<Uncontended>,
     contended: Option<Contended>,
-    handoff: Option<crate::handoff::Handoff>,
+    handoff: Option<crate::bench::handoff::Handoff>,
     /// The hand-off run with polling waiters.
-    polling: Option<crate::handoff::HandoffRun>,
-    hold: Option<crate::hold::HoldRun>,
-    parallel: Option<crate::parallel::Parallel>,
+    polling: Option<crate::bench::handoff::HandoffRun>,
+    hold: Option<crate::bench::hold::HoldRun>,
+    parallel: Option<crate::bench::parallel::Parallel>,
     single_node: Option<SingleNode>,
 }
 
@@ -151,9 +159,10 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     let mut uncontended = None;
     let mut single_node = None;
     if runs(Scenario::Uncontended) {
-        let mut floor = crate::floor::Floor::connect(&url).await?;
+        let mut floor = crate::bench::floor::Floor::connect(&url).await?;
         let (ours, bare) =
-            crate::floor::measure(&locker, &name, &opts, floor.as_mut(), args.cycles).await?;
+            crate::bench::floor::measure(&locker, &name, &opts, floor.as_mut(), args.cycles)
+                .await?;
         let mut requests_per_cycle = None;
         if let Some(mut f) = floor {
             requests_per_cycle = f
@@ -163,9 +172,14 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         }
         if let Some(single) = first_node_url(&url) {
             let one = Locker::connect(&single).await?;
-            let (side, _) =
-                crate::floor::measure(&one, &format!("{name}:single"), &opts, None, args.cycles)
-                    .await?;
+            let (side, _) = crate::bench::floor::measure(
+                &one,
+                &format!("{name}:single"),
+                &opts,
+                None,
+                args.cycles,
+            )
+            .await?;
             single_node = Some(SingleNode {
                 url: one.url().to_owned(),
                 cycles_per_sec: side.per_sec,
@@ -191,7 +205,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     let handoff = if runs(Scenario::Handoff) {
         let hname = format!("{name}:handoff");
         let shape = (args.waiters, args.duration, Waiting::Notified);
-        Some(crate::handoff::run(&locker, &url, &hname, &opts, shape).await?)
+        Some(crate::bench::handoff::run(&locker, &url, &hname, &opts, shape).await?)
     } else {
         None
     };
@@ -199,7 +213,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         let pname = format!("{name}:polling");
         let shape = (args.waiters, args.duration, Waiting::Polling(POLL_EVERY));
         Some(
-            crate::handoff::run(&locker, &url, &pname, &opts, shape)
+            crate::bench::handoff::run(&locker, &url, &pname, &opts, shape)
                 .await?
                 .dlock,
         )
@@ -214,7 +228,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
             (None, h) => h,
         };
         Some(
-            crate::hold::run(
+            crate::bench::hold::run(
                 &locker,
                 &url,
                 &prefix,
@@ -229,12 +243,12 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     };
     let parallel = if runs(Scenario::Parallel) {
         let pname = format!("{name}:parallel");
-        let shape = crate::parallel::Shape {
+        let shape = crate::bench::parallel::Shape {
             tasks: args.tasks,
             keys: args.keys.unwrap_or(u64::MAX).min(u64::from(args.tasks)),
             duration: args.duration,
         };
-        Some(crate::parallel::run(&locker, &url, &pname, &opts, shape).await?)
+        Some(crate::bench::parallel::run(&locker, &url, &pname, &opts, shape).await?)
     } else {
         None
     };
@@ -336,7 +350,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
     rows
 }
 
-fn print_handoff(label: &str, h: &crate::handoff::HandoffRun) {
+fn print_handoff(label: &str, h: &crate::bench::handoff::HandoffRun) {
     outln!(
         "  {label}: {} real hand-offs of {} acquisitions in {:.1}s = {:.0}/s; hand-off p50 {}, p99 {}, p99.9 {}; \
          fairness (Jain) {:.3}; releaser took it back {:.1}%{}",

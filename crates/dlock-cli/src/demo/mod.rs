@@ -7,6 +7,8 @@
 //! an optimistic version-checked write, `SELECT … FOR UPDATE` on the stock row (database
 //! servers only), and a dlock lock.
 
+mod inventory;
+
 use std::time::{Duration, Instant};
 
 use dlock::Locker;
@@ -14,11 +16,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::args::{DemoWorkerArgs, FlashSaleArgs, Strategy};
+use crate::bench::stats::{Latency, micros, show_us};
+use crate::demo::inventory::Inventory;
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit, numbers};
-use crate::inventory::Inventory;
 use crate::output::outln;
-use crate::stats::{Latency, micros, show_us};
 
 /// An optimistic buyer gives up after this many conflicts in a row.
 const MAX_CONFLICTS: u64 = 100_000;
@@ -37,7 +39,7 @@ pub async fn flash_sale(args: FlashSaleArgs) -> Result<i32, Failure> {
     let lock_url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "locks.db");
     // Fail early, with a clear message, on a bad URL.
     let locker = Locker::connect(&lock_url).await?;
-    let spec = if crate::raw_sql::target(&lock_url).is_some() {
+    let spec = if crate::bench::raw_sql::target(&lock_url).is_some() {
         lock_url.clone()
     } else {
         dir.path().join("inventory.db").display().to_string()

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use dlock::{LockOptions, Locker, Wait};
 use serde::Serialize;
 
+use crate::bench::stats::{Latency, jain, micros};
 use crate::exit::Failure;
-use crate::stats::{Latency, jain, micros};
 
 #[derive(Debug, Clone, Copy)]
 struct Event {
@@ -110,9 +110,9 @@ pub async fn run(
 ) -> Result<Handoff, Failure> {
     // Every acquisition gives up after 30 s (a stuck hand-off fails the run).
     let opts = opts.clone().wait(Wait::Timeout(Duration::from_secs(30)));
-    let redis_url = crate::raw_redis::bare_url(url);
+    let redis_url = crate::bench::raw_redis::bare_url(url);
     let before = match &redis_url {
-        Some(u) => Some(crate::raw_redis::command_calls(u, LOCK_COMMANDS).await?),
+        Some(u) => Some(crate::bench::raw_redis::command_calls(u, LOCK_COMMANDS).await?),
         None => None,
     };
     let events = Arc::new(Mutex::new(Vec::new()));
@@ -157,7 +157,7 @@ pub async fn run(
     let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
     let mut dlock_run = summarize(events, waiters, seconds);
     if let (Some(u), Some(before)) = (&redis_url, before) {
-        let after = crate::raw_redis::command_calls(u, LOCK_COMMANDS).await?;
+        let after = crate::bench::raw_redis::command_calls(u, LOCK_COMMANDS).await?;
         dlock_run.commands_per_acquisition =
             Some(after.saturating_sub(before) as f64 / dlock_run.acquisitions.max(1) as f64);
     }
@@ -180,17 +180,17 @@ async fn blpop_floor(
     waiters: u32,
     duration: Duration,
 ) -> Result<HandoffRun, Failure> {
-    let client = redis::Client::open(url).map_err(crate::raw_redis::err)?;
+    let client = redis::Client::open(url).map_err(crate::bench::raw_redis::err)?;
     let key = format!("dlock-bench-handoff:{name}");
     let mut setup = client
         .get_multiplexed_async_connection()
         .await
-        .map_err(crate::raw_redis::err)?;
+        .map_err(crate::bench::raw_redis::err)?;
     let _: () = redis::cmd("DEL")
         .arg(&key)
         .query_async(&mut setup)
         .await
-        .map_err(crate::raw_redis::err)?;
+        .map_err(crate::bench::raw_redis::err)?;
     let events = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let deadline = start + duration;
@@ -200,7 +200,7 @@ async fn blpop_floor(
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
-            .map_err(crate::raw_redis::err)?;
+            .map_err(crate::bench::raw_redis::err)?;
         let (key, events) = (key.clone(), Arc::clone(&events));
         tasks.push(tokio::spawn(async move {
             while Instant::now() < deadline {
@@ -227,17 +227,17 @@ async fn blpop_floor(
         .arg("token")
         .query_async(&mut setup)
         .await
-        .map_err(crate::raw_redis::err)?;
+        .map_err(crate::bench::raw_redis::err)?;
     for t in tasks {
         t.await
             .map_err(|e| Failure::internal(e.to_string()))?
-            .map_err(crate::raw_redis::err)?;
+            .map_err(crate::bench::raw_redis::err)?;
     }
     let _: () = redis::cmd("DEL")
         .arg(&key)
         .query_async(&mut setup)
         .await
-        .map_err(crate::raw_redis::err)?;
+        .map_err(crate::bench::raw_redis::err)?;
     let seconds = start.elapsed().as_secs_f64();
     let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
     Ok(summarize(events, waiters, seconds))

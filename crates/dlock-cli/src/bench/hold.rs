@@ -63,7 +63,7 @@ pub async fn run(
     hold_for: Duration,
     ttl: Duration,
 ) -> Result<HoldRun, Failure> {
-    let redis_url = crate::raw_redis::bare_url(url);
+    let redis_url = crate::bench::raw_redis::bare_url(url);
     let rss_before = rss_bytes();
     let opts = LockOptions::new().ttl(ttl);
     let started = Instant::now();
@@ -89,7 +89,7 @@ pub async fn run(
     let acquire_seconds = started.elapsed().as_secs_f64();
     let rss_held = rss_bytes();
     let calls_before = match &redis_url {
-        Some(u) => Some(crate::raw_redis::command_calls(u, SCRIPTS).await?),
+        Some(u) => Some(crate::bench::raw_redis::command_calls(u, SCRIPTS).await?),
         None => None,
     };
     let cpu_before = cpu_seconds();
@@ -100,7 +100,7 @@ pub async fn run(
     let rss_end = rss_bytes();
     let renew_commands_per_sec = match (&redis_url, calls_before) {
         (Some(u), Some(before)) => Some(
-            crate::raw_redis::command_calls(u, SCRIPTS)
+            crate::bench::raw_redis::command_calls(u, SCRIPTS)
                 .await?
                 .saturating_sub(before) as f64
                 / hold_seconds,

@@ -19,8 +19,8 @@ use dlock::{LockOptions, Locker};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use zookeeper_client as zk;
 
+use crate::bench::stats::{Latency, micros};
 use crate::exit::Failure;
-use crate::stats::{Latency, micros};
 
 /// Rounds the measurement alternates dlock and the floor in.
 const ROUNDS: u32 = 10;
@@ -49,7 +49,7 @@ pub enum Floor {
         client: zk::Client,
         node: String,
     },
-    Sql(crate::raw_sql::SqlFloor),
+    Sql(crate::bench::raw_sql::SqlFloor),
 }
 
 impl Floor {
@@ -59,8 +59,8 @@ impl Floor {
         if let Some(f) = sqlite(url).await? {
             return Ok(Some(f));
         }
-        if let Some(bare) = crate::raw_redis::bare_url(url) {
-            let conn = crate::raw_redis::connect(&bare).await?;
+        if let Some(bare) = crate::bench::raw_redis::bare_url(url) {
+            let conn = crate::bench::raw_redis::connect(&bare).await?;
             let owner = dlock::Owner::random();
             let key = format!("dlock-bench-floor:{owner}");
             return Ok(Some(Floor::Redis {
@@ -76,7 +76,7 @@ impl Floor {
         if let Some(f) = zookeeper(url).await? {
             return Ok(Some(f));
         }
-        Ok(crate::raw_sql::SqlFloor::connect(url)
+        Ok(crate::bench::raw_sql::SqlFloor::connect(url)
             .await?
             .map(Floor::Sql))
     }
@@ -103,9 +103,9 @@ impl Floor {
             }
             Floor::Redis {
                 conn, key, owner, ..
-            } => crate::raw_redis::floor_cycle(conn, key, owner.as_str())
+            } => crate::bench::raw_redis::floor_cycle(conn, key, owner.as_str())
                 .await
-                .map_err(crate::raw_redis::err),
+                .map_err(crate::bench::raw_redis::err),
             Floor::Etcd { client, key, lease } => {
                 client.put(key, b"", *lease).await.map_err(etcd_err)?;
                 client.delete(key).await.map_err(etcd_err)?;
@@ -140,7 +140,8 @@ impl Floor {
         let n = f64::from(cycles.max(1));
         match self {
             Floor::Redis { url, .. } => {
-                let ((), sent) = crate::raw_redis::client_commands_during(url, work()).await?;
+                let ((), sent) =
+                    crate::bench::raw_redis::client_commands_during(url, work()).await?;
                 Ok(Some(sent as f64 / n))
             }
             Floor::Etcd { client, key, .. } => {
