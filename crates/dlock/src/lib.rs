@@ -31,7 +31,10 @@
 //! | `postgres://user:pass@host:5432/db[?mode=lease\|advisory\|row]` | PostgreSQL | `postgres` |
 //! | `mysql://user:pass@host:3306/db[?mode=lease\|named\|row]`, `mariadb://…` | MySQL / MariaDB | `mysql` |
 //!
-//! Query parameters carry options (`?ttl=30s`); an unknown parameter is an error.
+//! Query parameters carry options (`?ttl=30s`); an unknown parameter is an error. Each
+//! backend's module lists its options. In code, the typed options of [`connect`]
+//! (`RedisOptions`, `PostgresOptions`, …) say the same without assembling a string:
+//! [`Locker::with_options`]. Metrics and spans: [`telemetry`].
 //!
 //! ## What is guaranteed
 //!
@@ -48,6 +51,7 @@
 pub mod backend;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod connect;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;

@@ -56,16 +56,41 @@ impl Locker {
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is held until the future completes.
-    #[tracing::instrument(level = "debug", name = "connect", skip_all, fields(scheme))]
     pub async fn connect(url: &str) -> Result<Self> {
-        let mut parsed = crate::url::ConnectUrl::parse(url)?;
+        Self::open(crate::url::ConnectUrl::parse(url)?).await
+    }
+
+    /// Connect with a backend's typed options ([`crate::connect`]): the same as
+    /// [`Locker::connect`] with the URL they stand for.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn demo() -> dlock::Result<()> {
+    /// let opts = dlock::connect::PostgresOptions::new("db.internal", 5432, "app")
+    ///     .credentials("app", "s3cret")
+    ///     .mode(dlock::sql::Mode::Advisory);
+    /// let locker = dlock::Locker::with_options(opts).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Locker::connect`]; [`Error::InvalidUrl`] for a combination no URL can
+    /// express (e.g. TLS on a Redis cluster).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is held until the future completes.
+    pub async fn with_options(options: impl crate::connect::IntoConnectUrl) -> Result<Self> {
+        Self::open(options.into_connect_url()?).await
+    }
+
+    #[tracing::instrument(level = "debug", name = "connect", skip_all, fields(scheme = parsed.scheme()))]
+    async fn open(mut parsed: crate::url::ConnectUrl) -> Result<Self> {
         let mut defaults = LockOptions::default();
         if let Some(ttl) = parsed.take_param("ttl") {
             defaults.ttl = crate::options::parse_duration("ttl", &ttl)?;
             crate::options::validate_ttl(defaults.ttl)?;
         }
         let shown = parsed.to_string();
-        tracing::Span::current().record("scheme", parsed.scheme());
         let backend = crate::schemes::open(parsed).await?;
         Ok(Locker {
             keepers: Arc::new(Keepers::new(backend.scheme())),
@@ -169,14 +194,14 @@ impl Locker {
     /// Cancel safe: dropping the future leaves nothing held.
     #[tracing::instrument(level = "debug", name = "try_lock", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn try_lock_with(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let started = Instant::now();
+        let call = self.keepers.meters.start();
         let result = self.try_once(name, opts).await;
         let outcome = match &result {
             Ok(Some(_)) => Ended::Granted,
             Ok(None) => Ended::Busy,
             Err(_) => Ended::Error,
         };
-        self.keepers.meters.acquired(outcome, started.elapsed());
+        call.end(outcome);
         result
     }
 
@@ -216,10 +241,10 @@ impl Locker {
     /// Cancel safe: dropping the future leaves nothing held and no queue entry behind.
     #[tracing::instrument(level = "debug", name = "lock", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn lock_with(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let started = Instant::now();
+        let meters = &self.keepers.meters;
+        let call = meters.start();
         let mut first_busy = None;
         let result = self.acquire(name, opts, &mut first_busy).await;
-        let meters = &self.keepers.meters;
         let outcome = match &result {
             Ok(_) => {
                 if let Some(busy) = first_busy {
@@ -230,7 +255,7 @@ impl Locker {
             Err(Error::Timeout { .. }) => Ended::Timeout,
             Err(_) => Ended::Error,
         };
-        meters.acquired(outcome, started.elapsed());
+        call.end(outcome);
         result
     }
 

@@ -7,7 +7,7 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `dlock_acquire_seconds` | histogram | `outcome` | the whole call of `lock*`/`try_lock*`, from entry to answer; `outcome` is `granted`, `busy` (a `try_lock` that found the lock held), `timeout` or `error` |
+//! | `dlock_acquire_seconds` | histogram | `outcome` | the whole call of `lock*`/`try_lock*`, from entry to answer; `outcome` is `granted`, `busy` (a `try_lock` that found the lock held), `timeout`, `error` (invalid names and options included) or `cancelled` (the caller dropped the future) |
 //! | `dlock_wait_seconds` | histogram | | of granted acquisitions that waited: from the first busy answer to the grant |
 //! | `dlock_acquisitions_total` | counter | `outcome` | calls of `lock*`/`try_lock*`, by outcome as above |
 //! | `dlock_busy_answers_total` | counter | | attempts the backend answered busy |
@@ -31,8 +31,8 @@ use crate::error::LossReason;
 #[derive(Debug)]
 pub(crate) struct Meters {
     scheme: &'static str,
-    acquire: [Histogram; 4],
-    acquisitions: [Counter; 4],
+    acquire: [Histogram; 5],
+    acquisitions: [Counter; 5],
     wait: Histogram,
     busy: Counter,
     renew_ok: Counter,
@@ -48,9 +48,11 @@ pub(crate) enum Ended {
     Busy = 1,
     Timeout = 2,
     Error = 3,
+    /// The caller dropped the future before it ended.
+    Cancelled = 4,
 }
 
-const OUTCOMES: [&str; 4] = ["granted", "busy", "timeout", "error"];
+const OUTCOMES: [&str; 5] = ["granted", "busy", "timeout", "error", "cancelled"];
 const LOSS_REASONS: [&str; 4] = [
     "lease_expired",
     "not_owner",
@@ -80,6 +82,15 @@ impl Meters {
     /// The backend scheme these handles are labelled with.
     pub(crate) fn scheme(&self) -> &'static str {
         self.scheme
+    }
+
+    /// Start timing a `lock*`/`try_lock*` call: recorded as cancelled unless ended.
+    pub(crate) fn start(&self) -> Call<'_> {
+        Call {
+            meters: self,
+            started: std::time::Instant::now(),
+            ended: false,
+        }
     }
 
     /// A `lock*`/`try_lock*` call ended after `took`.
@@ -117,6 +128,30 @@ impl Meters {
             LossReason::MaxHoldTime => 3,
         };
         self.losses[i].increment(1);
+    }
+}
+
+/// One `lock*`/`try_lock*` call being timed.
+pub(crate) struct Call<'a> {
+    meters: &'a Meters,
+    started: std::time::Instant,
+    ended: bool,
+}
+
+impl Call<'_> {
+    /// The call ended this way.
+    pub(crate) fn end(mut self, outcome: Ended) {
+        self.ended = true;
+        self.meters.acquired(outcome, self.started.elapsed());
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.meters
+                .acquired(Ended::Cancelled, self.started.elapsed());
+        }
     }
 }
 

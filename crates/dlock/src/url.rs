@@ -26,6 +26,20 @@ pub use crate::options::parse_duration;
 pub struct Secret(String);
 
 impl Secret {
+    /// A secret holding `text` (the typed options of backends that log in).
+    #[cfg_attr(
+        not(any(
+            feature = "redis",
+            feature = "etcd",
+            feature = "postgres",
+            feature = "mysql"
+        )),
+        allow(dead_code)
+    )]
+    pub(crate) fn new(text: &str) -> Self {
+        Secret(text.to_owned())
+    }
+
     /// The secret text, for handing to a driver.
     #[must_use]
     pub fn expose(&self) -> &str {
@@ -201,6 +215,57 @@ impl ConnectUrl {
         Ok(parsed)
     }
 
+    /// A URL made of parts (the typed options of [`crate::connect`]): nothing is pasted
+    /// into a string and parsed again, so no value needs escaping.
+    pub(crate) fn from_parts(
+        scheme: &str,
+        username: Option<String>,
+        password: Option<Secret>,
+        hosts: Vec<HostPort>,
+        path: String,
+        params: BTreeMap<String, String>,
+    ) -> Self {
+        let mut authority = String::new();
+        if username.is_some() || password.is_some() {
+            authority.push_str(&percent_encode(username.as_deref().unwrap_or(""), ""));
+            if password.is_some() {
+                authority.push_str(":***");
+            }
+            authority.push('@');
+        }
+        let hostlist: Vec<String> = hosts.iter().map(ToString::to_string).collect();
+        authority.push_str(&hostlist.join(","));
+        let body = format!("{authority}{}", percent_encode(&path, "/:"));
+        // Hosts or an absolute path: `scheme://…`; else an opaque body (`sqlite:rel.db`,
+        // `sqlite::memory:`), as `parse` reads them.
+        let mut redacted = if authority.is_empty() && !path.starts_with('/') {
+            format!("{scheme}:{body}")
+        } else {
+            format!("{scheme}://{body}")
+        };
+        for (i, (k, v)) in params.iter().enumerate() {
+            redacted.push(if i == 0 { '?' } else { '&' });
+            redacted.push_str(&percent_encode(k, ""));
+            redacted.push('=');
+            redacted.push_str(&percent_encode(v, "/:"));
+        }
+        ConnectUrl {
+            scheme: scheme.to_owned(),
+            body,
+            username,
+            password,
+            hosts,
+            path,
+            params,
+            redacted,
+        }
+    }
+
+    /// The query options not taken yet.
+    pub(crate) fn params(&self) -> &BTreeMap<String, String> {
+        &self.params
+    }
+
     fn set_password(&mut self, value: String, bad: &dyn Fn(&str) -> Error) -> Result<()> {
         if self.password.is_some() {
             return Err(bad(
@@ -369,6 +434,23 @@ fn parse_host(item: &str) -> Result<HostPort, String> {
         host: host.to_owned(),
         port,
     })
+}
+
+/// `%XX` for every byte of `s` but unreserved characters and those in `keep`.
+pub(crate) fn percent_encode(s: &str, keep: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        let c = char::from(b);
+        if b.is_ascii_alphanumeric()
+            || matches!(c, '-' | '.' | '_' | '~')
+            || (b.is_ascii() && keep.contains(c))
+        {
+            out.push(c);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Decode `%XX` escapes; `None` for a malformed escape or invalid UTF-8.

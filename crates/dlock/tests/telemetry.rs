@@ -62,6 +62,9 @@ async fn a_locker_counts_acquisitions_waits_busy_answers_renewals_and_losses() {
         )
         .await;
     assert!(matches!(timed_out, Err(dlock::Error::Timeout { .. })));
+    // A caller that gives up by dropping the future.
+    let dropped = tokio::time::timeout(Duration::from_millis(30), locker.lock("m")).await;
+    assert!(dropped.is_err(), "still held");
     let waiter = {
         let locker = locker.clone();
         tokio::spawn(async move { locker.lock("m").await })
@@ -112,7 +115,15 @@ async fn a_locker_counts_acquisitions_waits_busy_answers_renewals_and_losses() {
         ),
         1
     );
-    assert_eq!(samples(&all, "dlock_acquire_seconds", &s), 5);
+    assert_eq!(
+        counter(
+            &all,
+            "dlock_acquisitions_total",
+            &["scheme=memory", "outcome=cancelled"]
+        ),
+        1
+    );
+    assert_eq!(samples(&all, "dlock_acquire_seconds", &s), 6);
     assert_eq!(
         samples(&all, "dlock_wait_seconds", &s),
         1,

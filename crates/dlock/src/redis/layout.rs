@@ -47,6 +47,15 @@ impl Layout {
         }
     }
 
+    /// The `layout=` URL value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Layout::Redisson => "redisson",
+            Layout::RedisPy => "redis-py",
+            Layout::PythonRedisLock => "python-redis-lock",
+        }
+    }
+
     /// Whether the same owner may hold the lock more than once.
     pub(crate) fn reentrant(self) -> bool {
         matches!(self, Layout::Redisson)

@@ -604,18 +604,25 @@ impl Inner {
     }
 }
 
-#[async_trait]
-impl Backend for RedisBackend {
+impl Inner {
+    /// The URL scheme this backend was opened with.
     fn scheme(&self) -> &'static str {
-        if self.inner.cluster {
+        if self.cluster {
             "redis+cluster"
-        } else if matches!(self.inner.conn, Conn::Sentinel(_)) {
+        } else if matches!(self.conn, Conn::Sentinel(_)) {
             "redis+sentinel"
-        } else if self.inner.shown.starts_with("rediss:") {
+        } else if self.shown.starts_with("rediss:") {
             "rediss"
         } else {
             SCHEME
         }
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn scheme(&self) -> &'static str {
+        self.inner.scheme()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -996,10 +1003,10 @@ impl RedisHeld {
                     counted: std::sync::atomic::AtomicBool::new(true),
                 };
                 handoffs.note_held(&self.keys.lock, offer.owner(), sent_at + want.ttl);
-                crate::telemetry::handoff("redis");
-                if let Err(grant) = handoffs.deliver(&self.keys.lock, offer, grant) {
+                match handoffs.deliver(&self.keys.lock, offer, grant) {
+                    Ok(()) => crate::telemetry::handoff(self.inner.scheme()),
                     // The waiter left while the hand-off was on its way.
-                    grant.release().await?;
+                    Err(grant) => grant.release().await?,
                 }
                 Ok(true)
             }

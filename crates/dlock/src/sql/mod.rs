@@ -56,6 +56,17 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The `mode=` URL value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Lease => "lease",
+            Mode::Advisory => "advisory",
+            Mode::Named => "named",
+            Mode::Row => "row",
+        }
+    }
+
     /// Whether the lock lives in a database session (ends with the connection).
     #[must_use]
     pub fn is_session(self) -> bool {
