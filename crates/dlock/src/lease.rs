@@ -3,8 +3,6 @@
 
 use tokio::time::Instant;
 
-use crate::backend::HeldLock;
-
 /// Safety margin subtracted from a lease before the holder trusts it: 1 % of the TTL
 /// plus 2 ms (the Redlock drift rule). The core never uses less; a backend may ask for
 /// more ([`HeldLock::clock_drift`]).
@@ -13,10 +11,9 @@ pub fn drift_margin(ttl: std::time::Duration) -> std::time::Duration {
     ttl / 100 + std::time::Duration::from_millis(2)
 }
 
-/// When the lease of `held` began, at the latest: `sent_at` (the instant before the
-/// attempt that returned it was sent), or earlier if the grant was made before that
-/// (a hand-off made while its waiter slept).
-pub(crate) fn lease_start(held: &dyn HeldLock, sent_at: Instant) -> Instant {
-    held.granted_at()
-        .map_or(sent_at, |g| Instant::from_std(g).min(sent_at))
+/// When a grant's lease began, at the latest: `sent_at` (the instant before the
+/// attempt that returned it was sent), or `granted_at` if the grant was made before
+/// that (a hand-off made while its waiter slept; `HeldLock::granted_at`).
+pub(crate) fn lease_start(granted_at: Option<std::time::Instant>, sent_at: Instant) -> Instant {
+    granted_at.map_or(sent_at, |g| Instant::from_std(g).min(sent_at))
 }

@@ -475,7 +475,7 @@ impl Locker {
                 // An acquisition slower than the lease is worthless: someone else may
                 // already be entitled to the lock. Never report it as a success.
                 Ok(Attempt::Acquired(held))
-                    if lease_start(held.as_ref(), sent_at).elapsed()
+                    if lease_start(held.granted_at(), sent_at).elapsed()
                         >= ttl.saturating_sub(held.clock_drift(ttl).max(drift_margin(ttl))) =>
                 {
                     tracing::warn!(lock = %req.name, "acquisition took longer than the TTL; giving it back");
@@ -528,7 +528,7 @@ impl Locker {
         sent_at: Instant,
     ) -> LockGuard {
         self.waiting.granted(&name, &owner);
-        let sent_at = lease_start(held.as_ref(), sent_at);
+        let sent_at = lease_start(held.granted_at(), sent_at);
         LockGuard::new(Hold::start(
             &self.keepers,
             held,

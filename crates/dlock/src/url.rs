@@ -215,7 +215,7 @@ impl ConnectUrl {
         Ok(parsed)
     }
 
-    /// A URL made of parts (the typed options of [`crate::connect`]): nothing is pasted
+    /// A URL made of parts (the typed options of `dlock::connect`): nothing is pasted
     /// into a string and parsed again, so no value needs escaping.
     pub(crate) fn from_parts(
         scheme: &str,
