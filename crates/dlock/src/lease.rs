@@ -5,7 +5,7 @@ use tokio::time::Instant;
 
 /// Safety margin subtracted from a lease before the holder trusts it: 1 % of the TTL
 /// plus 2 ms (the Redlock drift rule). The core never uses less; a backend may ask for
-/// more ([`HeldLock::clock_drift`]).
+/// more ([`HeldLock::clock_drift`](crate::backend::HeldLock::clock_drift)).
 #[must_use]
 pub fn drift_margin(ttl: std::time::Duration) -> std::time::Duration {
     ttl / 100 + std::time::Duration::from_millis(2)
