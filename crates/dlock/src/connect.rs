@@ -127,23 +127,8 @@ impl Parts {
         }
     }
 
-    fn url(&self) -> Result<ConnectUrl> {
-        let url = ConnectUrl::from_parts(
-            self.scheme,
-            self.username.clone(),
-            self.password.clone(),
-            self.hosts.clone(),
-            self.path.clone(),
-            self.params.clone(),
-        );
-        match &self.error {
-            Some(why) => Err(url.invalid(why)),
-            None => Ok(url),
-        }
-    }
-
-    /// The URL's text, password as `***` (also when the combination is refused).
-    fn shown(&self) -> String {
+    /// The URL these parts make, whether or not the combination is allowed.
+    fn parts_url(&self) -> ConnectUrl {
         ConnectUrl::from_parts(
             self.scheme,
             self.username.clone(),
@@ -152,7 +137,19 @@ impl Parts {
             self.path.clone(),
             self.params.clone(),
         )
-        .to_string()
+    }
+
+    fn url(&self) -> Result<ConnectUrl> {
+        let url = self.parts_url();
+        match &self.error {
+            Some(why) => Err(url.invalid(why)),
+            None => Ok(url),
+        }
+    }
+
+    /// The URL's text, password as `***` (also when the combination is refused).
+    fn shown(&self) -> String {
+        self.parts_url().to_string()
     }
 }
 
