@@ -151,3 +151,42 @@ async fn a_locker_counts_acquisitions_waits_busy_answers_renewals_and_losses() {
         "every series names its backend: {all:#?}"
     );
 }
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_process_hand_off_is_counted() {
+    let Some(redis) = dlock_testkit::RedisServer::start() else {
+        return;
+    };
+    // The hand-off counter is recorded where the hand-off happens (a task of the
+    // backend): only a global recorder sees it. The other test here records locally.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
+    let counted = Locker::connect(&redis.url()).await.expect("connect");
+    let g = counted.lock("h").await.expect("lock");
+    let waiter = {
+        let counted = counted.clone();
+        tokio::spawn(async move { counted.lock("h").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.release().await.expect("release");
+    waiter
+        .await
+        .expect("join")
+        .expect("handed")
+        .release()
+        .await
+        .expect("release");
+    let handoffs: u64 = snap
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "dlock_handoffs_total")
+        .map(|(.., v)| match v {
+            metrics_util::debugging::DebugValue::Counter(c) => c,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(handoffs, 1);
+}
