@@ -52,63 +52,118 @@ fn summary(t: &Target, s: Scenario, r: &Value) -> String {
     )
 }
 
+/// Failures of the tier, collected so every run finishes and all of them are told at
+/// the end (one line each, with the run's report).
+type Failures = std::sync::Mutex<Vec<String>>;
+
 /// The single workload, then the crowd (several tasks per worker process sharing
 /// owners, with re-entries, short waits and cancellations) with half the operations.
-fn check_target(dlock: &Path, t: &Target) {
+fn check_target(dlock: &Path, t: &Target, failures: &Failures) {
     for (workload, ops) in [("single", tier_ops()), ("crowd", tier_ops() / 2)] {
-        check_target_with(dlock, t, workload, ops);
+        check_target_with(dlock, t, workload, ops, failures);
     }
 }
 
-fn check_target_with(dlock: &Path, t: &Target, workload: &str, ops: u32) {
+/// What one run showed.
+enum Outcome {
+    Ok,
+    /// Too little happened to judge the run (a busy machine): run it again once.
+    Thin(String),
+    /// A guarantee broke, or the report is wrong: never run again to hide it.
+    Broken(String),
+}
+
+fn check_target_with(dlock: &Path, t: &Target, workload: &str, ops: u32, failures: &Failures) {
     for s in SCENARIOS {
         if !s.applies(t) {
             continue;
         }
-        let (code, r) = run_check(dlock, t, s, ops, &["--workload", workload]);
-        eprintln!("{} · workload {workload}", summary(t, s, &r));
-        for k in KEYS {
-            assert!(r.get(k).is_some(), "{}: no {k} in {r}", t.label);
-        }
-        assert_eq!(code, 0, "{} {s:?}: a guarantee broke: {r}", t.label);
-        assert_eq!(r["verdict"], "ok");
-        // The crowd reports re-entries apart from grants: fewer grants per section.
-        assert!(
-            r["ops"].as_u64().unwrap_or(0) >= u64::from(ops / 3),
-            "{}: {r}",
-            t.label
-        );
-        assert_eq!(r["workload"], workload, "{r}");
-        if r["fencing"] == "durable" {
-            assert_eq!(r["duplicate_tokens"], 0, "{}: {r}", t.label);
-            assert_eq!(r["token_inversions"], 0, "{}: {r}", t.label);
-        }
-        assert_eq!(r["orphans"], 0, "{}: {r}", t.label);
-        if s.fenced {
-            assert_eq!(r["stale_accepted"], 0, "{} {s:?}: {r}", t.label);
-            assert_eq!(r["lost_updates"], 0, "{} {s:?}: {r}", t.label);
-        }
-        if s.fault == "restart-server" && t.label.contains("no persistence") {
-            // The restarted server forgot its token counter: reported, not hidden.
-            assert!(
-                r["duplicate_tokens"].as_u64().unwrap_or(0) > 0
-                    || r["token_inversions"].as_u64().unwrap_or(0) > 0,
-                "{}: {r}",
-                t.label
+        // A run too thin to judge gets a second one, with faults placed elsewhere.
+        for seed in ["1", "2"] {
+            let run = std::panic::catch_unwind(|| {
+                run_check(dlock, t, s, ops, &["--workload", workload, "--seed", seed])
+            });
+            let outcome = match run {
+                Ok((code, r)) => {
+                    eprintln!("{} · workload {workload} · seed {seed}", summary(t, s, &r));
+                    judge(t, s, workload, ops, code, &r)
+                }
+                Err(_) => Outcome::Broken("dlock check printed no report (above)".into()),
+            };
+            let why = match outcome {
+                Outcome::Ok => break,
+                Outcome::Thin(why) if seed == "1" => {
+                    eprintln!(
+                        "{} {s:?} {workload}: too little to judge, once more: {why}",
+                        t.label
+                    );
+                    continue;
+                }
+                Outcome::Thin(why) | Outcome::Broken(why) => why,
+            };
+            let line = format!(
+                "{} · {} · fenced {} · {workload} · seed {seed}: {why}",
+                t.label, s.fault, s.fenced
             );
-        }
-        if s.fault == "none" {
-            assert_eq!(r["overlaps"], 0, "{}: {r}", t.label);
-            assert_eq!(r["stale_rejected"], 0, "{}: {r}", t.label);
-        } else {
-            assert!(r["faults_injected"].as_u64().unwrap_or(0) >= 1, "{r}");
-            assert!(
-                r["recovery_ms_p99"].is_u64(),
-                "{}: no recovery measured: {r}",
-                t.label
-            );
+            eprintln!("CHECK FAILED: {line}");
+            failures
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(line);
+            break;
         }
     }
+}
+
+/// The hard guarantees first (never excused), then whether enough happened to judge.
+fn judge(t: &Target, s: Scenario, workload: &str, ops: u32, code: i32, r: &Value) -> Outcome {
+    let broken = |what: &str| Outcome::Broken(format!("{what}: {r}"));
+    for k in KEYS {
+        if r.get(k).is_none() {
+            return broken(&format!("no {k} in the report"));
+        }
+    }
+    if code != 0 || r["verdict"] != "ok" {
+        return broken(&format!("a guarantee broke (exit {code})"));
+    }
+    if r["workload"] != workload {
+        return broken("the report names another workload");
+    }
+    let zero = |k: &str| r[k].as_u64() == Some(0);
+    if r["fencing"] == "durable" && !(zero("duplicate_tokens") && zero("token_inversions")) {
+        return broken("durable fencing repeated or reversed a token");
+    }
+    if !zero("orphans") {
+        return broken("a lock stayed held after every worker was gone");
+    }
+    if s.fenced && !(zero("stale_accepted") && zero("lost_updates")) {
+        return broken("the fenced store accepted a stale write");
+    }
+    if s.fault == "none" && !(zero("overlaps") && zero("stale_rejected")) {
+        return broken("two holders overlapped with no fault");
+    }
+    if s.fault == "restart-server"
+        && t.label.contains("no persistence")
+        && zero("duplicate_tokens")
+        && zero("token_inversions")
+    {
+        // The restarted server forgot its token counter: reported, not hidden — unless
+        // the restart fell where no token was handed out again.
+        return Outcome::Thin(format!("a forgetful restart showed no repeated token: {r}"));
+    }
+    // The crowd reports re-entries apart from grants: fewer grants per section.
+    if r["ops"].as_u64().unwrap_or(0) < u64::from(ops / 3) {
+        return Outcome::Thin(format!("fewer than {} grants: {r}", ops / 3));
+    }
+    if s.fault != "none" {
+        if r["faults_injected"].as_u64().unwrap_or(0) == 0 {
+            return Outcome::Thin(format!("no fault was injected: {r}"));
+        }
+        if !r["recovery_ms_p99"].is_u64() {
+            return Outcome::Thin(format!("no recovery measured: {r}"));
+        }
+    }
+    Outcome::Ok
 }
 
 #[test]
@@ -139,6 +194,7 @@ fn short_tier_on_every_backend() {
     // Popped longest first, so the shared-server groups do not finish last.
     groups.sort_by_key(Vec::len);
     let queue = std::sync::Mutex::new(groups);
+    let failures = Failures::default();
     std::thread::scope(|scope| {
         for _ in 0..3 {
             scope.spawn(|| {
@@ -149,12 +205,21 @@ fn short_tier_on_every_backend() {
                         .pop();
                     let Some(group) = next else { break };
                     for t in group {
-                        check_target(&dlock, t);
+                        check_target(&dlock, t, &failures);
                     }
                 }
             });
         }
     });
+    let failures = failures
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    assert!(
+        failures.is_empty(),
+        "{} run(s) of the tier failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 
     // Redlock: a minority of nodes lost changes nothing; a majority lost in the middle
     // of a run makes the later acquires fail (NoQuorum) and nothing is granted twice.
@@ -168,7 +233,9 @@ fn short_tier_on_every_backend() {
     eprintln!("figure: check redlock with 2 of 5 nodes killed: {r}");
     assert_eq!(code, 0, "{r}");
     assert_eq!(r["overlaps"], 0);
-    assert!(r["ops"].as_u64().unwrap_or(0) >= 297, "{r}");
+    // Each acquire needs all three live nodes: on a busy machine one may miss its
+    // validity time now and then (a failed acquire, never a second holder).
+    assert!(r["ops"].as_u64().unwrap_or(0) >= 285, "{r}");
     let redlock = &m.redlock_nodes;
     let (code, r) = std::thread::scope(|scope| {
         let run = scope.spawn(|| run_check(&dlock, &target, none, 4000, &["--max-time", "30s"]));
