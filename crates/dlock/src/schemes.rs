@@ -205,9 +205,9 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "zookeeper")]
         "zk" => Ok(crate::zookeeper::ZkBackend::open(url).await?),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => crate::sql::postgres::PostgresBackend::open(url).await,
+        "postgres" | "postgresql" => crate::sql::postgres::open(url).await,
         #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => crate::sql::mysql::MysqlBackend::open(url).await,
+        "mysql" | "mariadb" => crate::sql::mysql::open(url).await,
         other => match rows().into_iter().find(|r| r.0 == other) {
             Some((scheme, Some(feature), ..)) => Err(Error::BackendNotEnabled {
                 scheme: scheme.to_owned(),

@@ -1,6 +1,7 @@
 //! What the PostgreSQL and MySQL/MariaDB backends share: URL options, the name → key
-//! mapping, table-name validation, and the pinned connection that session-bound modes
-//! (advisory, named, row) hold for as long as the lock.
+//! mapping, table-name validation, the pinned connection that session-bound modes
+//! (advisory, named, row) hold for as long as the lock, and the backend itself — each
+//! server supplies only its statements and error classification (a dialect).
 //!
 //! # Modes
 //! - `mode=lease` (default): one row per name in `<prefix>_locks` (owner, hold count,
@@ -22,23 +23,23 @@
 //! that checks fencing tokens protects that window. A holder that is SIGSTOPped keeps
 //! its session, and so the lock, until it resumes.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::sync::Mutex;
-use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Capabilities, Fencing, Waiter};
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::notify::{WakeOne, WakeWatch};
+use crate::notify::WakeWatch;
 use crate::url::ConnectUrl;
 
+mod dialect;
+mod engine;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod session;
 
 /// How a lock is held on the server.
 #[non_exhaustive]
@@ -95,6 +96,8 @@ pub(crate) struct SqlOptions {
     /// Lease mode: a lease that ran out without a release keeps the lock from other
     /// owners this much longer.
     pub lock_delay: Duration,
+    /// PEM file of the CA that signs the server (checked to exist).
+    pub ssl_ca: Option<String>,
 }
 
 /// The URL options every SQL backend accepts (besides its own).
@@ -158,7 +161,14 @@ impl SqlOptions {
         {
             return Err(url.invalid("the path must be one database name"));
         }
+        let ssl_ca = url.take_param("ssl_ca");
+        if let Some(ca) = &ssl_ca
+            && !std::path::Path::new(ca).is_file()
+        {
+            return Err(url.invalid(&format!("ssl_ca file {ca:?} not found")));
+        }
         Ok(SqlOptions {
+            ssl_ca,
             mode,
             prefix,
             poll,
@@ -242,132 +252,6 @@ pub(crate) fn has_code(e: &sqlx::Error, codes: &[&str]) -> bool {
     }
 }
 
-/// A connection pinned to one held lock (session modes). The heartbeat pings it every
-/// `interval`; when a ping fails or takes longer than `interval`, the connection is
-/// dropped (its socket closed, so the server frees the lock too) and `lost` is cancelled.
-#[derive(Debug)]
-pub(crate) struct Pinned<C> {
-    pub conn: Arc<Mutex<Option<C>>>,
-    pub lost: CancellationToken,
-    stop: CancellationToken,
-}
-
-impl<C: sqlx::Connection + 'static> Pinned<C> {
-    /// Pin `conn` and start its heartbeat.
-    pub(crate) fn new(conn: C, interval: Duration) -> Self {
-        let conn = Arc::new(Mutex::new(Some(conn)));
-        let lost = CancellationToken::new();
-        let stop = CancellationToken::new();
-        let (c2, l2, s2) = (Arc::clone(&conn), lost.clone(), stop.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = s2.cancelled() => return,
-                    () = tokio::time::sleep(interval) => {}
-                }
-                if !ping_or_drop(&c2, &l2, interval).await {
-                    return;
-                }
-            }
-        });
-        Pinned { conn, lost, stop }
-    }
-
-    /// Renewal of a session hold: the session holds the lock, so renewing means proving
-    /// the session is alive. A connection that does not answer within `timeout` is
-    /// closed, which ends the session and the lock: the loss is certain.
-    pub(crate) async fn prove_alive(&self, timeout: Duration) -> Result<()> {
-        if ping_or_drop(&self.conn, &self.lost, timeout).await {
-            Ok(())
-        } else {
-            Err(Error::NotOwner {
-                name: String::new(),
-            })
-        }
-    }
-
-    /// Take the connection back (release); `None` when the heartbeat already lost it.
-    pub(crate) async fn take(&self) -> Option<C> {
-        self.stop.cancel();
-        self.conn.lock().await.take()
-    }
-}
-
-/// Ping the pinned connection; on failure or timeout drop it and cancel `lost`.
-/// Returns whether the session is alive.
-async fn ping_or_drop<C: sqlx::Connection + 'static>(
-    conn: &Mutex<Option<C>>,
-    lost: &CancellationToken,
-    timeout: Duration,
-) -> bool {
-    let mut slot = conn.lock().await;
-    let Some(c) = slot.as_mut() else { return false };
-    if matches!(tokio::time::timeout(timeout, c.ping()).await, Ok(Ok(()))) {
-        return true;
-    }
-    // Tell the holder first; close the session (which lets the server free the lock)
-    // a moment later, so the holder always hears of the loss before anyone else can
-    // take the lock.
-    lost.cancel();
-    if let Some(c) = slot.take() {
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            drop(c);
-        });
-    }
-    false
-}
-
-impl<C> Drop for Pinned<C> {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-/// Idle connections for session modes, kept for the next acquisition (at most `cap`,
-/// none idle longer than `max_idle`, so a server-side idle timeout never hands us a dead
-/// one). A connection comes back here only after a clean release or a clean "busy"; any
-/// error drops it, which closes its session and frees whatever it held.
-#[derive(Debug)]
-pub(crate) struct IdleConns<C> {
-    idle: std::sync::Mutex<Vec<(C, tokio::time::Instant)>>,
-    cap: usize,
-    max_idle: Duration,
-}
-
-impl<C> IdleConns<C> {
-    pub(crate) fn new(cap: u32, max_idle: Duration) -> Self {
-        IdleConns {
-            idle: std::sync::Mutex::new(Vec::new()),
-            cap: cap as usize,
-            max_idle,
-        }
-    }
-
-    pub(crate) fn pop(&self) -> Option<C> {
-        let mut idle = self
-            .idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while let Some((c, since)) = idle.pop() {
-            if since.elapsed() < self.max_idle {
-                return Some(c);
-            }
-        }
-        None
-    }
-
-    pub(crate) fn put(&self, c: C) {
-        let mut idle = self
-            .idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if idle.len() < self.cap {
-            idle.push((c, tokio::time::Instant::now()));
-        }
-    }
-}
-
 /// Run `fut` under the statement timeout; a timeout is a connection error.
 pub(crate) async fn timed<T>(
     backend: &'static str,
@@ -429,62 +313,5 @@ impl Waiter for SqlWaiter {
         }
         self.watch.wait(wait).await;
         Ok(())
-    }
-}
-
-/// The session side of a hold in a session mode: the pinned connection, where it goes
-/// back after a clean release, and who to wake.
-#[derive(Debug)]
-pub(crate) struct Session<C> {
-    pub pinned: Pinned<C>,
-    pub idle: Arc<IdleConns<C>>,
-    pub hub: Arc<WakeOne<[u8; 32]>>,
-    pub key: [u8; 32],
-    /// The lock's name, for errors.
-    pub name: String,
-    pub timeout: Duration,
-    pub backend: &'static str,
-}
-
-impl<C: sqlx::Connection + 'static> Session<C> {
-    /// Renewal: prove the session is alive (it holds the lock).
-    pub(crate) async fn renew(&self) -> Result<()> {
-        self.pinned.prove_alive(self.timeout).await
-    }
-
-    /// Fires when the heartbeat loses the session.
-    pub(crate) fn loss_signal(&self) -> CancellationToken {
-        self.pinned.lost.clone()
-    }
-
-    /// Let go: run `release` on the pinned connection (within the timeout); a clean
-    /// release returns the connection for reuse and wakes a local waiter. On any error
-    /// the connection is dropped, which ends the session and frees the lock anyway.
-    /// A second call, or one after the heartbeat lost the session, reports the loss:
-    /// the lock was no longer held when it was given back.
-    pub(crate) async fn end<Fut>(&self, release: impl FnOnce(C) -> Fut) -> Result<()>
-    where
-        Fut: std::future::Future<Output = (C, std::result::Result<(), sqlx::Error>)>,
-    {
-        let Some(conn) = self.pinned.take().await else {
-            return Err(Error::LockLost {
-                name: self.name.clone(),
-                reason: crate::LossReason::SessionLost(
-                    "the lock's database connection was lost before the release".into(),
-                ),
-            });
-        };
-        match tokio::time::timeout(self.timeout, release(conn)).await {
-            Ok((conn, Ok(()))) => {
-                self.idle.put(conn);
-                self.hub.wake(&self.key);
-                Ok(())
-            }
-            Ok((_, Err(e))) => Err(db_err(self.backend, &e)),
-            Err(_) => Err(Error::connection(
-                self.backend,
-                "release timed out; session closed",
-            )),
-        }
     }
 }

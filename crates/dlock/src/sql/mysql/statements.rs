@@ -17,8 +17,6 @@
 /// The SQL text for one table prefix.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Lease mode: how long an unreleased, expired lease still blocks other owners.
-    pub lock_delay: std::time::Duration,
     pub schema: [String; 3],
     pub tables: String,
     pub acquire: String,
@@ -53,7 +51,6 @@ impl Statements {
             "(expires_at <= {NOW} - INTERVAL {d} MICROSECOND OR (owner = ? AND expires_at <= {NOW}))"
         );
         Statements {
-            lock_delay,
             schema: [
                 format!(
                     "CREATE TABLE IF NOT EXISTS {p}_locks (

@@ -11,8 +11,6 @@
 /// The SQL text for one table prefix.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// Lease mode: how long an unreleased, expired lease still blocks other owners.
-    pub lock_delay: std::time::Duration,
     pub schema: String,
     pub tables: String,
     pub channel: String,
@@ -41,7 +39,6 @@ impl Statements {
         let live = "l.owner = $3 AND l.holds > 0 AND l.expires_at > statement_timestamp()";
         let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
         Statements {
-            lock_delay,
             schema: format!(
                 "CREATE TABLE IF NOT EXISTS {p}_locks (
                     lock_key   bytea PRIMARY KEY,

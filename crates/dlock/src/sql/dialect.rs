@@ -1,0 +1,138 @@
+//! What differs between PostgreSQL and MySQL/MariaDB: the driver, the statements, and
+//! how a server error reads. Each server implements [`Dialect`] in its own module;
+//! everything else — the modes, holds, sessions, waiting and `inspect` — is written
+//! once in [`super::engine`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::Mode;
+use crate::backend::AcquireRequest;
+use crate::error::Result;
+use crate::name::LockName;
+use crate::options::Owner;
+
+/// One hold, as the statements that renew and release it need it.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    pub key: [u8; 32],
+    /// `key` in hex: the release notification's payload (PostgreSQL), the server-side
+    /// lock name (MySQL `named`).
+    pub key_hex: String,
+    pub owner: Owner,
+    pub fence: u64,
+}
+
+/// What a lease-mode acquire statement answered.
+#[derive(Debug)]
+pub(crate) enum LeaseAnswer {
+    /// Granted with this fencing token.
+    Granted(u64),
+    /// Held by another owner; how long its lease has left, when the server said.
+    Busy(Option<Duration>),
+}
+
+/// What the locking read of a name's row (row mode) found.
+#[derive(Debug)]
+pub(crate) enum RowLock {
+    /// Locked, in a transaction now open on the connection; the server's id of that
+    /// session.
+    Locked(i64),
+    /// The name has no row yet (the transaction was rolled back).
+    Missing,
+    /// Another session holds the row (the transaction was rolled back).
+    Busy,
+}
+
+/// A holder as `inspect` reads it back.
+#[derive(Debug)]
+pub(crate) struct HolderRow {
+    /// Empty: the server reports the lock taken with no dlock record (a foreign holder).
+    pub owner: String,
+    pub holds: u32,
+    pub fence: u64,
+    /// Stored metadata (JSON text).
+    pub metadata: String,
+    /// Lease mode: the lease left by the server's clock.
+    pub remaining: Option<Duration>,
+    /// Session modes: the server's id of the holding session.
+    pub session: i64,
+}
+
+/// The statements of one SQL server, and its error classification (which errors mean
+/// "busy", which are retried). Every method runs under the backend's statement timeout
+/// unless it says otherwise.
+#[async_trait]
+pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
+    /// A connection pinned to a session-mode hold.
+    type Conn: sqlx::Connection + Send + 'static;
+    /// How a session-mode lock is named on the server (an advisory key, a `GET_LOCK`
+    /// name).
+    type SessionKey: std::fmt::Debug + Send + Sync + 'static;
+    /// The scheme, in errors and metrics.
+    const BACKEND: &'static str;
+    /// The product, in messages.
+    const PRODUCT: &'static str;
+    /// What the server calls a session's id ("backend pid"), in messages.
+    const SESSION: &'static str;
+    /// Releases are pushed to waiters by the server (PostgreSQL's `NOTIFY`).
+    const NATIVE_WAIT: bool;
+    /// Waiters jitter their polls (no notifications to spread them).
+    const POLL_JITTER: bool;
+
+    /// Lease mode: grant, re-enter or refuse, in one autocommitted statement.
+    async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer>;
+    /// Lease mode: extend to at least `ttl` from now (never shorten); `false` when the
+    /// hold is gone.
+    async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool>;
+    /// Lease mode: give one hold back; `true` when the lock is free now.
+    async fn lease_release(&self, hold: &Hold) -> Result<bool>;
+
+    /// A new connection for a session mode, set up for it.
+    async fn connect_session(&self) -> Result<Self::Conn>;
+    /// The server-side name of `name`'s session lock, checked before any I/O.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidName`] when the name cannot be one.
+    fn session_key(&self, name: &LockName) -> Result<Self::SessionKey>;
+    /// Session lock (advisory, named) on `conn`, recording the holder: the token when
+    /// granted, `None` when busy. No timeout: a statement cut off mid-flight could
+    /// leave the lock taken on a connection nobody tracks (on error the connection is
+    /// dropped, which ends its session).
+    async fn session_lock(
+        &self,
+        conn: &mut Self::Conn,
+        req: &AcquireRequest,
+        key: &[u8; 32],
+        skey: &Self::SessionKey,
+    ) -> Result<Option<u64>>;
+    /// Let go of a session lock on its pinned connection.
+    async fn session_unlock(
+        &self,
+        conn: &mut Self::Conn,
+        skey: &Self::SessionKey,
+        hold: &Hold,
+    ) -> std::result::Result<(), sqlx::Error>;
+
+    /// Row mode: begin and lock the name's row without waiting.
+    async fn row_lock(&self, conn: &mut Self::Conn, key: &[u8; 32]) -> Result<RowLock>;
+    /// Row mode: create the name's row (its first use).
+    async fn row_ensure(&self, conn: &mut Self::Conn, key: &[u8; 32]) -> Result<()>;
+    /// Row mode: record the holder (session `session`) and take a token.
+    async fn row_holder(&self, req: &AcquireRequest, key: &[u8; 32], session: i64) -> Result<u64>;
+    /// Row mode: commit (which unlocks the row) and mark the record released.
+    async fn row_unlock(
+        &self,
+        conn: &mut Self::Conn,
+        hold: &Hold,
+    ) -> std::result::Result<(), sqlx::Error>;
+
+    /// Who holds `name` in `mode`, asked the way the acquire asks.
+    async fn inspect(
+        &self,
+        mode: Mode,
+        name: &LockName,
+        key: &[u8; 32],
+    ) -> Result<Option<HolderRow>>;
+}

@@ -1,0 +1,306 @@
+//! The SQL backend over any [`Dialect`]: the modes, the holds, the pinned sessions,
+//! waiting and `inspect`, written once for PostgreSQL and MySQL/MariaDB.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
+use super::session::{IdleConns, Pinned, Session};
+use super::{Mode, SqlOptions, SqlWaiter, hex, lock_key, metadata_from};
+use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Waiter};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::notify::WakeOne;
+
+/// A PostgreSQL or MySQL backend: one [`Dialect`] and what every mode shares.
+pub(crate) struct SqlBackend<D: Dialect> {
+    dialect: Arc<D>,
+    opts: SqlOptions,
+    /// Wakes this process's waiters of a released key.
+    hub: Arc<WakeOne<[u8; 32]>>,
+    idle: Arc<IdleConns<D::Conn>>,
+    /// The server flushes every commit: fencing tokens survive a crash.
+    durable: bool,
+}
+
+impl<D: Dialect> std::fmt::Debug for SqlBackend<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The dialect's Debug never prints connect options (they hold the password).
+        f.debug_struct("SqlBackend")
+            .field("dialect", &self.dialect)
+            .field("mode", &self.opts.mode)
+            .field("prefix", &self.opts.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Dialect> SqlBackend<D> {
+    /// `hub` is the one the dialect's release listener (if any) wakes; idle pinned
+    /// connections are dropped after `max_idle`, before the server's idle timeout.
+    pub(crate) fn new(
+        dialect: D,
+        opts: SqlOptions,
+        hub: Arc<WakeOne<[u8; 32]>>,
+        durable: bool,
+        max_idle: Duration,
+    ) -> Self {
+        SqlBackend {
+            dialect: Arc::new(dialect),
+            idle: Arc::new(IdleConns::new(opts.sessions, max_idle)),
+            opts,
+            hub,
+            durable,
+        }
+    }
+
+    async fn session_conn(&self) -> Result<D::Conn> {
+        match self.idle.pop() {
+            Some(c) => Ok(c),
+            None => self.dialect.connect_session().await,
+        }
+    }
+
+    fn session(&self, conn: D::Conn, name: &LockName) -> Session<D::Conn> {
+        Session {
+            pinned: Pinned::new(conn, self.opts.heartbeat),
+            idle: Arc::clone(&self.idle),
+            hub: Arc::clone(&self.hub),
+            key: lock_key(name),
+            name: name.as_str().to_owned(),
+            timeout: self.opts.timeout,
+            backend: D::BACKEND,
+        }
+    }
+
+    fn hold(&self, req: &AcquireRequest, key: [u8; 32], fence: u64) -> Hold {
+        Hold {
+            key,
+            key_hex: hex(&key),
+            owner: req.owner.clone(),
+            fence,
+        }
+    }
+
+    async fn acquire_lease(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let key = lock_key(&req.name);
+        match self.dialect.lease_acquire(req, &key).await? {
+            LeaseAnswer::Granted(fence) => Ok(Attempt::Acquired(Box::new(LeaseHeld {
+                dialect: Arc::clone(&self.dialect),
+                hub: Arc::clone(&self.hub),
+                hold: self.hold(req, key, fence),
+                lock_delay: !self.opts.lock_delay.is_zero(),
+            }))),
+            LeaseAnswer::Busy(retry_after) => Ok(Attempt::Busy { retry_after }),
+        }
+    }
+
+    async fn acquire_session(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let skey = self.dialect.session_key(&req.name)?;
+        let key = lock_key(&req.name);
+        let mut conn = self.session_conn().await?;
+        match self
+            .dialect
+            .session_lock(&mut conn, req, &key, &skey)
+            .await?
+        {
+            Some(fence) => Ok(Attempt::Acquired(Box::new(SessionHeld {
+                dialect: Arc::clone(&self.dialect),
+                hold: self.hold(req, key, fence),
+                session: self.session(conn, &req.name),
+                unlock: Unlock::Session(skey),
+            }))),
+            None => {
+                self.idle.put(conn);
+                Ok(Attempt::Busy { retry_after: None })
+            }
+        }
+    }
+
+    /// Row mode. Any error drops the connection, which ends its session and with it a
+    /// transaction (and row lock) this attempt may have opened.
+    async fn acquire_row(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let key = lock_key(&req.name);
+        let mut conn = self.session_conn().await?;
+        for _ in 0..2 {
+            match self.dialect.row_lock(&mut conn, &key).await? {
+                RowLock::Locked(session) => {
+                    let fence = self.dialect.row_holder(req, &key, session).await?;
+                    return Ok(Attempt::Acquired(Box::new(SessionHeld {
+                        dialect: Arc::clone(&self.dialect),
+                        hold: self.hold(req, key, fence),
+                        session: self.session(conn, &req.name),
+                        unlock: Unlock::Row,
+                    })));
+                }
+                // First use of this name: create its row, then try again.
+                RowLock::Missing => self.dialect.row_ensure(&mut conn, &key).await?,
+                RowLock::Busy => {
+                    self.idle.put(conn);
+                    return Ok(Attempt::Busy { retry_after: None });
+                }
+            }
+        }
+        Err(Error::backend(
+            D::BACKEND,
+            "the lock row vanished while locking it",
+        ))
+    }
+
+    fn info(&self, name: &LockName, r: HolderRow) -> LockInfo {
+        if r.owner.is_empty() && self.opts.mode.is_session() && self.opts.mode != Mode::Row {
+            let session = format!("{} {} {}", D::PRODUCT, D::SESSION, r.session);
+            return super::foreign_holder(name, session);
+        }
+        let mut info = LockInfo::new(name, r.owner, r.holds, r.fence);
+        info.metadata = metadata_from(&r.metadata);
+        info.remaining = r.remaining;
+        info
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> Backend for SqlBackend<D> {
+    fn scheme(&self) -> &'static str {
+        D::BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        super::capabilities(
+            self.opts.mode,
+            D::NATIVE_WAIT,
+            self.durable,
+            self.opts.heartbeat,
+        )
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        if req.fair {
+            return Err(Error::Unsupported(format!(
+                "fair (FIFO) mode is not offered by the {} backend yet",
+                D::PRODUCT
+            )));
+        }
+        match self.opts.mode {
+            Mode::Lease => self.acquire_lease(req).await,
+            Mode::Row => self.acquire_row(req).await,
+            _ => self.acquire_session(req).await,
+        }
+    }
+
+    async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
+        Ok(Box::new(SqlWaiter {
+            watch: self.hub.watch(&lock_key(&req.name)),
+            poll: self.opts.poll,
+            jitter: D::POLL_JITTER,
+        }))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let row = self
+            .dialect
+            .inspect(self.opts.mode, name, &lock_key(name))
+            .await?;
+        Ok(row.map(|r| self.info(name, r)))
+    }
+}
+
+/// A lease-mode hold: a row the statements renew and release by (owner, token).
+struct LeaseHeld<D> {
+    dialect: Arc<D>,
+    hub: Arc<WakeOne<[u8; 32]>>,
+    hold: Hold,
+    lock_delay: bool,
+}
+
+impl<D> std::fmt::Debug for LeaseHeld<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseHeld")
+            .field("hold", &self.hold)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> HeldLock for LeaseHeld<D> {
+    fn fencing_token(&self) -> u64 {
+        self.hold.fence
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        if self.dialect.lease_renew(&self.hold, ttl).await? {
+            Ok(())
+        } else {
+            Err(Error::NotOwner {
+                name: String::new(),
+            })
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        if self.dialect.lease_release(&self.hold).await? {
+            self.hub.wake(&self.hold.key);
+        }
+        Ok(())
+    }
+
+    fn keeps_lock_delay(&self) -> bool {
+        self.lock_delay
+    }
+}
+
+/// How a session hold lets go.
+#[derive(Debug)]
+enum Unlock<K> {
+    /// Advisory / named lock under this server-side name.
+    Session(K),
+    /// Row mode: commit the transaction that holds the row.
+    Row,
+}
+
+/// A hold in a session mode: the lock lives as long as the pinned connection's session.
+struct SessionHeld<D: Dialect> {
+    dialect: Arc<D>,
+    hold: Hold,
+    session: Session<D::Conn>,
+    unlock: Unlock<D::SessionKey>,
+}
+
+impl<D: Dialect> std::fmt::Debug for SessionHeld<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHeld")
+            .field("hold", &self.hold)
+            .field("unlock", &self.unlock)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> HeldLock for SessionHeld<D> {
+    fn fencing_token(&self) -> u64 {
+        self.hold.fence
+    }
+
+    async fn renew(&self, _ttl: Duration) -> Result<()> {
+        self.session.renew().await
+    }
+
+    async fn release(&self) -> Result<()> {
+        let (d, hold) = (&*self.dialect, &self.hold);
+        self.session
+            .end(|mut conn| async move {
+                let r = match &self.unlock {
+                    Unlock::Session(skey) => d.session_unlock(&mut conn, skey, hold).await,
+                    Unlock::Row => d.row_unlock(&mut conn, hold).await,
+                };
+                (conn, r)
+            })
+            .await
+    }
+
+    fn loss_signal(&self) -> Option<CancellationToken> {
+        Some(self.session.loss_signal())
+    }
+}
