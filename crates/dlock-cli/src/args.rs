@@ -267,6 +267,11 @@ pub struct RunArgs {
     /// Free text shown by `dlock status`.
     #[arg(long, value_name = "TEXT")]
     pub note: Option<String>,
+    /// Hold this lock too (repeatable): all of them or none, taken in the names' byte
+    /// order so overlapping sets never deadlock; each has its own token
+    /// (`DLOCK_FENCING_TOKENS`).
+    #[arg(long, value_name = "NAME")]
+    pub also: Vec<String>,
     /// The lock's name.
     pub name: String,
     /// The command and its arguments (run directly, no shell).

@@ -17,7 +17,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::Stdio;
 use std::time::Duration;
 
-use dlock::{LockGuard, LockOptions, Locker, Metadata, Owner, Wait};
+use dlock::{LockOptions, Locker, Metadata, MultiGuard, Owner, Wait};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
@@ -62,11 +62,24 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     let mut sighup = signal(SignalKind::hangup()).map_err(sig_err)?;
 
     let locker = Locker::connect(&url).await?;
-    let acquire = locker.lock_with(&args.name, &opts);
+    // One lock, or with --also a set: all of them or none.
+    let names: Vec<&String> = std::iter::once(&args.name).chain(&args.also).collect();
+    let label = names
+        .iter()
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let acquire = locker.lock_all(&names, &opts);
     let guard = tokio::select! {
         r = acquire => match r {
             Ok(g) => g,
-            Err(e @ dlock::Error::Timeout { .. }) => return Err(busy(&locker, &args.name, &e).await),
+            Err(e @ dlock::Error::Timeout { .. }) => {
+                let busy_name = match &e {
+                    dlock::Error::Timeout { name, .. } => name.clone(),
+                    _ => args.name.clone(),
+                };
+                return Err(busy(&locker, &busy_name, &e).await);
+            }
             Err(e) => return Err(e.into()),
         },
         _ = sigint.recv() => return interrupted(130).await,
@@ -81,7 +94,11 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         .args(&args.command[1..])
         .env("DLOCK_NAME", &args.name)
         .env("DLOCK_OWNER", owner.as_str())
-        .env("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
+        .env(
+            "DLOCK_FENCING_TOKEN",
+            guard.fencing_token(&args.name).unwrap_or(0).to_string(),
+        )
+        .env("DLOCK_FENCING_TOKENS", tokens_env(&guard))
         .stdin(Stdio::inherit())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit());
@@ -126,8 +143,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
                 if stopping.is_none() && renewals_failing(&guard, args.ttl, args.grace) {
                     let left = guard.deadline().saturating_duration_since(std::time::Instant::now());
                     errln!(
-                        "dlock: renewals of {:?} are failing; stopping {program:?} before the lease can end ({left:?} left: SIGTERM now, SIGKILL then)",
-                        args.name
+                        "dlock: renewals of {label} are failing; stopping {program:?} before the lease can end ({left:?} left: SIGTERM now, SIGKILL then)"
                     );
                     target.send(Signal::SIGTERM);
                     stopping = Some(Instant::now());
@@ -169,20 +185,14 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
             r.kill_now();
         }
         let _ = tokio::time::timeout(STOPPED_RELEASE_LIMIT, guard.release()).await;
-        errln!(
-            "dlock: {program:?} was stopped: the lock {:?} could not be kept",
-            args.name
-        );
+        errln!("dlock: {program:?} was stopped: the lock {label} could not be kept");
         return Ok(exit::LOCK_LOST);
     }
     if let Some(r) = reaper {
         r.done();
     }
     if let Some(reason) = guard.loss_reason() {
-        errln!(
-            "dlock: lock {:?} was lost while {program:?} ran: {reason}",
-            args.name
-        );
+        errln!("dlock: lock {label} was lost while {program:?} ran: {reason}");
         return Ok(exit::LOCK_LOST);
     }
     if let Err(e) = guard.release().await {
@@ -193,6 +203,20 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         tracing::warn!(error = %e, "release failed; the lease will free the lock");
     }
     Ok(child_code(code))
+}
+
+/// `DLOCK_FENCING_TOKENS`: `NAME=TOKEN` for every lock held, one per line, in the
+/// order they were taken (names hold no control character; a name may hold `=`, so
+/// the token follows the last one).
+fn tokens_env(guard: &MultiGuard) -> String {
+    let mut out = String::new();
+    for g in guard.guards() {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&format!("{}={}", g.name(), g.fencing_token()));
+    }
+    out
 }
 
 enum Outcome {
@@ -239,7 +263,7 @@ fn child_setup(parent: i32, own_group: bool) -> std::io::Result<()> {
 
 /// When to look next whether renewals are failing: the instant the guard's remaining
 /// lease falls to the stop threshold (re-checked, since renewals move the deadline).
-fn stop_check_at(guard: &LockGuard, ttl: Duration, grace: Duration, stopping: bool) -> Instant {
+fn stop_check_at(guard: &MultiGuard, ttl: Duration, grace: Duration, stopping: bool) -> Instant {
     if stopping {
         return Instant::now() + Duration::from_secs(3600);
     }
@@ -258,7 +282,7 @@ fn stop_threshold(ttl: Duration, grace: Duration) -> Duration {
     grace.min((ttl * 2 / 3).saturating_sub(ttl / 10))
 }
 
-fn renewals_failing(guard: &LockGuard, ttl: Duration, grace: Duration) -> bool {
+fn renewals_failing(guard: &MultiGuard, ttl: Duration, grace: Duration) -> bool {
     guard.is_held()
         && guard
             .deadline()

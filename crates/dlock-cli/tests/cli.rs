@@ -195,6 +195,58 @@ fn busy_lock_gives_exit_75() {
     let _ = wait_timeout(&mut holder, Duration::from_secs(10));
 }
 
+/// `--also`: several locks, all or none. Held together, each with its own token in
+/// `DLOCK_FENCING_TOKENS`; a set whose other lock is busy exits 75 naming that lock and
+/// leaves its first lock free.
+#[test]
+fn also_holds_several_locks_all_or_none() {
+    let env = Env::new();
+    let out = env.run(&[
+        "run",
+        "--also",
+        "acct:b",
+        "acct:a",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$DLOCK_FENCING_TOKEN\"; echo \"$DLOCK_FENCING_TOKENS\"",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 3, "{said}");
+    let a = lines[1].strip_prefix("acct:a=").expect("acct:a first");
+    assert!(lines[2].starts_with("acct:b="), "{said}");
+    assert_eq!(lines[0], a, "DLOCK_FENCING_TOKEN is NAME's token");
+
+    let mut holder = env.spawn(&["run", "acct:b", "--", "sleep", "30"]);
+    env.wait_held("acct:b");
+    let out = env.run(&[
+        "run",
+        "--no-wait",
+        "--also",
+        "acct:b",
+        "acct:a",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("\"acct:b\""),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = env.run(&["run", "--no-wait", "acct:a", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "acct:a was left held: {}",
+        text(&out.stderr)
+    );
+    kill_group(&holder, nix::sys::signal::Signal::SIGTERM);
+    let _ = wait_timeout(&mut holder, Duration::from_secs(10));
+}
+
 #[test]
 fn lost_lock_terminates_the_command_with_exit_76() {
     let env = Env::new();

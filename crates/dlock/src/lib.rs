@@ -62,6 +62,7 @@ mod keeper;
 mod lease;
 mod locker;
 pub mod memory;
+mod multi;
 pub mod name;
 mod notify;
 mod options;
@@ -86,6 +87,7 @@ pub use backend::{AcquisitionId, Capabilities, Fencing, LockInfo};
 pub use error::{Error, LossReason, Result};
 pub use guard::{LockContext, LockGuard};
 pub use locker::Locker;
+pub use multi::MultiGuard;
 pub use options::{DEFAULT_TTL, LockOptions, MAX_TTL, MIN_TTL, Metadata, Owner, Renewal, Wait};
 pub use schemes::{SchemeInfo, schemes};
 

@@ -131,6 +131,11 @@ impl Locker {
         self.backend.capabilities()
     }
 
+    /// The backend's scheme (for spans and metrics).
+    pub(crate) fn scheme(&self) -> &'static str {
+        self.backend.scheme()
+    }
+
     /// The options `lock` uses (TTL from the URL's `ttl=` parameter, if given).
     #[must_use]
     pub fn default_options(&self) -> LockOptions {

@@ -30,11 +30,13 @@ mod behaviours;
 mod crowd;
 mod faults;
 mod fenced;
+mod multi;
 mod shared;
 pub use behaviours::*;
 pub use crowd::Crowd;
 pub use faults::{wait_until_queued, waiter_cancelled_in_an_outage};
 pub use fenced::{BookReport, FencedBook, SectionId};
+pub use multi::lock_all_is_all_or_nothing_and_never_deadlocks;
 pub use shared::*;
 
 /// What a harness's fault proxy (between a client and the server, on loopback) does
@@ -193,6 +195,7 @@ macro_rules! conformance_suite {
             renewal_never_shortens_the_server_lease,
             a_stale_grant_cannot_touch_its_owners_newer_grant,
             a_waiter_that_left_is_never_handed_the_lock,
+            lock_all_is_all_or_nothing_and_never_deadlocks,
         );
     };
     (@each $harness:expr; $($behaviour:ident),* $(,)?) => {

@@ -1,0 +1,138 @@
+//! [`Locker::lock_all`](crate::Locker::lock_all): all the locks of a set or none, and
+//! never a deadlock between sets that overlap — judged per name by a
+//! [`FencedBook`], never by the locks themselves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::fenced::FencedBook;
+use super::{Harness, unique};
+use crate::{Error, LockOptions, Wait};
+
+/// A set whose second lock is busy fails as a whole, naming that lock, and its first
+/// lock is free the moment the call returns. Then eight tasks on two lockers take
+/// random overlapping sets, in random order, with waits without end, short timeouts
+/// and cancellations: no name ever has two holders, nothing deadlocks (the crowd is
+/// bounded in time), and every name is free when they are done.
+///
+/// # Panics
+/// When a set is taken in part, two holders of a name overlap, the crowd deadlocks, or
+/// a lock stays held.
+pub async fn lock_all_is_all_or_nothing_and_never_deadlocks(h: &Harness) {
+    let names: Arc<Vec<String>> = Arc::new((0..3).map(|i| unique(&format!("all{i}"))).collect());
+    let (a, b) = (h.locker().await, h.locker().await);
+
+    let blocker = b.lock(&names[1]).await.expect("lock");
+    let short = LockOptions::new().wait(Wait::Timeout(Duration::from_millis(200)));
+    match a.lock_all(names.iter().rev(), &short).await {
+        Err(Error::Timeout { name, .. }) => assert_eq!(name, names[1], "the busy lock"),
+        Ok(_) => panic!("lock_all took a set whose lock {} was held", names[1]),
+        Err(e) => panic!("lock_all: {e}"),
+    }
+    let first = b
+        .try_lock(&names[0])
+        .await
+        .expect("try_lock")
+        .unwrap_or_else(|| panic!("{} still held after lock_all failed", names[0]));
+    first.release().await.expect("release");
+    blocker.release().await.expect("release");
+
+    let books: Arc<Vec<FencedBook>> = Arc::new((0..3).map(|_| FencedBook::default()).collect());
+    let lockers = [Arc::new(a), Arc::new(b)];
+    let stop_at = Instant::now() + Duration::from_secs(3);
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..8u64 {
+        let locker = Arc::clone(&lockers[(t % 2) as usize]);
+        let (names, books) = (Arc::clone(&names), Arc::clone(&books));
+        tasks.spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(t);
+            let mut taken = 0u32;
+            for _ in 0..200 {
+                if Instant::now() >= stop_at {
+                    break;
+                }
+                let mut set: Vec<usize> = (0..3).collect();
+                rng.shuffle(&mut set);
+                set.truncate(rng.usize(2..=3));
+                let wanted: Vec<&str> = set.iter().map(|&i| names[i].as_str()).collect();
+                let wait = match rng.u8(..3) {
+                    0 => Wait::Forever,
+                    _ => Wait::Timeout(Duration::from_millis(rng.u64(0..200))),
+                };
+                let opts = LockOptions::new().wait(wait);
+                let asking = locker.lock_all(&wanted, &opts);
+                let cancel_after = Duration::from_millis(rng.u64(1..150));
+                let guard = if rng.u8(..4) == 0 {
+                    match tokio::time::timeout(cancel_after, asking).await {
+                        Ok(r) => r,
+                        Err(_) => continue,
+                    }
+                } else {
+                    asking.await
+                };
+                let guard = match guard {
+                    Ok(g) => g,
+                    Err(Error::Timeout { .. }) => continue,
+                    Err(e) => panic!("lock_all: {e}"),
+                };
+                let inside: Vec<_> = set
+                    .iter()
+                    .map(|&i| {
+                        let token = guard.fencing_token(&names[i]).expect("a token per name");
+                        let owner = guard.get(&names[i]).expect("guard").owner().as_str();
+                        (i, books[i].enter(token, owner, &format!("task {t}")))
+                    })
+                    .collect();
+                tokio::time::sleep(Duration::from_micros(rng.u64(0..2000))).await;
+                for (i, id) in inside {
+                    let held = guard.get(&names[i]).is_some_and(crate::LockGuard::is_held);
+                    books[i].exit_strict(id, held);
+                }
+                taken += 1;
+                if rng.u8(..4) == 0 {
+                    drop(guard);
+                } else {
+                    guard.release().await.expect("release");
+                }
+            }
+            taken
+        });
+    }
+    let mut taken = 0;
+    let all = async {
+        while let Some(done) = tasks.join_next().await {
+            taken += done.expect("task");
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .is_err()
+    {
+        panic!("lock_all deadlocked: tasks still waiting a minute after the crowd ended");
+    }
+    assert!(
+        taken >= 8,
+        "only {taken} sets were taken: too little to judge"
+    );
+    for (i, book) in books.iter().enumerate() {
+        let report = book.report();
+        assert!(
+            report.violations.is_empty(),
+            "{}: {:?}",
+            names[i],
+            report.violations
+        );
+        assert_eq!(report.still_inside, 0);
+    }
+    // Dropped guards release in the background: every name is free soon after.
+    let ttl = lockers[0].default_options().ttl;
+    for name in names.iter() {
+        let g = lockers[1]
+            .lock_timeout(name, ttl + Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|e| panic!("{name} stayed held after the crowd: {e}"));
+        g.release().await.expect("release");
+    }
+}

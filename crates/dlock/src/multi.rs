@@ -1,0 +1,181 @@
+//! Several locks held together ([`Locker::lock_all`]): all of them or none, taken one
+//! after another in one canonical order — the names' byte order — so two callers whose
+//! sets overlap never wait for each other in a circle. Each lock keeps its own lease,
+//! renewal and fencing token; the [`MultiGuard`] hears of the loss of any of them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Instant;
+
+use crate::error::{Error, LossReason, Result};
+use crate::guard::LockGuard;
+use crate::locker::Locker;
+use crate::name::LockName;
+use crate::options::{LockOptions, Owner, Wait};
+
+/// Every lock of a [`Locker::lock_all`] call, held together.
+///
+/// Dropping it releases every lock in the background, as dropping each
+/// [`LockGuard`] would; [`MultiGuard::release`] does it in the caller's task and says
+/// how it went.
+#[derive(Debug)]
+#[must_use = "dropping the guard releases the locks"]
+pub struct MultiGuard {
+    /// In the canonical order (by name).
+    guards: Vec<LockGuard>,
+}
+
+impl MultiGuard {
+    /// The guards, one per distinct name, in the order they were taken (the names'
+    /// byte order).
+    #[must_use]
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// The guard of `name`, if it is one of the set.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<&LockGuard> {
+        self.guards.iter().find(|g| g.name() == name)
+    }
+
+    /// `name`'s fencing token, if it is one of the set: each lock has its own, and a
+    /// resource protected by one lock checks that lock's token.
+    #[must_use]
+    pub fn fencing_token(&self, name: &str) -> Option<u64> {
+        self.get(name).map(LockGuard::fencing_token)
+    }
+
+    /// Whether every lock of the set is still held.
+    #[must_use]
+    pub fn is_held(&self) -> bool {
+        self.guards.iter().all(LockGuard::is_held)
+    }
+
+    /// The earliest local deadline of the set: past it, one lock may have ended on the
+    /// server.
+    #[must_use]
+    pub fn deadline(&self) -> Instant {
+        self.guards
+            .iter()
+            .map(LockGuard::deadline)
+            .min()
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// Why a lock of the set was lost (the first lost one, in the set's order), if one
+    /// was.
+    #[must_use]
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.guards.iter().find_map(LockGuard::loss_reason)
+    }
+
+    /// Resolves with [`Error::LockLost`] as soon as any lock of the set is lost;
+    /// pending forever otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future changes nothing.
+    pub fn lost(&self) -> impl Future<Output = Error> + Send + 'static {
+        let mut each: Vec<Pin<Box<dyn Future<Output = Error> + Send>>> = self
+            .guards
+            .iter()
+            .map(|g| Box::pin(g.lost()) as Pin<Box<dyn Future<Output = Error> + Send>>)
+            .collect();
+        std::future::poll_fn(move |cx| {
+            for f in &mut each {
+                if let Poll::Ready(e) = f.as_mut().poll(cx) {
+                    return Poll::Ready(e);
+                }
+            }
+            Poll::Pending
+        })
+    }
+
+    /// Release every lock, the last taken first, and report the first error (every
+    /// lock is given back whatever happens to the others).
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`], for the first lock whose release failed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a release under way finishes in a task of its own, and the locks
+    /// not yet released are released in the background as their guards drop.
+    pub async fn release(self) -> Result<()> {
+        let mut first = Ok(());
+        for g in self.guards.into_iter().rev() {
+            let r = g.release().await;
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// The guards themselves, to release or keep each one on its own.
+    #[must_use]
+    pub fn into_guards(self) -> Vec<LockGuard> {
+        self.guards
+    }
+}
+
+impl Locker {
+    /// Acquire every lock of `names` — all of them or none — with `opts` for each.
+    ///
+    /// The locks are taken one by one in the names' byte order, whatever order they
+    /// are given in, so callers with overlapping sets never deadlock; a name given
+    /// twice is one lock. Every lock is taken by one owner (`opts.owner`, or a fresh
+    /// one for the set). `opts.wait` bounds the whole call: a `Timeout` is shared by
+    /// all the locks. When one cannot be had, the ones already taken are released
+    /// before the error is returned, so none of them is still held when it comes.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] naming the lock that stayed busy, [`Error::InvalidName`] for
+    /// any name (checked before anything is taken), [`Error::InvalidOption`] for an
+    /// empty set or bad options, backend errors — in every case nothing stays held.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future releases (in the background) the locks it had
+    /// taken and leaves nothing queued.
+    #[tracing::instrument(level = "debug", name = "lock_all", skip_all, fields(scheme = self.scheme()))]
+    pub async fn lock_all<I>(&self, names: I, opts: &LockOptions) -> Result<MultiGuard>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let mut sorted = names
+            .into_iter()
+            .map(|n| LockName::new(n.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        if sorted.is_empty() {
+            return Err(Error::option("names", "lock_all needs at least one name"));
+        }
+        opts.validate()?;
+        sorted.sort_unstable();
+        sorted.dedup();
+        let deadline = match opts.wait {
+            Wait::Timeout(t) => Some(tokio::time::Instant::now() + t),
+            _ => None,
+        };
+        let owner = opts.owner.clone().unwrap_or_else(Owner::random);
+        let mut held: Vec<LockGuard> = Vec::with_capacity(sorted.len());
+        for name in &sorted {
+            let mut each = opts.clone().owner(owner.clone());
+            if let Some(d) = deadline {
+                each.wait = Wait::Timeout(d.saturating_duration_since(tokio::time::Instant::now()));
+            }
+            match self.lock_with(name.as_str(), &each).await {
+                Ok(g) => held.push(g),
+                Err(e) => {
+                    // All or nothing: what this call took is given back before it
+                    // says why it failed.
+                    for g in held.into_iter().rev() {
+                        let _ = g.release().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(MultiGuard { guards: held })
+    }
+}
