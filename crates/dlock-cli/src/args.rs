@@ -12,6 +12,39 @@ fn duration(text: &str) -> Result<Duration, String> {
     })
 }
 
+/// Parse `--wait`: a duration, or bare seconds as flock's `-w 5` takes them (`5`,
+/// `0.5`). Only this flag reads a bare number; every other duration needs its unit.
+fn wait_duration(text: &str) -> Result<Duration, String> {
+    let bare = !text.is_empty() && text.chars().all(|c| c.is_ascii_digit() || c == '.');
+    if bare {
+        return text
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s <= 1e9)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| format!("{text:?} is not a number of seconds"));
+    }
+    duration(text)
+}
+
+/// Parse `--log`: a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or a
+/// tracing filter with targets (`dlock=debug,sqlx=warn`). A lone word that is not a
+/// level is refused (it would silently mean "trace for a target of that name").
+fn log_filter(text: &str) -> Result<String, String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let lower = text.to_ascii_lowercase();
+    if LEVELS.contains(&lower.as_str()) {
+        return Ok(lower);
+    }
+    if text.contains('=') && tracing_subscriber::EnvFilter::try_new(text).is_ok() {
+        return Ok(text.to_owned());
+    }
+    Err(format!(
+        "{text:?} is not a log level ({}) or a filter like dlock=debug",
+        LEVELS.join(", ")
+    ))
+}
+
 /// Parse a lease flag: a duration within dlock's accepted TTL range.
 fn ttl(text: &str) -> Result<Duration, String> {
     let d = duration(text)?;
@@ -36,8 +69,9 @@ fn ttl(text: &str) -> Result<Duration, String> {
     after_help = crate::exit::codes_help()
 )]
 pub struct Cli {
-    /// Log level for dlock's own diagnostics (error, warn, info, debug, trace).
-    #[arg(long, global = true, default_value = "warn", env = "DLOCK_LOG")]
+    /// Log level for dlock's own diagnostics (off, error, warn, info, debug, trace, or
+    /// a filter such as dlock=debug); coloured only on a terminal, never with NO_COLOR.
+    #[arg(long, global = true, default_value = "warn", env = "DLOCK_LOG", value_parser = log_filter)]
     pub log: String,
     /// What to do.
     #[command(subcommand)]
@@ -246,8 +280,9 @@ pub struct RunArgs {
     /// Lease length; renewed every third of it while the command runs.
     #[arg(long, value_parser = ttl, default_value = "30s", value_name = "DURATION")]
     pub ttl: Duration,
-    /// Wait at most this long for the lock [default: wait as long as it takes].
-    #[arg(long, value_parser = duration, value_name = "DURATION", conflicts_with = "no_wait")]
+    /// Wait at most this long for the lock (`10s`, or bare seconds as flock's `-w`:
+    /// `10`) [default: wait as long as it takes].
+    #[arg(short = 'w', long, value_parser = wait_duration, value_name = "DURATION", conflicts_with = "no_wait")]
     pub wait: Option<Duration>,
     /// Do not wait: exit 75 at once if the lock is busy.
     #[arg(long)]
@@ -272,10 +307,26 @@ pub struct RunArgs {
     /// (`DLOCK_FENCING_TOKENS`).
     #[arg(long, value_name = "NAME")]
     pub also: Vec<String>,
-    /// The lock's name.
+    /// Run this shell command (`sh -c TEXT`) instead of CMD, as flock's `-c` does.
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "TEXT",
+        conflicts_with = "command"
+    )]
+    pub shell: Option<String>,
+    /// The lock's name (a name that begins with `-` goes after `--`:
+    /// `dlock run -- -tmp CMD`).
     pub name: String,
-    /// The command and its arguments (run directly, no shell).
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments, run directly (no shell); a `--` before it is
+    /// optional: `dlock run NAME CMD ARGS...` and `dlock run NAME -- CMD ARGS...` are
+    /// the same.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "shell",
+        value_name = "CMD"
+    )]
     pub command: Vec<String>,
 }
 

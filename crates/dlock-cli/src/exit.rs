@@ -4,6 +4,8 @@ use dlock::Error;
 
 use crate::output::errln;
 
+/// `dlock check`: a hard guarantee broke; `dlock status`: a named lock is free.
+pub const SOME_FREE: i32 = 1;
 /// Usage error (bad flag, bad value, bad URL or name).
 pub const USAGE: i32 = 2;
 /// The lock service could not be reached (sysexits EX_UNAVAILABLE).
@@ -28,7 +30,10 @@ pub const OUTPUT_CLOSED: i32 = 141;
 /// Every exit status `dlock` itself can end with (besides `dlock run`'s command's own,
 /// and 0), with what it means: the one list the help text and the docs come from.
 pub const CODES: [(i32, &str); 13] = [
-    (1, "dlock check: a hard guarantee broke (see its report)"),
+    (
+        SOME_FREE,
+        "dlock check: a hard guarantee broke (see its report); dlock status: a named lock is free (0: all held)",
+    ),
     (
         USAGE,
         "usage error (bad flag, duration, URL or name): one line on stderr",
@@ -137,12 +142,25 @@ pub fn usage_error(e: &clap::Error) -> ! {
         }
         _ => {
             let rendered = e.render().to_string();
-            let first = rendered
-                .lines()
-                .find(|l| !l.trim().is_empty())
+            let mut lines = rendered.lines().filter(|l| !l.trim().is_empty());
+            let mut first = lines
+                .next()
                 .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
-            errln!("dlock: {first} (see dlock --help)");
+                .trim_start_matches("error: ")
+                .to_owned();
+            // "the following required arguments were not provided:" names them below.
+            if first.ends_with(':')
+                && let Some(next) = lines.next()
+            {
+                first = format!("{first} {}", next.trim());
+            }
+            // A value outside a fixed set: say which values there are, on the line.
+            let values = rendered
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("[possible values: "))
+                .map(|v| format!("; possible values: {}", v.trim_end_matches(']')))
+                .unwrap_or_default();
+            errln!("dlock: {first}{values} (see dlock --help)");
             std::process::exit(USAGE)
         }
     }

@@ -40,7 +40,8 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         Some(o) => o.parse::<Owner>()?,
         None => Owner::random(),
     };
-    let program = args.command.first().cloned().unwrap_or_default();
+    let argv = command_line(&args);
+    let program = argv.first().cloned().unwrap_or_default();
     let mut note = format!("dlock run {program}");
     if let Some(n) = &args.note {
         note = n.clone();
@@ -91,7 +92,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     let parent = nix::unistd::getpid().as_raw();
     let mut command = tokio::process::Command::new(&program);
     command
-        .args(&args.command[1..])
+        .args(argv.get(1..).unwrap_or_default())
         .env("DLOCK_NAME", &args.name)
         .env("DLOCK_OWNER", owner.as_str())
         .env(
@@ -203,6 +204,19 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         tracing::warn!(error = %e, "release failed; the lease will free the lock");
     }
     Ok(child_code(code))
+}
+
+/// The command to run: `sh -c TEXT` for `-c TEXT`, else CMD — without the `--` that
+/// may stand between NAME and CMD (`dlock run -- -tmp -- CMD` keeps it there after a
+/// name that begins with `-`).
+fn command_line(args: &RunArgs) -> Vec<String> {
+    if let Some(text) = &args.shell {
+        return vec!["sh".to_owned(), "-c".to_owned(), text.clone()];
+    }
+    match args.command.split_first() {
+        Some((first, rest)) if first == "--" => rest.to_vec(),
+        _ => args.command.clone(),
+    }
 }
 
 /// `DLOCK_FENCING_TOKENS`: `NAME=TOKEN` for every lock held, one per line, in the

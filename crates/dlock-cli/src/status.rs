@@ -59,7 +59,7 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
         let text =
             serde_json::to_string_pretty(&all).map_err(|e| Failure::internal(e.to_string()))?;
         outln!("{text}");
-        return Ok(0);
+        return Ok(held_code(&lines));
     }
     for (name, info) in &lines {
         match info {
@@ -82,7 +82,17 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
             }
         }
     }
-    Ok(0)
+    Ok(held_code(&lines))
+}
+
+/// `dlock status`'s exit status, for scripts: 0 when every named lock is held,
+/// [`exit::SOME_FREE`] when one is free.
+fn held_code(lines: &[(String, Option<dlock::LockInfo>)]) -> i32 {
+    if lines.iter().all(|(_, info)| info.is_some()) {
+        0
+    } else {
+        exit::SOME_FREE
+    }
 }
 
 #[derive(Serialize)]

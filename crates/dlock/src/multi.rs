@@ -29,7 +29,6 @@ pub struct MultiGuard {
 impl MultiGuard {
     /// The guards, one per distinct name, in the order they were taken (the names'
     /// byte order).
-    #[must_use]
     pub fn guards(&self) -> &[LockGuard] {
         &self.guards
     }

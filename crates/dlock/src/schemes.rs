@@ -188,8 +188,24 @@ pub fn schemes() -> Vec<SchemeInfo> {
         .collect()
 }
 
-/// Open the backend named by `url`.
+/// Open the backend named by `url`. A connection error names the address(es) tried
+/// when the driver's message does not.
 pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
+    let tried: Vec<String> = url.hosts().iter().map(ToString::to_string).collect();
+    open_scheme(url).await.map_err(|e| match e {
+        Error::Connection { backend, message }
+            if !tried.is_empty() && !tried.iter().any(|h| message.contains(h.as_str())) =>
+        {
+            Error::Connection {
+                backend,
+                message: format!("cannot connect to {}: {message}", tried.join(",")),
+            }
+        }
+        other => other,
+    })
+}
+
+async fn open_scheme(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     match url.scheme() {
         "memory" => Ok(crate::memory::MemoryBackend::open(url)?),
         #[cfg(feature = "sqlite")]

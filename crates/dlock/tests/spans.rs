@@ -9,9 +9,12 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
-/// Every span opened: its name and its fields as `k=v`.
+/// A span as opened: its name and its fields as `k=v`.
+type Opened = (String, Vec<String>);
+
+/// Every span opened.
 #[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<(String, Vec<String>)>>>);
+struct Spans(Arc<Mutex<Vec<Opened>>>);
 
 struct Fields(Vec<String>);
 

@@ -186,7 +186,8 @@ impl EtcdBackend {
         }
         let scheme = if tls { "https" } else { "http" };
         let endpoints: Vec<String> = if url.hosts().is_empty() {
-            vec![format!("{scheme}://127.0.0.1:2379")]
+            // No silent default address (a forgotten host is a usage error).
+            return Err(url.invalid("name the server: etcd://HOST[:PORT][,HOST[:PORT]...]"));
         } else {
             url.hosts()
                 .iter()

@@ -400,14 +400,16 @@ fn sentinel_conn(url: &ConnectUrl, db: i64, timeout: Duration) -> Result<conn::S
             "redis+sentinel:// needs the master name as its path: redis+sentinel://s1:26379,s2:26379/mymaster",
         ));
     }
-    let sentinels: Vec<ConnectionAddr> = if url.hosts().is_empty() {
-        vec![ConnectionAddr::Tcp("127.0.0.1".into(), 26379)]
-    } else {
-        url.hosts()
-            .iter()
-            .map(|h| ConnectionAddr::Tcp(h.host.clone(), h.port.unwrap_or(26379)))
-            .collect()
-    };
+    if url.hosts().is_empty() {
+        return Err(
+            url.invalid("name the Sentinels: redis+sentinel://HOST:26379[,HOST:26379...]/MASTER")
+        );
+    }
+    let sentinels: Vec<ConnectionAddr> = url
+        .hosts()
+        .iter()
+        .map(|h| ConnectionAddr::Tcp(h.host.clone(), h.port.unwrap_or(26379)))
+        .collect();
     let mut builder = redis::sentinel::SentinelClientBuilder::new(
         sentinels,
         master,
@@ -431,7 +433,9 @@ fn sentinel_conn(url: &ConnectUrl, db: i64, timeout: Duration) -> Result<conn::S
 /// Connection settings for every host of the URL (one, unless a cluster).
 fn node_infos(url: &ConnectUrl, cluster: bool, tls: bool) -> Result<Vec<redis::ConnectionInfo>> {
     let hosts: Vec<(String, u16)> = match url.hosts() {
-        [] => vec![("127.0.0.1".to_owned(), 6379)],
+        // No silent default address: a forgotten host is a usage error, not an
+        // unreachable server somewhere else.
+        [] => return Err(url.invalid("name the server: redis://HOST[:PORT]")),
         [h] => vec![(h.host.clone(), h.port.unwrap_or(6379))],
         many if cluster => many
             .iter()

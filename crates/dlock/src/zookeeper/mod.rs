@@ -322,7 +322,8 @@ impl ZkBackend {
             return Err(url.invalid("the path must be a ZooKeeper path such as /locks"));
         }
         let hosts: Vec<String> = if url.hosts().is_empty() {
-            vec!["127.0.0.1:2181".into()]
+            // No silent default address (a forgotten host is a usage error).
+            return Err(url.invalid("name the server: zk://HOST[:PORT][,HOST[:PORT]...]/PATH"));
         } else {
             url.hosts()
                 .iter()

@@ -163,6 +163,10 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     if let Some(ca) = &opts.ssl_ca {
         connect = connect.ssl_root_cert(ca);
     }
+    // One direct connection first: a refused or unreachable server is said at once
+    // (the pool would retry until its timeout and only say that it timed out).
+    let probe = timed(BACKEND, opts.timeout, PgConnection::connect_with(&connect)).await?;
+    let _ = probe.close().await;
     let pool = PgPoolOptions::new()
         .max_connections(opts.pool.max(2))
         .acquire_timeout(opts.timeout)
