@@ -12,6 +12,10 @@ pub const USAGE: i32 = 2;
 pub const UNAVAILABLE: i32 = 69;
 /// Internal error (sysexits EX_SOFTWARE).
 pub const INTERNAL: i32 = 70;
+/// A file the user named could not be created (sysexits EX_CANTCREAT).
+pub const CANT_CREATE: i32 = 73;
+/// The server refused the credentials or the operation (sysexits EX_NOPERM).
+pub const DENIED: i32 = 77;
 /// The lock was not acquired in time (sysexits EX_TEMPFAIL).
 pub const NOT_ACQUIRED: i32 = 75;
 /// The lock was lost while the command ran.
@@ -29,7 +33,7 @@ pub const OUTPUT_CLOSED: i32 = 141;
 
 /// Every exit status `dlock` itself can end with (besides `dlock run`'s command's own,
 /// and 0), with what it means: the one list the help text and the docs come from.
-pub const CODES: [(i32, &str); 13] = [
+pub const CODES: [(i32, &str); 15] = [
     (
         SOME_FREE,
         "dlock check: a hard guarantee broke (see its report); dlock status: a named lock is free (0: all held)",
@@ -41,6 +45,10 @@ pub const CODES: [(i32, &str); 13] = [
     (UNAVAILABLE, "the lock service could not be reached"),
     (INTERNAL, "internal error (a bug): one line on stderr"),
     (
+        CANT_CREATE,
+        "a file named on the command line could not be created (dlock check --history)",
+    ),
+    (
         OUTPUT_FAILED,
         "standard output could not be written (e.g. a full disk)",
     ),
@@ -51,6 +59,10 @@ pub const CODES: [(i32, &str); 13] = [
     (
         LOCK_LOST,
         "the lock was lost while the command ran, or renewals failed and the command was stopped before the lease could end",
+    ),
+    (
+        DENIED,
+        "the server refused the credentials or the operation (authentication, permission)",
     ),
     (CANNOT_EXECUTE, "the command could not be executed"),
     (NOT_FOUND, "the command was not found"),
@@ -114,6 +126,7 @@ impl From<Error> for Failure {
             Error::Timeout { .. } => NOT_ACQUIRED,
             Error::LockLost { .. } => LOCK_LOST,
             Error::Connection { .. } | Error::NoQuorum { .. } => UNAVAILABLE,
+            Error::Denied { .. } => DENIED,
             _ => INTERNAL,
         };
         // Error messages are redacted by the library; redact once more for anything

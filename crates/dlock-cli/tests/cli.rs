@@ -489,6 +489,61 @@ fn passwords_never_printed() {
     }
 }
 
+/// Refused credentials are their own exit status (77), with the server's words and
+/// none of the driver's internals (PostgreSQL's "at line N" of its C source), and
+/// never the password.
+#[test]
+fn refused_credentials_exit_77() {
+    let (Some(pg), Some(maria), Some(redis)) = (
+        dlock_testkit::PgServer::start(),
+        dlock_testkit::MariaDbServer::start(),
+        dlock_testkit::RedisServer::start(),
+    ) else {
+        return;
+    };
+    // A password from now on (the server had to answer a plain PING to count as up).
+    let port = redis.addr().port().to_string();
+    let set = Command::new("redis-cli")
+        .args(["-p", &port, "CONFIG", "SET", "requirepass", "right-one"])
+        .output()
+        .expect("redis-cli");
+    assert!(set.status.success(), "{}", text(&set.stderr));
+    let env = Env::new();
+    for url in [
+        pg.url().replace(dlock_testkit::PG_PASSWORD, "wrongMARKER"),
+        maria.url().replace("root@", "nobody:wrongMARKER@"),
+        redis.url().replace("redis://", "redis://:wrongMARKER@"),
+    ] {
+        let out = env.run(&["status", "--url", &url, "x"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(77), "{url}: {err}");
+        assert!(err.contains("refused access"), "{err}");
+        assert!(
+            !err.contains("wrongMARKER") && !err.contains("at line"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+/// A history file that cannot be created is a clear error with its own status (73),
+/// before any worker starts.
+#[test]
+fn unwritable_history_exits_73() {
+    let env = Env::new();
+    let out = env.run(&[
+        "check",
+        "--ops",
+        "10",
+        "--history",
+        "/nonexistent-dir/history.jsonl",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(73), "{err}");
+    assert!(err.contains("/nonexistent-dir/history.jsonl"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
 #[test]
 fn status_json_and_backends() {
     let env = Env::new();

@@ -123,6 +123,16 @@ pub enum Error {
         /// Redacted driver message.
         message: String,
     },
+    /// The server refused the credentials, or refused this user the operation
+    /// (authentication or permission): not worth a retry until the configuration
+    /// changes.
+    #[error("{backend} refused access: {message}")]
+    Denied {
+        /// Backend scheme.
+        backend: &'static str,
+        /// Redacted server message.
+        message: String,
+    },
     /// The backend answered with an error.
     #[error("{backend} error: {message}")]
     Backend {
@@ -152,6 +162,13 @@ impl Error {
 
     pub(crate) fn backend(backend: &'static str, message: impl fmt::Display) -> Self {
         Error::Backend {
+            backend,
+            message: redact_secrets(&message.to_string()),
+        }
+    }
+
+    pub(crate) fn denied(backend: &'static str, message: impl fmt::Display) -> Self {
+        Error::Denied {
             backend,
             message: redact_secrets(&message.to_string()),
         }

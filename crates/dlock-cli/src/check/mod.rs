@@ -275,10 +275,16 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     let history_path = args.history.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("dlock-check-{}.jsonl", std::process::id()))
     });
-    let mut history = std::io::BufWriter::new(
-        std::fs::File::create(&history_path)
-            .map_err(|e| Failure::internal(format!("history {}: {e}", history_path.display())))?,
-    );
+    let mut history =
+        std::io::BufWriter::new(std::fs::File::create(&history_path).map_err(|e| {
+            Failure::new(
+                crate::exit::CANT_CREATE,
+                format!(
+                    "cannot create the history file {}: {e}",
+                    history_path.display()
+                ),
+            )
+        })?);
     let started = Instant::now();
     let mut fleet = Fleet::spawn(arg_lists)?;
     let pids: Vec<Option<u32>> = (0..args.workers as usize).map(|i| fleet.pid(i)).collect();

@@ -95,6 +95,14 @@ const RECHECK: Duration = Duration::from_secs(10);
 pub(crate) fn map_err(e: &RpcError) -> Error {
     if e.is_retryable() {
         Error::connection(SCHEME, e)
+    } else if matches!(
+        e,
+        RpcError::Status(
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied,
+            _
+        )
+    ) {
+        Error::denied(SCHEME, e)
     } else {
         Error::backend(SCHEME, e)
     }

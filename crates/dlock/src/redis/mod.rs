@@ -125,6 +125,10 @@ pub(crate) fn map_err(e: &redis::RedisError) -> Error {
         || e.is_connection_refusal()
     {
         Error::connection(SCHEME, e)
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+    {
+        Error::denied(SCHEME, e)
     } else {
         Error::backend(SCHEME, e)
     }

@@ -239,8 +239,36 @@ pub(crate) fn db_err(backend: &'static str, e: &sqlx::Error) -> Error {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => Error::connection(backend, e),
+        // The server's own words and its SQLSTATE, without the driver's additions
+        // (PostgreSQL's "at line N" is a line of the server's C source).
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default().into_owned();
+            let message = format!("{} (SQLSTATE {code})", db.message());
+            if denied(&code, db.as_ref()) {
+                Error::denied(backend, message)
+            } else {
+                Error::backend(backend, message)
+            }
+        }
         _ => Error::backend(backend, e),
     }
+}
+
+/// A refusal of the credentials (SQLSTATE class 28) or of a privilege (PostgreSQL
+/// 42501; MySQL's access-denied errors, whose SQLSTATE 42000 is shared with syntax
+/// errors, by number).
+fn denied(code: &str, db: &dyn sqlx::error::DatabaseError) -> bool {
+    if code.starts_with("28") || code == "42501" {
+        return true;
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(m) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        // 1044 db access, 1045 access denied, 1142/1143 table/column, 1227 privilege,
+        // 1698 access denied (auth plugin).
+        return [1044, 1045, 1142, 1143, 1227, 1698].contains(&m.number());
+    }
+    let _ = db;
+    false
 }
 
 /// Whether a server error's SQLSTATE is one of `codes`.
