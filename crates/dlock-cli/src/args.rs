@@ -105,6 +105,18 @@ pub enum Command {
     /// Internal: one worker process of `check`.
     #[command(hide = true)]
     CheckWorker(CheckWorkerArgs),
+    /// Print a shell completion script (e.g. `dlock completions bash >
+    /// /etc/bash_completion.d/dlock`).
+    Completions(CompletionsArgs),
+    /// Print the manual page, in roff (e.g. `dlock manpage > dlock.1; man ./dlock.1`).
+    Manpage,
+}
+
+/// `dlock completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
 }
 
 /// The fault `dlock check` injects.

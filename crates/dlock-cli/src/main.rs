@@ -41,6 +41,8 @@ fn main() {
             Command::BenchWorker(a) => bench::worker(a).await,
             Command::Check(a) => check::check(a).await,
             Command::CheckWorker(a) => check::worker(a).await,
+            Command::Completions(a) => output::completions(a.shell),
+            Command::Manpage => output::manpage(),
         }
     });
     // Do not wait for background tasks (a dropped guard's release is best effort and

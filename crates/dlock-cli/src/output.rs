@@ -37,3 +37,38 @@ pub fn stdout_line(args: std::fmt::Arguments<'_>) {
 pub fn stderr_line(args: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "{args}");
 }
+
+/// Write `bytes` to stdout, as [`stdout_line`] writes a line.
+fn stdout_bytes(bytes: &[u8]) {
+    let mut out = std::io::stdout().lock();
+    let written = out.write_all(bytes).and_then(|()| out.flush());
+    if let Err(e) = written {
+        drop(out);
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(exit::OUTPUT_CLOSED);
+        }
+        stderr_line(format_args!("dlock: cannot write the output: {e}"));
+        std::process::exit(exit::OUTPUT_FAILED);
+    }
+}
+
+/// `dlock completions SHELL`: the completion script, from the same definitions as
+/// the parser.
+pub fn completions(shell: clap_complete::Shell) -> Result<i32, exit::Failure> {
+    let mut cmd = <crate::args::Cli as clap::CommandFactory>::command();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "dlock", &mut script);
+    stdout_bytes(&script);
+    Ok(0)
+}
+
+/// `dlock manpage`: dlock(1) in roff, from the same definitions as the parser.
+pub fn manpage() -> Result<i32, exit::Failure> {
+    let cmd = <crate::args::Cli as clap::CommandFactory>::command();
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd)
+        .render(&mut page)
+        .map_err(|e| exit::Failure::internal(format!("manual page: {e}")))?;
+    stdout_bytes(&page);
+    Ok(0)
+}

@@ -1258,3 +1258,36 @@ fn exit_statuses_are_documented_once() {
         "dlock --help and crates/dlock-cli/README.md disagree"
     );
 }
+
+/// Completion scripts and the manual page come from the parser's own definitions: they
+/// know every verb and flag, and the bash script is valid bash.
+#[test]
+fn completions_and_manual_page() {
+    let env = Env::new();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = env.run(&["completions", shell]);
+        assert_eq!(out.status.code(), Some(0), "{shell}: {}", text(&out.stderr));
+        let script = text(&out.stdout);
+        for word in ["run", "status", "also", "wait"] {
+            assert!(script.contains(word), "{shell}: no {word}");
+        }
+        if shell == "bash" {
+            let path = env.path("dlock.bash");
+            std::fs::write(&path, &script).expect("write");
+            let syntax = Command::new("bash")
+                .arg("-n")
+                .arg(&path)
+                .output()
+                .expect("bash");
+            assert!(syntax.status.success(), "{}", text(&syntax.stderr));
+        }
+    }
+    let out = env.run(&["manpage"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let page = text(&out.stdout);
+    assert!(page.contains(".TH dlock 1"), "{page}");
+    assert!(
+        page.contains("completions") && page.contains("run"),
+        "{page}"
+    );
+}
