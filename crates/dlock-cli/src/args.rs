@@ -302,6 +302,10 @@ pub struct RunArgs {
     /// First come, first served among waiters.
     #[arg(long)]
     pub fair: bool,
+    /// With --fair, where queue entries are leases (SQLite, Redis): how long a waiter
+    /// that died while queued can hold up the ones behind it.
+    #[arg(long, value_parser = duration, default_value = "5s", value_name = "DURATION", requires = "fair")]
+    pub queue_entry_ttl: Duration,
     /// Owner token (reentrancy across processes); default: a fresh random one.
     #[arg(long, value_name = "TOKEN")]
     pub owner: Option<String>,

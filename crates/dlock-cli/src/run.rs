@@ -55,6 +55,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         .ttl(args.ttl)
         .wait(wait)
         .fair(args.fair)
+        .queue_entry_ttl(args.queue_entry_ttl)
         .owner(owner.clone())
         .metadata(Metadata::this_process().with_note(note));
 

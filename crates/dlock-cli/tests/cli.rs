@@ -1291,3 +1291,47 @@ fn completions_and_manual_page() {
         "{page}"
     );
 }
+
+/// Fair mode: a waiter SIGKILLed while queued holds up the one behind it at most
+/// `--queue-entry-ttl` (its entry must run out), on SQLite and on Redis.
+#[test]
+fn a_dead_fair_waiter_stalls_the_next_at_most_its_queue_entry_ttl() {
+    let Some(redis) = dlock_testkit::RedisServer::start() else {
+        return;
+    };
+    let env = Env::new();
+    for url in [env.url(), redis.url()] {
+        let waiting = |n: u64| {
+            let end = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < end {
+                let out = env.run(&["status", "--url", &url, "--json", "fairq"]);
+                let v: serde_json::Value =
+                    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+                if v[0]["waiters"].as_u64().unwrap_or(0) >= n {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            panic!("{url}: never {n} queued");
+        };
+        let fair = ["run", "--url", &url, "--fair", "--queue-entry-ttl", "1s"];
+        let mut holder = env.spawn(&[&fair[..], &["fairq", "sleep", "30"]].concat());
+        wait_held_at(&env, &url, "fairq");
+        let mut dead = env.spawn(&[&fair[..], &["fairq", "true"]].concat());
+        waiting(1);
+        let mut next = env.spawn(&[&fair[..], &["-w", "20", "fairq", "true"]].concat());
+        waiting(2);
+        kill_group(&dead, nix::sys::signal::Signal::SIGKILL);
+        let _ = wait_timeout(&mut dead, Duration::from_secs(5));
+        let released = Instant::now();
+        kill_group(&holder, nix::sys::signal::Signal::SIGTERM);
+        let _ = wait_timeout(&mut holder, Duration::from_secs(10));
+        let status = wait_timeout(&mut next, Duration::from_secs(20));
+        let took = released.elapsed();
+        assert!(status.success(), "{url}: {}", stderr_of(&mut next));
+        eprintln!("figure: {url}: a dead fair waiter held up the next one for {took:?}");
+        // The entry lives 1 s after its last refresh (every third of it); the default
+        // 5 s entry would hold the next waiter up at least 3.3 s.
+        assert!(took < Duration::from_millis(2500), "{url}: {took:?}");
+    }
+}

@@ -88,7 +88,10 @@ pub use error::{Error, LossReason, Result};
 pub use guard::{LockContext, LockGuard};
 pub use locker::Locker;
 pub use multi::MultiGuard;
-pub use options::{DEFAULT_TTL, LockOptions, MAX_TTL, MIN_TTL, Metadata, Owner, Renewal, Wait};
+pub use options::{
+    DEFAULT_QUEUE_ENTRY_TTL, DEFAULT_TTL, LockOptions, MAX_TTL, MIN_TTL, Metadata, Owner, Renewal,
+    Wait,
+};
 pub use schemes::{SchemeInfo, schemes};
 
 /// The README's examples, compiled as doc tests.

@@ -19,8 +19,6 @@ use crate::options::{LockOptions, Metadata, Owner, Wait};
 use crate::owner_waits::{OwnerWait, OwnerWaiters};
 use crate::telemetry::Ended;
 
-/// How long a fair-mode queue entry lives without being refreshed by its waiter.
-const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(5);
 /// Longest single wait between attempts when the backend gives no hint.
 const MAX_WAIT_STEP: Duration = Duration::from_secs(1);
 
@@ -281,7 +279,7 @@ impl Locker {
             Wait::NoWait => Some(started),
         };
         if opts.fair {
-            req.enqueue = Some(QUEUE_ENTRY_TTL);
+            req.enqueue = Some(opts.queue_entry_ttl);
         }
         req.will_wait = !matches!(opts.wait, Wait::NoWait);
         // Whatever happens from here on, nothing this acquisition queued may outlive
@@ -345,7 +343,7 @@ impl Locker {
                 Some((w, owner_wait)) => {
                     let mut step = retry_after.unwrap_or(MAX_WAIT_STEP).min(remaining);
                     if opts.fair {
-                        step = step.min(QUEUE_ENTRY_TTL / 3);
+                        step = step.min(opts.queue_entry_ttl / 3);
                     }
                     let waited_from = Instant::now();
                     tokio::select! {

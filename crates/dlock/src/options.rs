@@ -183,6 +183,14 @@ pub struct LockOptions {
     pub wait: Wait,
     /// First come, first served among waiters (only where the backend supports it).
     pub fair: bool,
+    /// Fair mode, on backends whose queue entries are leases of their own (memory,
+    /// SQLite, Redis): how long a waiter's queue entry lives unless the waiter
+    /// refreshes it (it does every third of this). A waiter that dies while queued
+    /// holds up the ones behind it at most this long; shorter costs a refresh round
+    /// trip per waiter more often. etcd's and ZooKeeper's queues are bound to the
+    /// waiter's session instead (a dead waiter's entry ends with its session). Default
+    /// [`DEFAULT_QUEUE_ENTRY_TTL`]; from 300 ms to 10 min.
+    pub queue_entry_ttl: Duration,
     /// Holder identity; the same owner re-entering gets the lock at once. `None`: a
     /// fresh random owner for this acquisition.
     pub owner: Option<Owner>,
@@ -198,11 +206,15 @@ impl Default for LockOptions {
             max_hold: None,
             wait: Wait::Forever,
             fair: false,
+            queue_entry_ttl: DEFAULT_QUEUE_ENTRY_TTL,
             owner: None,
             metadata: None,
         }
     }
 }
+
+/// How long a fair-mode queue entry lives unless its waiter refreshes it, by default.
+pub const DEFAULT_QUEUE_ENTRY_TTL: Duration = Duration::from_secs(5);
 
 impl LockOptions {
     /// Default options.
@@ -246,6 +258,14 @@ impl LockOptions {
         self
     }
 
+    /// Set how long a fair-mode queue entry lives without its waiter
+    /// ([`LockOptions::queue_entry_ttl`]).
+    #[must_use]
+    pub fn queue_entry_ttl(mut self, ttl: Duration) -> Self {
+        self.queue_entry_ttl = ttl;
+        self
+    }
+
     /// Acquire as `owner` (reentrant with other holds of the same owner).
     #[must_use]
     pub fn owner(mut self, owner: Owner) -> Self {
@@ -274,6 +294,16 @@ impl LockOptions {
                 format!(
                     "the renewal interval {every:?} must be above zero and below the TTL {:?}",
                     self.ttl
+                ),
+            ));
+        }
+        if !(Duration::from_millis(300)..=Duration::from_secs(600)).contains(&self.queue_entry_ttl)
+        {
+            return Err(Error::option(
+                "queue_entry_ttl",
+                format!(
+                    "{:?} is outside the accepted range 300ms to 10m",
+                    self.queue_entry_ttl
                 ),
             ));
         }

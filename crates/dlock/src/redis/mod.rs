@@ -59,7 +59,10 @@
 //! released to everyone and this process's waiters hold back 5 ms. Across processes the
 //! lock stays unfair; `fair` gives FIFO order: a list of waiters with deadlines on the
 //! server's clock (`dlock_lock_queue:{name}`, `dlock_lock_timeout:{name}`; not
-//! Redisson's RFairLock keys); a dead waiter blocks the queue only until its deadline.
+//! Redisson's RFairLock keys); a dead waiter blocks the queue only until its deadline,
+//! at most [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after
+//! its last refresh (default 5 s; the test `a_dead_fair_waiter_stalls_the_next_at_most_
+//! its_queue_entry_ttl` measures it).
 //!
 //! # Fencing
 //! Tokens come from an INCR counter beside the lock, bumped in the acquire script. They

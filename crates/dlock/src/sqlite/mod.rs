@@ -7,7 +7,9 @@
 //! the row's token counts on: every grant gets the previous token + 1, in the same
 //! statement that grants it, committed before the grant is reported. Rows dead for a
 //! day are collected after folding their tokens into a floor row in `dlock_counters`
-//! that new rows start above. `dlock_queue` holds fair-mode waiters.
+//! that new rows start above. `dlock_queue` holds fair-mode waiters, each entry
+//! expiring [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after
+//! its waiter's last refresh: a waiter that dies holds up the queue at most that long.
 //!
 //! # Time
 //! Expiry is kept on `CLOCK_MONOTONIC` together with the kernel's boot id, so a jump of
