@@ -85,6 +85,9 @@ pub enum Command {
     Run(RunArgs),
     /// Show who holds locks.
     Status(StatusArgs),
+    /// List every held lock (whose name begins with PREFIX): SQLite, PostgreSQL,
+    /// MySQL and memory; the others say they cannot.
+    List(ListArgs),
     /// List the backends this build knows and what each guarantees.
     Backends(BackendsArgs),
     /// Demonstrations of what a lock prevents.
@@ -357,6 +360,19 @@ pub struct StatusArgs {
     /// Lock names.
     #[arg(required = true)]
     pub names: Vec<String>,
+}
+
+/// `dlock list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    /// Print JSON (one array) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only names that begin with this.
+    #[arg(default_value = "")]
+    pub prefix: String,
 }
 
 /// `dlock backends`.

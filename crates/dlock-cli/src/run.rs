@@ -89,6 +89,13 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         _ = sighup.recv() => return interrupted(129).await,
     };
 
+    // A set is granted lock by lock: never start the command if one of them was lost
+    // in the meantime.
+    if let Some(reason) = guard.loss_reason() {
+        let _ = tokio::time::timeout(STOPPED_RELEASE_LIMIT, guard.release()).await;
+        errln!("dlock: lock {label} was lost before the command could start: {reason}");
+        return Ok(exit::LOCK_LOST);
+    }
     let own_group = !nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
     let parent = nix::unistd::getpid().as_raw();
     let mut command = tokio::process::Command::new(&program);
@@ -174,6 +181,8 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
                 // What the command left behind ran without the lock too.
                 r.kill_now();
             }
+            // The set's other locks go back now, not at the end of their leases.
+            let _ = tokio::time::timeout(STOPPED_RELEASE_LIMIT, guard.release()).await;
             return Ok(exit::LOCK_LOST);
         }
         Outcome::Exited(status) => {
@@ -195,6 +204,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     }
     if let Some(reason) = guard.loss_reason() {
         errln!("dlock: lock {label} was lost while {program:?} ran: {reason}");
+        let _ = tokio::time::timeout(STOPPED_RELEASE_LIMIT, guard.release()).await;
         return Ok(exit::LOCK_LOST);
     }
     if let Err(e) = guard.release().await {

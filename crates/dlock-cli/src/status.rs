@@ -3,7 +3,7 @@
 use dlock::Locker;
 use serde::Serialize;
 
-use crate::args::{BackendsArgs, StatusArgs};
+use crate::args::{BackendsArgs, ListArgs, StatusArgs};
 use crate::exit::{self, Failure};
 use crate::output::outln;
 
@@ -51,7 +51,28 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
         let info = locker.inspect(name).await?;
         lines.push((name.clone(), info));
     }
-    if args.json {
+    print_lines(&lines, args.json)?;
+    Ok(held_code(&lines))
+}
+
+/// `dlock list [PREFIX]`: every held lock whose name begins with PREFIX, as `status`
+/// shows it.
+pub async fn list(args: ListArgs) -> Result<i32, Failure> {
+    let url = exit::resolve_url(args.url.url.as_deref())?;
+    let locker = Locker::connect(&url).await?;
+    let lines: Vec<(String, Option<dlock::LockInfo>)> = locker
+        .list(&args.prefix)
+        .await?
+        .into_iter()
+        .map(|i| (i.name.clone(), Some(i)))
+        .collect();
+    print_lines(&lines, args.json)?;
+    Ok(0)
+}
+
+/// One line per lock (or one JSON array).
+fn print_lines(lines: &[(String, Option<dlock::LockInfo>)], json: bool) -> Result<(), Failure> {
+    if json {
         let all: Vec<serde_json::Value> = lines
             .iter()
             .map(|(name, info)| status_json(name, info.as_ref()))
@@ -59,9 +80,9 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
         let text =
             serde_json::to_string_pretty(&all).map_err(|e| Failure::internal(e.to_string()))?;
         outln!("{text}");
-        return Ok(held_code(&lines));
+        return Ok(());
     }
-    for (name, info) in &lines {
+    for (name, info) in lines {
         match info {
             None => outln!("{name}: free"),
             Some(i) => {
@@ -82,7 +103,7 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
             }
         }
     }
-    Ok(held_code(&lines))
+    Ok(())
 }
 
 /// `dlock status`'s exit status, for scripts: 0 when every named lock is held,

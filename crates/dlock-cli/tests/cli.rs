@@ -1335,3 +1335,46 @@ fn a_dead_fair_waiter_stalls_the_next_at_most_its_queue_entry_ttl() {
         assert!(took < Duration::from_millis(2500), "{url}: {took:?}");
     }
 }
+
+/// `dlock list [PREFIX]`: every held lock (under the prefix), as `status` shows them;
+/// a backend that cannot enumerate says so (usage error, 2).
+#[test]
+fn list_shows_every_held_lock() {
+    let Some(redis) = dlock_testkit::RedisServer::start() else {
+        return;
+    };
+    let env = Env::new();
+    let mut holders: Vec<Child> = ["q:1", "q:2", "r:1"]
+        .iter()
+        .map(|n| {
+            let h = env.spawn(&["run", n, "sleep", "30"]);
+            env.wait_held(n);
+            h
+        })
+        .collect();
+    let out = env.run(&["list", "q:"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    let names: Vec<&str> = said.lines().filter_map(|l| l.split(':').next()).collect();
+    assert_eq!(said.lines().count(), 2, "{said}");
+    assert!(
+        said.starts_with("q:1: held by") && names.len() == 2,
+        "{said}"
+    );
+    let out = env.run(&["list", "--json"]);
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(all.as_array().map(Vec::len), Some(3), "{all}");
+    let out = env.run(&["list", "zzz", "--json"]);
+    assert_eq!(text(&out.stdout).trim(), "[]");
+    let out = env.run(&["list", "--url", &redis.url()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not offered"),
+        "{}",
+        text(&out.stderr)
+    );
+    for h in &mut holders {
+        kill_group(h, nix::sys::signal::Signal::SIGTERM);
+        let _ = wait_timeout(h, Duration::from_secs(10));
+    }
+}

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 /// The core's drift margin, for backends that add their own to it.
 pub use crate::lease::drift_margin;
 use crate::name::LockName;
@@ -322,6 +322,22 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Cancel safety
     /// Must be cancel safe (read only).
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
+    /// The names beginning with `prefix` that this backend keeps a record of (held or
+    /// not: the caller inspects each), at most `limit` of them, in byte order.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] where the backend cannot enumerate its locks (the
+    /// default); connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe (read only).
+    async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let _ = (prefix, limit);
+        Err(Error::Unsupported(format!(
+            "listing locks is not offered by {}:// yet (dlock status NAME asks for one)",
+            self.scheme()
+        )))
+    }
 }
 
 /// One granted hold of a lock.

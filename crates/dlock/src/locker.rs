@@ -129,6 +129,32 @@ impl Locker {
         self.backend.capabilities()
     }
 
+    /// Every held lock whose name begins with `prefix` (`""`: all), as
+    /// [`Locker::inspect`] shows each, in the names' byte order. At most 10,000 names
+    /// are looked at.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] where the backend cannot enumerate its locks (Redis,
+    /// Redlock, etcd and ZooKeeper for now: ask for a name with `inspect`); connection
+    /// or server errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    #[tracing::instrument(level = "debug", name = "list", skip_all, fields(prefix, scheme = self.backend.scheme()))]
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let mut held = Vec::new();
+        for name in self.backend.names(prefix, 10_000).await? {
+            // A row written by something else under a name dlock would refuse.
+            let Ok(name) = LockName::new(&name) else {
+                continue;
+            };
+            if let Some(info) = self.backend.inspect(&name).await? {
+                held.push(info);
+            }
+        }
+        Ok(held)
+    }
+
     /// The backend's scheme (for spans and metrics).
     pub(crate) fn scheme(&self) -> &'static str {
         self.backend.scheme()

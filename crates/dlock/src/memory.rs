@@ -224,6 +224,19 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
+    async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .state()?
+            .locks
+            .keys()
+            .filter(|n| n.as_str().starts_with(prefix))
+            .map(|n| n.as_str().to_owned())
+            .collect();
+        names.sort_unstable();
+        names.truncate(limit);
+        Ok(names)
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let now = Instant::now();
         let mut st = self.state()?;

@@ -125,11 +125,17 @@ impl Locker {
     /// are given in, so callers with overlapping sets never deadlock; a name given
     /// twice is one lock. Every lock is taken by one owner (`opts.owner`, or a fresh
     /// one for the set). `opts.wait` bounds the whole call: a `Timeout` is shared by
-    /// all the locks. When one cannot be had, the ones already taken are released
-    /// before the error is returned, so none of them is still held when it comes.
+    /// all the locks. When one cannot be had — or one already taken is lost while the
+    /// call waits for the next — the ones taken are given back before the error is
+    /// returned (a release that fails leaves that lock to its lease, as dropping a
+    /// guard does). Names that differ are different locks: on a backend that maps
+    /// several names to one lock (PostgreSQL `advisory_key=number` takes only the
+    /// canonical spelling of a number for that reason) the order stays canonical.
     ///
     /// # Errors
-    /// [`Error::Timeout`] naming the lock that stayed busy, [`Error::InvalidName`] for
+    /// [`Error::Timeout`] naming the lock that stayed busy (`waited`: the whole call),
+    /// [`Error::LockLost`] when a lock taken was lost before the set was complete,
+    /// [`Error::InvalidName`] for
     /// any name (checked before anything is taken), [`Error::InvalidOption`] for an
     /// empty set or bad options, backend errors — in every case nothing stays held.
     ///
@@ -152,29 +158,53 @@ impl Locker {
         opts.validate()?;
         sorted.sort_unstable();
         sorted.dedup();
+        let started = tokio::time::Instant::now();
+        // A wait too long to represent is a wait without end.
         let deadline = match opts.wait {
-            Wait::Timeout(t) => Some(tokio::time::Instant::now() + t),
+            Wait::Timeout(t) => started.checked_add(t),
             _ => None,
         };
         let owner = opts.owner.clone().unwrap_or_else(Owner::random);
-        let mut held: Vec<LockGuard> = Vec::with_capacity(sorted.len());
+        let mut held = MultiGuard {
+            guards: Vec::with_capacity(sorted.len()),
+        };
         for name in &sorted {
             let mut each = opts.clone().owner(owner.clone());
             if let Some(d) = deadline {
                 each.wait = Wait::Timeout(d.saturating_duration_since(tokio::time::Instant::now()));
             }
-            match self.lock_with(name.as_str(), &each).await {
-                Ok(g) => held.push(g),
+            // While it waits for the next lock, one already taken may be lost (its
+            // session ended): then the set cannot be had whole — stop at once.
+            let lost = held.lost();
+            let next = tokio::select! {
+                r = self.lock_with(name.as_str(), &each) => r,
+                e = lost, if !held.guards.is_empty() => Err(e),
+            };
+            match next {
+                Ok(g) => held.guards.push(g),
                 Err(e) => {
                     // All or nothing: what this call took is given back before it
                     // says why it failed.
-                    for g in held.into_iter().rev() {
-                        let _ = g.release().await;
-                    }
-                    return Err(e);
+                    let _ = held.release().await;
+                    return Err(match e {
+                        Error::Timeout { name, .. } => Error::Timeout {
+                            name,
+                            waited: started.elapsed(),
+                        },
+                        other => other,
+                    });
                 }
             }
         }
-        Ok(MultiGuard { guards: held })
+        // The last lock came after the others: make sure none was lost meanwhile.
+        if let Some(lost) = held.guards.iter().find(|g| !g.is_held()) {
+            let e = Error::LockLost {
+                name: lost.name().to_owned(),
+                reason: lost.loss_reason().unwrap_or(LossReason::LeaseExpired),
+            };
+            let _ = held.release().await;
+            return Err(e);
+        }
+        Ok(held)
     }
 }

@@ -360,3 +360,43 @@ async fn inspect_sees_every_holder_of_an_advisory_key() {
         "a GET_LOCK held outside dlock is reported free"
     );
 }
+
+/// `Locker::list(prefix)` in every mode of both servers: the held locks under the
+/// prefix, exactly, in byte order — not a released one, not one outside the prefix, and
+/// a prefix with `%` and `_` is not a pattern.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn list_shows_the_held_locks_under_a_prefix() {
+    let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
+        return;
+    };
+    for url in [
+        pg.url(),
+        format!("{}?mode=advisory", pg.url()),
+        format!("{}?mode=row", pg.url()),
+        maria.url(),
+        format!("{}?mode=named", maria.url()),
+        format!("{}?mode=row", maria.url()),
+    ] {
+        let locker = Locker::connect(&url).await.expect("connect");
+        let base = unique("list");
+        let prefix = format!("{base}:A%_");
+        let held = [format!("{prefix}2"), format!("{prefix}1")];
+        let mut guards = Vec::new();
+        for name in &held {
+            guards.push(locker.lock(name).await.expect("lock"));
+        }
+        let released = locker.lock(&format!("{prefix}3")).await.expect("lock");
+        released.release().await.expect("release");
+        let outside = locker.lock(&format!("{base}:a%_9")).await.expect("lock");
+        let wildcard = locker.lock(&format!("{base}:AB_1")).await.expect("lock");
+        let listed: Vec<String> = locker
+            .list(&prefix)
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        assert_eq!(listed, [held[1].clone(), held[0].clone()], "{url}");
+        drop((outside, wildcard, guards));
+    }
+}

@@ -12,7 +12,8 @@ use super::{Harness, unique};
 use crate::{Error, LockOptions, Wait};
 
 /// A set whose second lock is busy fails as a whole, naming that lock, and its first
-/// lock is free the moment the call returns. Then eight tasks on two lockers take
+/// lock is free the moment the call returns; a lock of the set lost while the call
+/// waits for the next ends the call with that loss. Then eight tasks on two lockers take
 /// random overlapping sets, in random order, with waits without end, short timeouts
 /// and cancellations: no name ever has two holders, nothing deadlocks (the crowd is
 /// bounded in time), and every name is free when they are done.
@@ -37,7 +38,31 @@ pub async fn lock_all_is_all_or_nothing_and_never_deadlocks(h: &Harness) {
         .expect("try_lock")
         .unwrap_or_else(|| panic!("{} still held after lock_all failed", names[0]));
     first.release().await.expect("release");
+
+    // A lock of the set lost while the call waits for the next one (its maximum hold
+    // time ends its renewals): the call gives up at once with that loss instead of
+    // waiting on, or handing back a set with a lost lock in it.
+    let short_hold = LockOptions::new()
+        .ttl(Duration::from_millis(300))
+        .max_hold(Duration::from_millis(300))
+        .wait(Wait::Timeout(Duration::from_secs(20)));
+    let started = Instant::now();
+    match a.lock_all(&names[..2], &short_hold).await {
+        Err(Error::LockLost { name, .. }) => assert_eq!(name, names[0], "the lost lock"),
+        Ok(_) => panic!("lock_all took a set whose lock {} was held", names[1]),
+        Err(e) => panic!("lock_all with a lost lock: {e}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "lock_all waited {:?} on after a lock of the set was lost",
+        started.elapsed()
+    );
     blocker.release().await.expect("release");
+    let again = b
+        .lock_timeout(&names[0], Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("{} still held after lock_all gave up: {e}", names[0]));
+    again.release().await.expect("release");
 
     let books: Arc<Vec<FencedBook>> = Arc::new((0..3).map(|_| FencedBook::default()).collect());
     let lockers = [Arc::new(a), Arc::new(b)];

@@ -128,6 +128,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error>;
 
+    /// Names beginning with `prefix` that have a record in `mode`'s table (held or
+    /// not), at most `limit`, in byte order.
+    async fn names(&self, mode: Mode, prefix: &str, limit: usize) -> Result<Vec<String>>;
+
     /// Who holds `name` in `mode`, asked the way the acquire asks.
     async fn inspect(
         &self,

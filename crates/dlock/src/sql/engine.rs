@@ -198,6 +198,10 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         }))
     }
 
+    async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.dialect.names(self.opts.mode, prefix, limit).await
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let row = self
             .dialect

@@ -470,6 +470,13 @@ impl Backend for SqliteBackend {
         Ok(())
     }
 
+    async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let mut conn = self.inner.reader.acquire().await.map_err(|e| db_err(&e))?;
+        statements::names(&mut conn, prefix, limit)
+            .await
+            .map_err(|e| db_err(&e))
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let (now, row) = self.inner.read(name.as_str()).await?;
         let Some(row) = row.filter(|r| r.remaining_ms > 0) else {

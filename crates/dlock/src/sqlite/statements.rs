@@ -368,6 +368,22 @@ pub(super) async fn leave_queue(
     Ok(())
 }
 
+/// Names beginning with `prefix` that have a lock row (held or not), in byte order.
+pub(super) async fn names(
+    conn: &mut SqliteConnection,
+    prefix: &str,
+    limit: usize,
+) -> sqlx::Result<Vec<String>> {
+    // substr, not LIKE: a name may hold % and _. SQLite compares TEXT by bytes.
+    sqlx::query_scalar(
+        "SELECT name FROM dlock_locks WHERE substr(name, 1, length(?1)) = ?1 ORDER BY name LIMIT ?2",
+    )
+    .bind(prefix)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(&mut *conn)
+    .await
+}
+
 pub(super) async fn count_queue(
     conn: &mut SqliteConnection,
     name: &str,

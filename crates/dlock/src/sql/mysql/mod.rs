@@ -451,6 +451,24 @@ impl Dialect for Mysql {
             .map(drop)
     }
 
+    async fn names(&self, mode: Mode, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let sql = if mode == Mode::Lease {
+            &self.sql.names_lease
+        } else {
+            &self.sql.names_session
+        };
+        timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_scalar::<_, String>(AssertSqlSafe(&**sql))
+                .bind(prefix)
+                .bind(prefix)
+                .bind(u64::try_from(limit).unwrap_or(u64::MAX))
+                .fetch_all(&self.pool),
+        )
+        .await
+    }
+
     async fn inspect(
         &self,
         mode: Mode,

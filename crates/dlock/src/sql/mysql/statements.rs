@@ -23,6 +23,9 @@ pub(super) struct Statements {
     pub renew: String,
     pub release: String,
     pub inspect_lease: String,
+    /// Names with a lease row / a holder record beginning with a prefix (byte order).
+    pub names_lease: String,
+    pub names_session: String,
     pub named_acquire: String,
     pub inspect_named: String,
     pub row_ensure: String,
@@ -116,6 +119,8 @@ impl Statements {
                  WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0"
             ),
             // Binds: key.
+            names_lease: format!("SELECT name FROM {p}_locks WHERE LEFT(name, CHAR_LENGTH(?)) = BINARY ? ORDER BY BINARY name LIMIT ?"),
+            names_session: format!("SELECT name FROM {p}_holders WHERE LEFT(name, CHAR_LENGTH(?)) = BINARY ? ORDER BY BINARY name LIMIT ?"),
             inspect_lease: format!(
                 "SELECT name, owner, holds, fence, metadata,
                         TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)

@@ -81,7 +81,8 @@ const BACKEND: &str = "postgres";
 pub enum AdvisoryKey {
     /// The first 8 bytes of SHA-256 of the name, big-endian, as an int8.
     Sha256,
-    /// The name is a decimal int8 (`"42"` → `pg_advisory_lock(42)`).
+    /// The name is a decimal int8 in its canonical spelling (`"42"` →
+    /// `pg_advisory_lock(42)`; `"042"` and `"+42"` are refused).
     Number,
 }
 
@@ -98,13 +99,20 @@ impl AdvisoryKey {
                 b.copy_from_slice(&k[..8]);
                 Ok(i64::from_be_bytes(b))
             }
-            AdvisoryKey::Number => name
-                .as_str()
-                .parse::<i64>()
-                .map_err(|_| Error::InvalidName {
+            // Only the canonical spelling: "042" and "+42" would be other names for
+            // the lock "42", and two names of one lock defeat every ordering (lock_all)
+            // and every per-name bookkeeping.
+            AdvisoryKey::Number => match name.as_str().parse::<i64>() {
+                Ok(n) if n.to_string() == name.as_str() => Ok(n),
+                Ok(n) => Err(Error::InvalidName {
+                    name: name.as_str().to_owned(),
+                    reason: format!("advisory_key=number takes the key as {n}"),
+                }),
+                Err(_) => Err(Error::InvalidName {
                     name: name.as_str().to_owned(),
                     reason: "advisory_key=number needs a decimal int8 name".into(),
                 }),
+            },
         }
     }
 }
@@ -444,6 +452,23 @@ impl Dialect for Postgres {
             .map(drop)
     }
 
+    async fn names(&self, mode: Mode, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let sql = if mode == Mode::Lease {
+            &self.sql.names_lease
+        } else {
+            &self.sql.names_session
+        };
+        timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_scalar::<_, String>(AssertSqlSafe(&**sql))
+                .bind(prefix)
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&self.pool),
+        )
+        .await
+    }
+
     async fn inspect(
         &self,
         mode: Mode,
@@ -547,4 +572,21 @@ pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
         durable,
         Duration::from_secs(1),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AdvisoryKey;
+    use crate::name::LockName;
+
+    /// One lock, one name: only the canonical spelling of a number is a key.
+    #[test]
+    fn number_keys_take_only_the_canonical_spelling() {
+        let key = |n: &str| AdvisoryKey::Number.key(&LockName::new(n).expect("name"));
+        assert_eq!(key("42").expect("42"), 42);
+        assert_eq!(key("-7").expect("-7"), -7);
+        for other in ["042", "+42", "-0", " 42", "4.2", "abc"] {
+            assert!(key(other).is_err(), "{other:?} was taken as a key");
+        }
+    }
 }

@@ -18,6 +18,9 @@ pub(super) struct Statements {
     pub renew: String,
     pub release: String,
     pub inspect_lease: String,
+    /// Names with a lease row / a holder record beginning with a prefix (byte order).
+    pub names_lease: String,
+    pub names_session: String,
     pub advisory_acquire: String,
     pub advisory_release: String,
     pub inspect_advisory: String,
@@ -106,6 +109,8 @@ impl Statements {
                  LEFT JOIN LATERAL (SELECT pg_notify($4, $5) WHERE r.holds = 0) n ON true"
             ),
             // Binds: 1 key.
+            names_lease: format!("SELECT name FROM {p}_locks WHERE left(name, length($1)) = $1 ORDER BY name COLLATE \"C\" LIMIT $2"),
+            names_session: format!("SELECT name FROM {p}_holders WHERE left(name, length($1)) = $1 ORDER BY name COLLATE \"C\" LIMIT $2"),
             inspect_lease: format!(
                 "SELECT l.name, l.owner, l.holds, l.fence, l.metadata, {REMAINING_MS}
                  FROM {p}_locks l
