@@ -85,6 +85,9 @@ pub enum Command {
     Run(RunArgs),
     /// Show who holds locks.
     Status(StatusArgs),
+    /// Force a stuck lock free (an operator's tool): its holder loses it at its next
+    /// renewal and the next holder gets a higher fencing token.
+    Break(BreakArgs),
     /// List every held lock (whose name begins with PREFIX): SQLite, PostgreSQL,
     /// MySQL and memory; the others say they cannot.
     List(ListArgs),
@@ -360,6 +363,18 @@ pub struct StatusArgs {
     /// Lock names.
     #[arg(required = true)]
     pub names: Vec<String>,
+}
+
+/// `dlock break`.
+#[derive(Debug, Args)]
+pub struct BreakArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    /// Do not ask (needed off a terminal).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// The lock's name.
+    pub name: String,
 }
 
 /// `dlock list`.

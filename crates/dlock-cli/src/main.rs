@@ -35,6 +35,7 @@ fn main() {
             Command::Run(a) => run::run(a).await,
             Command::Status(a) => status::status(a).await,
             Command::List(a) => status::list(a).await,
+            Command::Break(a) => status::break_lock(a).await,
             Command::Backends(a) => status::backends(&a),
             Command::Demo(DemoCommand::FlashSale(a)) => demo::flash_sale(a).await,
             Command::Bench(a) => bench::bench(a).await,

@@ -3,7 +3,7 @@
 use dlock::Locker;
 use serde::Serialize;
 
-use crate::args::{BackendsArgs, ListArgs, StatusArgs};
+use crate::args::{BackendsArgs, BreakArgs, ListArgs, StatusArgs};
 use crate::exit::{self, Failure};
 use crate::output::outln;
 
@@ -68,6 +68,50 @@ pub async fn list(args: ListArgs) -> Result<i32, Failure> {
         .collect();
     print_lines(&lines, args.json)?;
     Ok(0)
+}
+
+/// `dlock break NAME`: show the holder, ask (on a terminal, unless `--yes`), break.
+pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
+    use std::io::IsTerminal;
+    let url = exit::resolve_url(args.url.url.as_deref())?;
+    let locker = Locker::connect(&url).await?;
+    let name = &args.name;
+    let Some(info) = locker.inspect(name).await? else {
+        outln!("{name}: free, nothing to break");
+        return Ok(exit::SOME_FREE);
+    };
+    outln!(
+        "{name}: held by {} (owner {}), fencing token {}",
+        describe_holder(&info),
+        info.owner,
+        info.fencing_token
+    );
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Failure::new(
+                exit::USAGE,
+                "not breaking a lock without --yes off a terminal",
+            ));
+        }
+        crate::output::errln!("Break it? Its holder may still be working. [y/N]");
+        let mut answer = String::new();
+        let _ = std::io::stdin().read_line(&mut answer);
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            outln!("{name}: not broken");
+            return Ok(exit::SOME_FREE);
+        }
+    }
+    if locker.break_lock(name, info.fencing_token).await? {
+        outln!(
+            "{name}: broken (was held by owner {}, token {}); the next holder gets a higher token",
+            info.owner,
+            info.fencing_token
+        );
+        Ok(0)
+    } else {
+        outln!("{name}: released or taken by someone else meanwhile; nothing broken");
+        Ok(exit::SOME_FREE)
+    }
 }
 
 /// One line per lock (or one JSON array).

@@ -1378,3 +1378,43 @@ fn list_shows_every_held_lock() {
         let _ = wait_timeout(h, Duration::from_secs(10));
     }
 }
+
+/// `dlock break NAME`: shows the holder, refuses off a terminal without `--yes`, ends
+/// the hold (the holder's command is stopped at its next renewal: exit 76) and the
+/// next holder gets a higher token; a free lock has nothing to break (1).
+#[test]
+fn break_ends_a_stuck_hold() {
+    let env = Env::new();
+    let mut holder = env.spawn(&["run", "--ttl", "2s", "stuck", "sleep", "30"]);
+    env.wait_held("stuck");
+    let out = env.run(&["break", "stuck"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = env.run(&["break", "--yes", "stuck"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("held by") && said.contains("broken"),
+        "{said}"
+    );
+    let old: u64 = said
+        .split("token ")
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|t| t.parse().ok())
+        .expect("the old token");
+    let status = wait_timeout(&mut holder, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(76), "{}", stderr_of(&mut holder));
+    let out = env.run(&[
+        "run",
+        "--no-wait",
+        "stuck",
+        "sh",
+        "-c",
+        "echo $DLOCK_FENCING_TOKEN",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let new: u64 = text(&out.stdout).trim().parse().expect("token");
+    assert!(new > old, "{new} after {old}");
+    let out = env.run(&["break", "--yes", "stuck"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+}

@@ -322,6 +322,25 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Cancel safety
     /// Must be cancel safe (read only).
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
+    /// An operator's forced release: end the hold of `name` whose grant carries
+    /// `fence`, if that is still the one held (`false` otherwise). The next grant gets a
+    /// higher token, so a fenced resource rejects the old holder, whose next renewal
+    /// fails (its `lost()` fires).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] where a hold cannot be ended from outside (the default;
+    /// session-bound modes); connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: one statement, done or not.
+    async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
+        let _ = (name, fence);
+        Err(Error::Unsupported(format!(
+            "breaking a lock is not offered by {}:// yet",
+            self.scheme()
+        )))
+    }
+
     /// The names beginning with `prefix` that this backend keeps a record of (held or
     /// not: the caller inspects each), at most `limit` of them, in byte order.
     ///

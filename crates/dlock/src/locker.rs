@@ -155,6 +155,40 @@ impl Locker {
         Ok(held)
     }
 
+    /// An operator's forced release (`dlock break`) of the hold of `name` granted with
+    /// `fencing_token` — the token [`Locker::inspect`] showed, so that only the hold
+    /// looked at is ended, never one granted since. Its owner loses every hold of it
+    /// (its next renewal fails and its `lost()` fires), and the next grant gets a
+    /// higher token, so a fenced resource rejects the old holder if it comes back.
+    /// `false` when that hold is no longer the one held (released, expired, or taken
+    /// over): nothing was broken. Logged at WARN.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] where a hold cannot be ended from outside (Redis,
+    /// Redlock, etcd, ZooKeeper and the SQL session modes for now) and for token 0 (a
+    /// holder outside dlock); [`Error::InvalidName`]; connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the break is one statement, done or not; look again to know.
+    #[tracing::instrument(level = "debug", name = "break", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
+    pub async fn break_lock(&self, name: &str, fencing_token: u64) -> Result<bool> {
+        let lock = LockName::new(name)?;
+        if fencing_token == 0 {
+            return Err(Error::Unsupported(format!(
+                "{name:?} is held outside dlock (no token): dlock cannot end that hold"
+            )));
+        }
+        let broke = self.backend.break_lock(&lock, fencing_token).await?;
+        if broke {
+            tracing::warn!(
+                lock = name,
+                token = fencing_token,
+                "lock broken by an operator"
+            );
+        }
+        Ok(broke)
+    }
+
     /// The backend's scheme (for spans and metrics).
     pub(crate) fn scheme(&self) -> &'static str {
         self.backend.scheme()

@@ -224,6 +224,25 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
+    async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
+        let now = Instant::now();
+        let broke = {
+            let mut st = self.state()?;
+            let held = st
+                .locks
+                .get(name)
+                .is_some_and(|e| e.fence == fence && e.holds > 0 && e.expires > now);
+            if held {
+                st.locks.remove(name);
+            }
+            held
+        };
+        if broke {
+            self.store.changes.notify(name);
+        }
+        Ok(broke)
+    }
+
     async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
         let mut names: Vec<String> = self
             .state()?

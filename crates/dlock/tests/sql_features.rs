@@ -400,3 +400,65 @@ async fn list_shows_the_held_locks_under_a_prefix() {
         drop((outside, wildcard, guards));
     }
 }
+
+/// `Locker::break_lock` in lease mode on both servers: the hold seen by `inspect` ends,
+/// its holder hears of it at its next renewal, a stale token breaks nothing, the next
+/// grant's token is higher; session modes refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn break_lock_ends_the_hold_it_was_shown() {
+    let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
+        return;
+    };
+    for url in [pg.url(), maria.url()] {
+        let (a, b) = (
+            Locker::connect(&url).await.expect("connect"),
+            Locker::connect(&url).await.expect("connect"),
+        );
+        let name = unique("break");
+        let opts = dlock::LockOptions::new().ttl(Duration::from_secs(2));
+        let held = a.lock_with(&name, &opts).await.expect("lock");
+        let seen = b.inspect(&name).await.expect("inspect").expect("held");
+        assert_eq!(seen.fencing_token, held.fencing_token());
+        assert!(
+            !b.break_lock(&name, seen.fencing_token + 1)
+                .await
+                .expect("break")
+        );
+        assert!(
+            b.break_lock(&name, seen.fencing_token)
+                .await
+                .expect("break")
+        );
+        tokio::time::timeout(Duration::from_secs(5), held.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{url}: the holder never heard of the break"));
+        let next = b
+            .try_lock(&name)
+            .await
+            .expect("try")
+            .expect("free after the break");
+        assert!(next.fencing_token() > seen.fencing_token, "{url}");
+        assert!(
+            !b.break_lock(&name, seen.fencing_token)
+                .await
+                .expect("break")
+        );
+        next.release().await.expect("release");
+    }
+    let session = Locker::connect(&format!("{}?mode=advisory", pg.url()))
+        .await
+        .expect("connect");
+    let name = unique("break-session");
+    let g = session.lock(&name).await.expect("lock");
+    let token = session
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("held")
+        .fencing_token;
+    assert!(matches!(
+        session.break_lock(&name, token).await,
+        Err(Error::Unsupported(_))
+    ));
+    g.release().await.expect("release");
+}

@@ -86,6 +86,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// Lease mode: extend to at least `ttl` from now (never shorten); `false` when the
     /// hold is gone.
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool>;
+    /// Lease mode: an operator's forced release of the hold granted with `fence`
+    /// (`false`: it is not the one held); wakes waiters in other processes where the
+    /// server can.
+    async fn lease_break(&self, key: &[u8; 32], fence: u64) -> Result<bool>;
     /// Lease mode: give one hold back; `true` when the lock is free now.
     async fn lease_release(&self, hold: &Hold) -> Result<bool>;
 

@@ -198,6 +198,23 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         }))
     }
 
+    async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
+        if self.opts.mode != Mode::Lease {
+            return Err(Error::Unsupported(format!(
+                "breaking a lock in mode={} would mean ending the holder's {} session; \
+                 only mode=lease locks can be broken",
+                self.opts.mode.as_str(),
+                D::PRODUCT
+            )));
+        }
+        let key = lock_key(name);
+        let broke = self.dialect.lease_break(&key, fence).await?;
+        if broke {
+            self.hub.wake(&key);
+        }
+        Ok(broke)
+    }
+
     async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
         self.dialect.names(self.opts.mode, prefix, limit).await
     }

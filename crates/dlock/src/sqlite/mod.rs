@@ -470,6 +470,18 @@ impl Backend for SqliteBackend {
         Ok(())
     }
 
+    async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
+        let fence = i64::try_from(fence).unwrap_or(i64::MAX);
+        let mut conn = self.inner.writer.acquire().await.map_err(|e| db_err(&e))?;
+        let broke = statements::break_hold(&mut conn, name.as_str(), fence)
+            .await
+            .map_err(|e| db_err(&e))?;
+        if broke {
+            self.inner.changes.notify(name);
+        }
+        Ok(broke)
+    }
+
     async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
         let mut conn = self.inner.reader.acquire().await.map_err(|e| db_err(&e))?;
         statements::names(&mut conn, prefix, limit)

@@ -368,6 +368,23 @@ pub(super) async fn leave_queue(
     Ok(())
 }
 
+/// An operator's forced release of the hold granted with `fence` (its renewals and
+/// release then find nothing; the next grant takes a new token).
+pub(super) async fn break_hold(
+    conn: &mut SqliteConnection,
+    name: &str,
+    fence: i64,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE dlock_locks SET holds = 0 WHERE name = ?1 AND fence = ?2 AND holds > 0",
+    )
+    .bind(name)
+    .bind(fence)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
 /// Names beginning with `prefix` that have a lock row (held or not), in byte order.
 pub(super) async fn names(
     conn: &mut SqliteConnection,

@@ -288,6 +288,17 @@ impl Dialect for Mysql {
         Ok(done.rows_affected() > 0)
     }
 
+    async fn lease_break(&self, key: &[u8; 32], fence: u64) -> Result<bool> {
+        let done = retrying(self.timeout, || {
+            sqlx::query(AssertSqlSafe(&*self.sql.break_lease))
+                .bind(&key[..])
+                .bind(fence)
+                .execute(&self.pool)
+        })
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     async fn lease_release(&self, hold: &Hold) -> Result<bool> {
         retrying(self.timeout, || {
             sqlx::query(AssertSqlSafe(&*self.sql.release))

@@ -22,6 +22,8 @@ pub(super) struct Statements {
     pub acquire: String,
     pub renew: String,
     pub release: String,
+    /// An operator's forced release of the hold with a given token.
+    pub break_lease: String,
     pub inspect_lease: String,
     /// Names with a lease row / a holder record beginning with a prefix (byte order).
     pub names_lease: String,
@@ -113,6 +115,10 @@ impl Statements {
                  WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0 AND expires_at > {NOW}"
             ),
             // Binds: key, owner, fence.
+            break_lease: format!(
+                "UPDATE {p}_locks SET holds = 0, expires_at = {NOW} - INTERVAL {d} MICROSECOND
+                 WHERE lock_key = ? AND fence = ? AND holds > 0 AND expires_at > {NOW}"
+            ),
             release: format!(
                 "UPDATE {p}_locks SET expires_at = IF(holds <= 1, {NOW} - INTERVAL {d} MICROSECOND, expires_at),
                         holds = holds - 1

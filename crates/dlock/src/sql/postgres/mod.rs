@@ -324,6 +324,21 @@ impl Dialect for Postgres {
         Ok(done.rows_affected() > 0)
     }
 
+    async fn lease_break(&self, key: &[u8; 32], fence: u64) -> Result<bool> {
+        let broke = timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.break_lease))
+                .bind(&key[..])
+                .bind(fence_i64(fence))
+                .bind(&*self.sql.channel)
+                .bind(super::hex(key))
+                .fetch_one(&self.pool),
+        )
+        .await?;
+        Ok(broke > 0)
+    }
+
     async fn lease_release(&self, hold: &Hold) -> Result<bool> {
         let holds = timed(
             BACKEND,

@@ -17,6 +17,8 @@ pub(super) struct Statements {
     pub acquire: String,
     pub renew: String,
     pub release: String,
+    /// An operator's forced release of the hold with a given token.
+    pub break_lease: String,
     pub inspect_lease: String,
     /// Names with a lease row / a holder record beginning with a prefix (byte order).
     pub names_lease: String,
@@ -100,6 +102,15 @@ impl Statements {
                    AND expires_at > statement_timestamp()"
             ),
             // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. Notifies at the last hold.
+            break_lease: format!(
+                "WITH b AS (
+                    UPDATE {p}_locks SET holds = 0
+                    WHERE lock_key = $1 AND fence = $2 AND holds > 0
+                      AND expires_at > statement_timestamp()
+                    RETURNING lock_key)
+                 SELECT count(*) FROM b
+                 LEFT JOIN LATERAL (SELECT pg_notify($3, $4)) n ON true"
+            ),
             release: format!(
                 "WITH r AS (
                     UPDATE {p}_locks SET holds = holds - 1
