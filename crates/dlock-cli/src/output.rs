@@ -24,8 +24,13 @@ pub(crate) use {errln, outln};
 pub fn stdout_line(args: std::fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
     let written = writeln!(out, "{args}").and_then(|()| out.flush());
+    drop(out);
+    end_if_failed(written);
+}
+
+/// A write to stdout that failed ends the program (see the module docs).
+fn end_if_failed(written: std::io::Result<()>) {
     if let Err(e) = written {
-        drop(out);
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(exit::OUTPUT_CLOSED);
         }
@@ -42,14 +47,8 @@ pub fn stderr_line(args: std::fmt::Arguments<'_>) {
 fn stdout_bytes(bytes: &[u8]) {
     let mut out = std::io::stdout().lock();
     let written = out.write_all(bytes).and_then(|()| out.flush());
-    if let Err(e) = written {
-        drop(out);
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(exit::OUTPUT_CLOSED);
-        }
-        stderr_line(format_args!("dlock: cannot write the output: {e}"));
-        std::process::exit(exit::OUTPUT_FAILED);
-    }
+    drop(out);
+    end_if_failed(written);
 }
 
 /// `dlock completions SHELL`: the completion script, from the same definitions as
