@@ -88,8 +88,8 @@ pub enum Command {
     /// Force a stuck lock free (an operator's tool): its holder loses it at its next
     /// renewal and the next holder gets a higher fencing token.
     Break(BreakArgs),
-    /// List every held lock (whose name begins with PREFIX): SQLite, PostgreSQL,
-    /// MySQL and memory; the others say they cannot.
+    /// List every held lock (whose name begins with PREFIX): every backend but Redis
+    /// and Redlock, which say they cannot.
     List(ListArgs),
     /// List the backends this build knows and what each guarantees.
     Backends(BackendsArgs),

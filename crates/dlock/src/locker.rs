@@ -134,9 +134,10 @@ impl Locker {
     /// are looked at.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] where the backend cannot enumerate its locks (Redis,
-    /// Redlock, etcd and ZooKeeper for now: ask for a name with `inspect`); connection
-    /// or server errors.
+    /// [`Error::Unsupported`] where the backend cannot enumerate its locks (Redis and
+    /// Redlock: the default layout keeps a lock at its bare name, which a scan cannot
+    /// tell from other keys; ask for a name with `inspect`); connection or server
+    /// errors.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.

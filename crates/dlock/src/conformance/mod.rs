@@ -26,12 +26,14 @@ use tokio::time::Instant;
 
 use crate::{LockOptions, Locker, Owner, Renewal};
 
+mod admin;
 mod behaviours;
 mod crowd;
 mod faults;
 mod fenced;
 mod multi;
 mod shared;
+pub use admin::list_shows_the_held_locks;
 pub use behaviours::*;
 pub use crowd::Crowd;
 pub use faults::{wait_until_queued, waiter_cancelled_in_an_outage};
@@ -196,6 +198,7 @@ macro_rules! conformance_suite {
             a_stale_grant_cannot_touch_its_owners_newer_grant,
             a_waiter_that_left_is_never_handed_the_lock,
             lock_all_is_all_or_nothing_and_never_deadlocks,
+            list_shows_the_held_locks,
         );
     };
     (@each $harness:expr; $($behaviour:ident),* $(,)?) => {

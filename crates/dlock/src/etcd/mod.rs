@@ -764,6 +764,43 @@ impl Backend for EtcdBackend {
         }
     }
 
+    async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        // Every contender key under the backend's prefix is `<prefix><name>/<lease>`
+        // (the name percent-encoded unless raw_names): one range, keys only.
+        let base = self.inner.prefix.as_bytes();
+        let resp = self
+            .inner
+            .client
+            .range(proto::RangeRequest {
+                key: base.to_vec(),
+                range_end: prefix_end(base),
+                keys_only: true,
+                limit: 100_000,
+                ..proto::RangeRequest::default()
+            })
+            .await
+            .map_err(|e| map_err(&e))?;
+        let mut names: Vec<String> = resp
+            .kvs
+            .iter()
+            .filter_map(|kv| {
+                let rest = kv.key.get(base.len()..)?;
+                let rest = std::str::from_utf8(rest).ok()?;
+                let (dir, _) = rest.rsplit_once('/')?;
+                if self.inner.raw_names {
+                    Some(dir.to_owned())
+                } else {
+                    crate::name::decode(dir)
+                }
+            })
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names.truncate(limit);
+        Ok(names)
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let dir = self.inner.dir(name);
         let resp = self

@@ -665,6 +665,24 @@ impl Backend for ZkBackend {
         delete_node(&q.session, &q.node).await.map(drop)
     }
 
+    async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        // Every lock is a node `<root>/<encoded name>` (kept after release).
+        let session = self.inner.session().await?;
+        let children = match session.client.list_children(&self.inner.root).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map_err(&e)),
+        };
+        let mut names: Vec<String> = children
+            .iter()
+            .filter_map(|c| crate::name::decode(c))
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        names.sort_unstable();
+        names.truncate(limit);
+        Ok(names)
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let session = self.inner.session().await?;
         let dir = self.inner.dir(name);

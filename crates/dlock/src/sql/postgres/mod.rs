@@ -46,8 +46,9 @@
 //! | `ssl_ca` | none | PEM file of the CA that signs the server |
 //!
 //! `inspect` asks the server what the acquire asks (`pg_locks` for the advisory key):
-//! a key held outside dlock — or by dlock under another spelling of the same number — is
-//! reported held, with no token (0). Least privilege (tested): once the tables exist,
+//! a key held outside dlock is reported held, with no token (0). With
+//! `advisory_key=number` only the canonical spelling of a number names its key (`42`,
+//! not `042` or `+42`): one lock, one name. Least privilege (tested): once the tables exist,
 //! `SELECT, INSERT, UPDATE` on them and `USAGE` on the sequence are enough in every mode;
 //! a user that cannot create the tables gets a clear permission error.
 
