@@ -279,7 +279,8 @@ impl Locker {
         match outcome {
             Ok(held) => {
                 cleanup.armed = false;
-                Ok(Some(self.finish(held, name, req.owner, opts, sent_at)))
+                // A grant that arrived after its lease could have ended is no grant.
+                Ok(self.finish(held, &name, &req.owner, opts, sent_at))
             }
             // A single attempt that will not wait leaves nothing queued.
             Err(AttemptError::Busy(_) | AttemptError::Abandoned) => {
@@ -356,10 +357,14 @@ impl Locker {
             let outcome = self.attempt(this_attempt, deadline).await;
             cleanup.in_flight = false;
             let retry_after = match outcome {
-                Ok(held) => {
-                    cleanup.armed = false;
-                    return Ok(self.finish(held, name, req.owner, opts, sent_at));
-                }
+                Ok(held) => match self.finish(held, &name, &req.owner, opts, sent_at) {
+                    Some(guard) => {
+                        cleanup.armed = false;
+                        return Ok(guard);
+                    }
+                    // Its answer came too late to be of use: ask again, as if busy.
+                    None => None,
+                },
                 Err(AttemptError::Busy(hint)) => {
                     self.keepers.meters.busy();
                     first_busy.get_or_insert_with(Instant::now);
@@ -583,28 +588,40 @@ impl Locker {
         }
     }
 
+    /// The guard of a grant — or `None` when the answer arrived after the lease it
+    /// granted could have ended (a reply held up by the network past the TTL): the
+    /// lock may already be someone else's, so it is given back in the background and
+    /// never handed to the caller as held.
     fn finish(
         &self,
         held: Box<dyn crate::backend::HeldLock>,
-        name: LockName,
-        owner: Owner,
+        name: &LockName,
+        owner: &Owner,
         opts: &LockOptions,
         sent_at: Instant,
-    ) -> LockGuard {
-        self.waiting.granted(&name, &owner);
+    ) -> Option<LockGuard> {
         let sent_at = lease_start(held.granted_at(), sent_at);
-        LockGuard::new(Hold::start(
+        let margin = held.clock_drift(opts.ttl).max(drift_margin(opts.ttl));
+        if Instant::now() >= sent_at + opts.ttl.saturating_sub(margin) {
+            tracing::debug!(lock = %name, "a grant arrived after its lease could have ended; given back");
+            tokio::spawn(async move {
+                let _ = held.release().await;
+            });
+            return None;
+        }
+        self.waiting.granted(name, owner);
+        Some(LockGuard::new(Hold::start(
             &self.keepers,
             held,
-            name,
-            owner,
+            name.clone(),
+            owner.clone(),
             KeeperPlan {
                 ttl: opts.ttl,
                 renew_every: opts.renew_interval(),
                 max_hold: opts.max_hold,
                 sent_at,
             },
-        ))
+        )))
     }
 }
 
