@@ -163,7 +163,7 @@ pub(crate) fn suffixed(prefix: &str, name: &str) -> String {
     key
 }
 
-static REDISSON_ACQUIRE: LazyLock<Script> =
+pub(crate) static REDISSON_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_acquire.lua")));
 pub(crate) static REDISSON_FAIR_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_fair_acquire.lua")));

@@ -536,6 +536,12 @@ pub(crate) struct StoredMetadata<'a> {
     pub(crate) nonce: &'a str,
 }
 
+/// The nonce an in-process hand-off to the waiter of an attempt writes: derived from
+/// the attempt's, and never equal to any attempt's.
+fn handoff_nonce(attempt: &str) -> String {
+    format!("{attempt}:h")
+}
+
 impl Inner {
     fn keys(&self, name: &LockName) -> Keys {
         if self.prefix.is_empty() {
@@ -660,10 +666,14 @@ impl Backend for RedisBackend {
         // When a grant found by recovery was made, at the latest (see `handoff`).
         let mut granted_at = None;
         if let Some(handoffs) = inner.handoffs.as_ref().filter(|_| !req.fair) {
+            // A hand-off writes a nonce of its own, never this attempt's: the attempt
+            // may land too (re-entering after the hand-off, or on a free lock after a
+            // hand-off that never ran), and undoing a lost hand-off must not give back
+            // the attempt's hold.
             let want = || handoff::Want {
                 ttl: req.ttl,
                 metadata: metadata.clone(),
-                nonce: nonce.clone(),
+                nonce: handoff_nonce(&nonce),
             };
             match handoffs.before_attempt(&keys.lock, req.acquisition, req.owner.as_str(), want) {
                 handoff::Before::Granted(held) => return Ok(Attempt::Acquired(Box::new(held))),
@@ -1114,6 +1124,187 @@ impl HeldLock for RedisHeld {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One Redisson-layout script call on the lock `l` (counter `c`, channel `s`).
+    async fn script(
+        conn: &mut redis::aio::MultiplexedConnection,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> redis::Value {
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(*k);
+        }
+        for a in args {
+            inv.arg(*a);
+        }
+        inv.invoke_async(conn).await.expect("script")
+    }
+
+    async fn holds(conn: &mut redis::aio::MultiplexedConnection, owner: &str) -> Option<i64> {
+        redis::cmd("HGET")
+            .arg("l")
+            .arg(owner)
+            .query_async(conn)
+            .await
+            .expect("HGET")
+    }
+
+    /// A hand-off to waiter `O` whose reply was lost, raced by O's own attempt: undoing
+    /// the hand-off gives back exactly its hold, never the attempt's (which a guard
+    /// holds), and recovering it twice takes one hold, not two.
+    #[tokio::test]
+    async fn a_lost_hand_off_is_undone_without_touching_the_attempts_hold() {
+        let Some(server) = dlock_testkit::RedisServer::start() else {
+            return;
+        };
+        let client = redis::Client::open(server.url()).expect("client");
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let (lock, counter, signal) = ("l", "c", "s");
+        let acquire = |owner: &'static str, nonce: &'static str, recovering: &'static str| {
+            [("10000"), owner, "{}", nonce, recovering]
+        };
+        let attempt = "F";
+        let handed = handoff_nonce(attempt);
+        assert_ne!(handed, attempt);
+        for case in 0..4 {
+            let _: () = redis::cmd("DEL")
+                .arg(lock)
+                .query_async(&mut c)
+                .await
+                .expect("DEL");
+            // R holds; its release hands the lock to waiter O.
+            script(
+                &mut c,
+                &layout::REDISSON_ACQUIRE,
+                &[lock, counter],
+                &acquire("R", "r", "0"),
+            )
+            .await;
+            let fence: i64 = redis::cmd("HGET")
+                .arg(lock)
+                .arg("dlock:fence")
+                .query_async(&mut c)
+                .await
+                .expect("fence");
+            let fence = fence.to_string();
+            let mut handoff_args = vec![
+                "R",
+                fence.as_str(),
+                "O",
+                "10000",
+                "{}",
+                handed.as_str(),
+                "0",
+            ];
+            if case == 3 {
+                // The hand-off never ran: R's hold ran out, O's own attempt took the lock.
+                let _: () = redis::cmd("DEL")
+                    .arg(lock)
+                    .query_async(&mut c)
+                    .await
+                    .expect("DEL");
+                handoff_args.clear();
+            } else {
+                script(
+                    &mut c,
+                    &layout::REDISSON_HANDOFF,
+                    &[lock, counter, signal],
+                    &handoff_args,
+                )
+                .await;
+            }
+            match case {
+                0 => {
+                    // O's attempt lands after the hand-off, re-entering: a guard holds it.
+                    script(
+                        &mut c,
+                        &layout::REDISSON_ACQUIRE,
+                        &[lock, counter],
+                        &acquire("O", "F", "0"),
+                    )
+                    .await;
+                    assert_eq!(holds(&mut c, "O").await, Some(2));
+                    script(
+                        &mut c,
+                        &layout::REDISSON_ABANDON,
+                        &[lock, signal],
+                        &["O", handed.as_str()],
+                    )
+                    .await;
+                    assert_eq!(
+                        holds(&mut c, "O").await,
+                        Some(1),
+                        "the attempt's hold stays"
+                    );
+                }
+                1 => {
+                    // O recovers the hand-off, and its recovery's reply is lost too.
+                    for _ in 0..2 {
+                        script(
+                            &mut c,
+                            &layout::REDISSON_ACQUIRE,
+                            &[lock, counter],
+                            &["10000", "O", "{}", handed.as_str(), "1"],
+                        )
+                        .await;
+                        assert_eq!(holds(&mut c, "O").await, Some(1), "one hold, not two");
+                    }
+                    // Picked up: a late undo finds nothing to give back.
+                    script(
+                        &mut c,
+                        &layout::REDISSON_ABANDON,
+                        &[lock, signal],
+                        &["O", handed.as_str()],
+                    )
+                    .await;
+                    assert_eq!(holds(&mut c, "O").await, Some(1));
+                }
+                2 => {
+                    // O left without an attempt after the hand-off: the lock goes.
+                    script(
+                        &mut c,
+                        &layout::REDISSON_ABANDON,
+                        &[lock, signal],
+                        &["O", handed.as_str()],
+                    )
+                    .await;
+                    assert_eq!(holds(&mut c, "O").await, None);
+                    let exists: i64 = redis::cmd("EXISTS")
+                        .arg(lock)
+                        .query_async(&mut c)
+                        .await
+                        .expect("EXISTS");
+                    assert_eq!(exists, 0);
+                }
+                _ => {
+                    script(
+                        &mut c,
+                        &layout::REDISSON_ACQUIRE,
+                        &[lock, counter],
+                        &acquire("O", "F", "0"),
+                    )
+                    .await;
+                    script(
+                        &mut c,
+                        &layout::REDISSON_ABANDON,
+                        &[lock, signal],
+                        &["O", handed.as_str()],
+                    )
+                    .await;
+                    assert_eq!(
+                        holds(&mut c, "O").await,
+                        Some(1),
+                        "a hand-off that never ran undoes nothing"
+                    );
+                }
+            }
+        }
+    }
 
     async fn refused(url: &str) -> Error {
         RedisBackend::open(ConnectUrl::parse(url).expect("parses"))

@@ -5,10 +5,19 @@
 -- Granted: {1, fencing token}. Held by another: {0, remaining lease in ms or -1}.
 local lock, counter = KEYS[1], KEYS[2]
 local lease, owner, nonce = tonumber(ARGV[1]), ARGV[2], ARGV[4]
--- A retry whose first try was granted (only the reply was lost) finds its own nonce:
--- report that grant instead of taking a second hold.
-if ARGV[5] == '1' and redis.call('hget', lock, 'dlock:nonce') == nonce then
-  return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
+if ARGV[5] == '1' then
+  -- An in-process hand-off to this acquisition whose reply was lost, never picked up
+  -- since: claim its hold (the marker goes, so a leaving waiter cannot undo it later).
+  if redis.call('hget', lock, 'dlock:handoff') == nonce then
+    redis.call('hdel', lock, 'dlock:handoff')
+    redis.call('hset', lock, 'dlock:nonce', nonce)
+    return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
+  end
+  -- A retry whose first try was granted (only the reply was lost) finds its own nonce:
+  -- report that grant instead of taking a second hold.
+  if redis.call('hget', lock, 'dlock:nonce') == nonce then
+    return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
+  end
 end
 if redis.call('exists', lock) == 0 then
   local token = redis.call('incr', counter)

@@ -1,7 +1,8 @@
 -- dlock release with an in-process hand-off, Redisson layout.
 -- KEYS[1] the lock hash, KEYS[2] the token counter, KEYS[3] the unlock channel.
 -- ARGV[1] owner field, ARGV[2] fencing token, ARGV[3] the next owner,
--- ARGV[4] its lease in ms, ARGV[5] its metadata (JSON), ARGV[6] its nonce,
+-- ARGV[4] its lease in ms, ARGV[5] its metadata (JSON), ARGV[6] the hand-off's nonce
+-- (never an attempt's),
 -- ARGV[7] '1' when the hand-off streak is spent.
 -- Returns {holds left, 0} when this was not the last hold (nothing handed over),
 -- {-1, 0} if not held, {0, next owner's fencing token} once handed over (no unlock
@@ -28,7 +29,10 @@ if ARGV[7] == '1' then
 end
 redis.call('hdel', lock, ARGV[1])
 local token = redis.call('incr', KEYS[2])
+-- 'dlock:handoff' marks the hold as the hand-off's until its waiter picks it up: a
+-- waiter that recovers it by this nonce claims it, one that left gives back exactly
+-- this hold (`redisson_abandon.lua`), never a hold its own attempt took.
 redis.call('hset', lock, ARGV[3], 1, 'dlock:fence', token, 'dlock:meta', ARGV[5],
-  'dlock:nonce', ARGV[6])
+  'dlock:nonce', ARGV[6], 'dlock:handoff', ARGV[6])
 redis.call('pexpire', lock, ARGV[4])
 return {0, token}
