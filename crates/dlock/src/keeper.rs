@@ -442,7 +442,12 @@ impl Hold {
                 Ok(())
             }
             Err(Error::NotOwner { .. } | Error::LockLost { .. }) => {
-                self.mark_lost(LossReason::NotOwner);
+                // The owner-checked release still runs: a backend that disowned the
+                // hold locally (a ZooKeeper session given up while the server may
+                // keep it) deletes what may be left of it, as after any other loss.
+                if self.mark_lost(LossReason::NotOwner) {
+                    Self::release_after_loss(keep).await;
+                }
                 keep.next_renew = None;
                 Err(self.lost_error())
             }
