@@ -275,12 +275,17 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Half, once or twice `ttl` (at least 50 ms), renewed three times in four.
+/// The longest lease a crowd task asks for, as a multiple of `--ttl`: what a dead
+/// worker's hold may outlive it by (the orphan check waits that long).
+pub(super) const LONGEST_LEASE: u32 = 2;
+
+/// Half, once or [`LONGEST_LEASE`] times `ttl` (at least 50 ms), renewed three times
+/// in four.
 fn random_opts(rng: &mut fastrand::Rng, ttl: Duration) -> LockOptions {
     let ttl = match rng.u8(..3) {
         0 => ttl / 2,
         1 => ttl,
-        _ => ttl * 2,
+        _ => ttl * LONGEST_LEASE,
     }
     .max(Duration::from_millis(50));
     let renewal = if rng.u8(..4) == 0 {
