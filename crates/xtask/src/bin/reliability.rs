@@ -61,7 +61,7 @@ fn main() {
          - **loss notice**: the faulty holder's `lost()` minus the next grant, p99 (ms; \
            positive = the holder learned after the next holder started — a paused process \
            cannot learn earlier; that is what fencing is for).\n\
-         - **orphans**: the lock still held TTL + 0.5 s after the run.\n\
+         - **orphans**: the lock still held 0.5 s after the run plus the longest lease asked for (the TTL; 2 × the TTL in the crowd workload) or the session timeout, whichever is longer.\n\
          - **verdict**: `dlock check`'s exit status (broken = a hard guarantee failed).\n\n\
          Reproduce: `scripts/reliability` (or `dlock check --url URL --fault F [--unfenced]`).\n\n\
          | backend | fault | store | ops | failed | overlaps | stale acc. | stale rej. | inversions | recovery p50 / p99 ms | loss notice p99 ms | orphans | verdict |\n\
