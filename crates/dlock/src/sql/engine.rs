@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Connection as _;
 use tokio_util::sync::CancellationToken;
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
@@ -128,6 +129,19 @@ impl<D: Dialect> SqlBackend<D> {
             match self.dialect.row_lock(&mut conn, &key).await? {
                 RowLock::Locked(session) => {
                     let fence = self.dialect.row_holder(req, &key, session).await?;
+                    // The token comes from the pool: it is this hold's only if the
+                    // pinned session still held the row lock after the token was taken.
+                    // (A session that ended first lets another holder lock the row and
+                    // take a lower token before this one: a fenced resource would then
+                    // reject the real holder.) Its transaction keeps the row lock for as
+                    // long as the session lives, so one answered ping proves it.
+                    let alive = tokio::time::timeout(self.opts.timeout, conn.ping()).await;
+                    if !matches!(alive, Ok(Ok(()))) {
+                        return Err(Error::connection(
+                            D::BACKEND,
+                            "the session holding the row lock ended while its token was taken",
+                        ));
+                    }
                     return Ok(Attempt::Acquired(Box::new(SessionHeld {
                         dialect: Arc::clone(&self.dialect),
                         hold: self.hold(req, key, fence),
