@@ -1259,6 +1259,53 @@ fn exit_statuses_are_documented_once() {
     );
 }
 
+/// Every flag a verb's `--help` lists is in the CLI's README (its synopsis or prose).
+#[test]
+fn every_flag_of_every_verb_is_documented() {
+    let env = Env::new();
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let mut checked = 0;
+    for verb in [
+        &["run"][..],
+        &["status"],
+        &["list"],
+        &["break"],
+        &["backends"],
+        &["completions"],
+        &["manpage"],
+        &["demo", "flash-sale"],
+        &["bench"],
+        &["check"],
+    ] {
+        let args: Vec<&str> = verb.iter().copied().chain(["--help"]).collect();
+        let out = env.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{verb:?}");
+        // Option lines start with the flag (after indentation): `-w, --wait <D>`.
+        for line in text(&out.stdout).lines().map(str::trim_start) {
+            if !line.starts_with('-') {
+                continue;
+            }
+            let Some(flag) = line
+                .split([' ', ',', '='])
+                .find(|w| w.starts_with("--") && w.len() > 2)
+            else {
+                continue;
+            };
+            if flag == "--help" || flag == "--version" {
+                continue;
+            }
+            checked += 1;
+            assert!(
+                readme.contains(flag),
+                "dlock {} {flag} is not in crates/dlock-cli/README.md",
+                verb.join(" ")
+            );
+        }
+    }
+    assert!(checked >= 50, "only {checked} flags found in --help");
+}
+
 /// Completion scripts and the manual page come from the parser's own definitions: they
 /// know every verb and flag, and the bash script is valid bash.
 #[test]
