@@ -167,6 +167,15 @@ impl Error {
         }
     }
 
+    #[cfg_attr(
+        not(any(
+            feature = "postgres",
+            feature = "mysql",
+            feature = "redis",
+            feature = "etcd"
+        )),
+        allow(dead_code)
+    )]
     pub(crate) fn denied(backend: &'static str, message: impl fmt::Display) -> Self {
         Error::Denied {
             backend,

@@ -570,7 +570,11 @@ impl Locker {
             None => (&mut flight).await,
             Some(d) => {
                 // Let an attempt that started before the deadline finish a little past it.
-                let limit = d.max(Instant::now()) + Duration::from_millis(250);
+                // (An instant too far to add to is no limit.)
+                let limit = d.max(Instant::now());
+                let limit = limit
+                    .checked_add(Duration::from_millis(250))
+                    .unwrap_or(limit);
                 match tokio::time::timeout_at(limit, &mut flight).await {
                     Ok(r) => r,
                     Err(_) => return Err(AttemptError::Abandoned),

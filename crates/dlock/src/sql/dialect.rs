@@ -17,8 +17,8 @@ use crate::options::Owner;
 #[derive(Debug)]
 pub(crate) struct Hold {
     pub key: [u8; 32],
-    /// `key` in hex: the release notification's payload (PostgreSQL), the server-side
-    /// lock name (MySQL `named`).
+    /// `key` in hex: the release notification's payload (PostgreSQL only).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub key_hex: String,
     pub owner: Owner,
     pub fence: u64,
