@@ -63,9 +63,13 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(sig_err)?;
     let mut sighup = signal(SignalKind::hangup()).map_err(sig_err)?;
 
-    let locker = Locker::connect(&url).await?;
-    // One lock, or with --also a set: all of them or none.
+    // One lock, or with --also a set: all of them or none. A name the URL refuses is
+    // refused before any I/O.
     let names: Vec<&String> = std::iter::once(&args.name).chain(&args.also).collect();
+    for name in &names {
+        Locker::check_name(&url, name)?;
+    }
+    let locker = Locker::connect(&url).await?;
     let label = names
         .iter()
         .map(|n| format!("{n:?}"))

@@ -45,6 +45,9 @@ fn status_json(name: &str, info: Option<&dlock::LockInfo>) -> serde_json::Value 
 
 pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
     let url = exit::resolve_url(args.url.url.as_deref())?;
+    for name in &args.names {
+        Locker::check_name(&url, name)?;
+    }
     let locker = Locker::connect(&url).await?;
     let mut lines = Vec::new();
     for name in &args.names {
@@ -74,6 +77,7 @@ pub async fn list(args: ListArgs) -> Result<i32, Failure> {
 pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
     use std::io::IsTerminal;
     let url = exit::resolve_url(args.url.url.as_deref())?;
+    Locker::check_name(&url, &args.name)?;
     let locker = Locker::connect(&url).await?;
     let name = &args.name;
     let Some(info) = locker.inspect(name).await? else {

@@ -266,6 +266,7 @@ fn connection_errors_name_the_address() {
         format!("mysql://dlock:sekrit@127.0.0.1:{port}/db"),
         format!("redis://:sekrit@127.0.0.1:{port}"),
         format!("etcd://127.0.0.1:{port}"),
+        format!("zk://:sekrit@127.0.0.1:{port}/locks"),
     ] {
         let start = Instant::now();
         let out = env.run(&["status", "--url", &url, "x"]);
@@ -280,6 +281,37 @@ fn connection_errors_name_the_address() {
             start.elapsed()
         );
     }
+}
+
+/// A name the URL's options refuse (a numeric advisory key that is not a number) is a
+/// usage error found before any I/O: the server here does not even exist.
+#[test]
+fn names_the_url_refuses_are_refused_before_connecting() {
+    let env = Env::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("postgres://u@127.0.0.1:{port}/db?mode=advisory&advisory_key=number");
+    for args in [
+        &["status", "--url", &url, "abc"][..],
+        &["status", "--url", &url, "042"],
+        &["run", "--url", &url, "--no-wait", "abc", "true"],
+        &["run", "--url", &url, "--also", "abc", "42", "true"],
+        &["break", "--url", &url, "--yes", "abc"],
+    ] {
+        let out = env.run(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("advisory_key=number"), "{args:?}: {err}");
+        assert!(
+            !err.contains(&port.to_string()),
+            "{args:?} connected: {err}"
+        );
+    }
+    // A good name on the same URL does try to connect (and names the address).
+    let out = env.run(&["status", "--url", &url, "42"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
 }
 
 /// `--also`: several locks, all or none. Held together, each with its own token in

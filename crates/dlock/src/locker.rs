@@ -45,6 +45,26 @@ pub struct Locker {
 }
 
 impl Locker {
+    /// Check, without connecting, that `name` is a lock name the backend of `url`
+    /// accepts: a tool can refuse a bad name before any I/O. (A name some URL options
+    /// refuse: `postgres://…?mode=advisory&advisory_key=number` maps only the canonical
+    /// decimal spelling of an int8.)
+    ///
+    /// ```
+    /// let url = "postgres://u@db/app?mode=advisory&advisory_key=number";
+    /// # #[cfg(feature = "postgres")] {
+    /// assert!(dlock::Locker::check_name(url, "42").is_ok());
+    /// assert!(dlock::Locker::check_name(url, "abc").is_err());
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for a name that is not a lock name or that the URL's
+    /// options refuse; [`Error::InvalidUrl`] for a URL that does not parse.
+    pub fn check_name(url: &str, name: &str) -> Result<()> {
+        crate::schemes::check_name(url, name)
+    }
+
     /// Connect to the lock service named by `url` (see the crate docs for the grammar).
     ///
     /// # Errors

@@ -188,6 +188,24 @@ pub fn schemes() -> Vec<SchemeInfo> {
         .collect()
 }
 
+/// Check `name` against `url` without any I/O: a valid lock name, and one the URL's
+/// options can map (`postgres://…?mode=advisory&advisory_key=number` takes the
+/// canonical decimal spelling of an int8 only).
+pub(crate) fn check_name(url: &str, name: &str) -> Result<()> {
+    let name = crate::name::LockName::new(name)?;
+    #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+    let mut url = ConnectUrl::parse(url)?;
+    #[cfg(feature = "postgres")]
+    if matches!(url.scheme(), "postgres" | "postgresql")
+        && url.take_param("mode").as_deref() == Some("advisory")
+        && url.take_param("advisory_key").as_deref() == Some("number")
+    {
+        crate::sql::postgres::AdvisoryKey::Number.key(&name)?;
+    }
+    let _ = (url, name);
+    Ok(())
+}
+
 /// Open the backend named by `url`. A connection error names the address(es) tried
 /// when the driver's message does not.
 pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {

@@ -391,6 +391,34 @@ impl Inner {
         }
     }
 
+    /// Before the first session: when every server refuses a TCP connection, say so
+    /// at once (the client would retry until its timeout). A server that accepts, or
+    /// does not answer, is left to the client.
+    async fn refuse_early(&self) -> Result<()> {
+        let hosts: Vec<&str> = self
+            .cluster
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .split(',')
+            .collect();
+        for host in &hosts {
+            let tried = tokio::time::timeout(
+                Duration::from_millis(500),
+                tokio::net::TcpStream::connect(*host),
+            )
+            .await;
+            match tried {
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                _ => return Ok(()),
+            }
+        }
+        Err(Error::connection(
+            SCHEME,
+            format!("cannot connect to {}: connection refused", hosts.join(",")),
+        ))
+    }
+
     async fn session(&self) -> Result<Arc<Session>> {
         let mut current = self.session.lock().await;
         if let Some(s) = current.as_ref()
@@ -403,6 +431,9 @@ impl Inner {
             .with_connection_timeout(self.timeout);
         if let Some(auth) = &self.auth {
             connector = connector.with_auth("digest", auth.as_bytes());
+        }
+        if self.negotiated_ms.load(Ordering::Relaxed) == 0 {
+            self.refuse_early().await?;
         }
         let client = tokio::time::timeout(self.timeout, connector.connect(&self.cluster))
             .await
