@@ -1008,6 +1008,93 @@ fn zookeeper_killed_or_paused_holder_frees_the_lock_after_the_session_timeout() 
     assert!(taken_over < Duration::from_secs(6), "{taken_over:?}");
 }
 
+/// A lock held outside dlock (a psql session's `pg_advisory_lock(7)`) shows as held,
+/// with no fencing token ("none") and a lease that lasts as long as that session;
+/// `status` exits 0 (held), and 1 once the session is gone.
+#[test]
+fn status_shows_a_foreign_session_holder() {
+    let Some(pg) = dlock_testkit::PgServer::start() else {
+        return;
+    };
+    let url = format!("{}?mode=advisory&advisory_key=number", pg.url());
+    let env = Env::new();
+    let mut psql = pg.psql_session("SELECT pg_advisory_lock(7); SELECT pg_sleep(60)");
+    wait_held_at(&env, &url, "7");
+    let out = env.run(&["status", "--url", &url, "7"]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", text(&out.stderr));
+    assert!(said.contains("fencing token none"), "{said}");
+    assert!(said.contains("for as long as its session lives"), "{said}");
+    let out = env.run(&["status", "--url", &url, "--json", "7"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v[0]["fencing_token"], 0, "{v}");
+    assert!(
+        v[0]["waiters"].is_null(),
+        "PostgreSQL cannot count waiters: {v}"
+    );
+    // (A killed psql leaves its server backend sleeping: end the session itself.)
+    let ended = pg.psql(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks \
+         WHERE locktype = 'advisory' AND objid = 7 AND granted",
+    );
+    assert_eq!(ended, "t", "the psql session was not found holding 7");
+    let _ = psql.wait();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = env.run(&["status", "--url", &url, "7"]);
+        if out.status.code() == Some(1) {
+            assert!(
+                text(&out.stdout).contains("7: free"),
+                "{}",
+                text(&out.stdout)
+            );
+            break;
+        }
+        assert!(Instant::now() < end, "the psql session's lock never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The log is coloured only on a terminal, and never with `NO_COLOR` set.
+#[test]
+fn log_colour_only_on_a_terminal_and_never_with_no_color() {
+    let env = Env::new();
+    let args = ["--log", "debug", "status", "x"];
+    // Into a pipe: no escape sequences.
+    let out = env
+        .cmd()
+        .args(args)
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("dlock");
+    let log = text(&out.stderr);
+    assert!(log.contains("DEBUG"), "{log}");
+    assert!(!log.contains('\u{1b}'), "colour in a pipe: {log:?}");
+    // On a terminal (script(1) gives the command a pty): coloured, unless NO_COLOR.
+    let Some(script) = dlock_testkit::find_binary("script") else {
+        panic!("script(1) (util-linux) is needed for the terminal case");
+    };
+    let line = format!("{DLOCK} {}", args.join(" "));
+    for (no_color, coloured) in [(None, true), (Some("1"), false)] {
+        let mut cmd = Command::new(&script);
+        cmd.args(["-qec", &line, "/dev/null"])
+            .env("DLOCK_URL", env.url())
+            .env_remove("DLOCK_LOG");
+        match no_color {
+            Some(v) => cmd.env("NO_COLOR", v),
+            None => cmd.env_remove("NO_COLOR"),
+        };
+        let out = cmd.output().expect("script");
+        let seen = text(&out.stdout);
+        assert!(seen.contains("DEBUG"), "{seen}");
+        assert_eq!(
+            seen.contains('\u{1b}'),
+            coloured,
+            "NO_COLOR={no_color:?}: {seen:?}"
+        );
+    }
+}
+
 /// PostgreSQL and MariaDB session locks end with the holder's connection: the lock of a
 /// SIGKILLed holder is free at once (measured from the kill to the next holder's
 /// command running, process start included).

@@ -208,6 +208,26 @@ impl PgServer {
         });
     }
 
+    /// Start `psql` running `sql` in one session, in the background (e.g. a foreign
+    /// holder: `SELECT pg_advisory_lock(7); SELECT pg_sleep(30)`). Kill it to end the
+    /// session.
+    ///
+    /// # Panics
+    /// When psql is missing or cannot be started.
+    #[must_use]
+    pub fn psql_session(&self, sql: &str) -> std::process::Child {
+        let psql = find_pg_binary("psql").expect("psql");
+        Command::new(psql)
+            .env("PGPASSWORD", PG_PASSWORD)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-At", "-q"])
+            .args(["-c", sql])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start psql")
+    }
+
     /// Run SQL through `psql` as the superuser; returns stdout (unaligned, tuples only).
     ///
     /// # Panics
