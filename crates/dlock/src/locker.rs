@@ -185,9 +185,9 @@ impl Locker {
     /// over): nothing was broken. Logged at WARN.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] where a hold cannot be ended from outside (Redis,
-    /// Redlock, etcd, ZooKeeper and the SQL session modes for now) and for token 0 (a
-    /// holder outside dlock); [`Error::InvalidName`]; connection or server errors.
+    /// [`Error::Unsupported`] where a hold cannot be ended from outside (Redlock,
+    /// etcd, ZooKeeper and the SQL session modes for now) and for token 0 (a holder
+    /// outside dlock); [`Error::InvalidName`]; connection or server errors.
     ///
     /// # Cancel safety
     /// Cancel safe: the break is one statement, done or not; look again to know.

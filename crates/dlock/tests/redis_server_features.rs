@@ -533,3 +533,67 @@ async fn without_channel_rights_waiting_falls_back_to_polling() {
         "a waiter without pub/sub rights: {got:?}"
     );
 }
+
+/// `Locker::break_lock` on every Redis layout: the hold seen by `inspect` ends (all its
+/// re-entries with it), a stale token breaks nothing, its holder hears of the break at
+/// its next renewal, and the next grant's token is higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_lock_ends_the_hold_it_was_shown_on_every_layout() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    for layout in ["redisson", "redis-py", "python-redis-lock"] {
+        let url = format!("{}?layout={layout}", server.url());
+        let (a, b) = (
+            Locker::connect(&url).await.expect("connect"),
+            Locker::connect(&url).await.expect("connect"),
+        );
+        let name = format!("break-{layout}");
+        let mut opts = dlock::LockOptions::new().ttl(Duration::from_secs(2));
+        if layout == "redisson" {
+            opts = opts.owner(a.owner());
+        }
+        let held = a.lock_with(&name, &opts).await.expect("lock");
+        // A re-entry (reentrant layout only) ends with the break too.
+        let again = if layout == "redisson" {
+            Some(a.lock_with(&name, &opts).await.expect("re-enter"))
+        } else {
+            None
+        };
+        let seen = b.inspect(&name).await.expect("inspect").expect("held");
+        assert_eq!(seen.fencing_token, held.fencing_token(), "{layout}");
+        assert!(
+            !b.break_lock(&name, seen.fencing_token + 1)
+                .await
+                .expect("break"),
+            "{layout}: a token that was never granted broke the hold"
+        );
+        assert!(
+            b.inspect(&name).await.expect("inspect").is_some(),
+            "{layout}"
+        );
+        assert!(
+            b.break_lock(&name, seen.fencing_token)
+                .await
+                .expect("break"),
+            "{layout}"
+        );
+        tokio::time::timeout(Duration::from_secs(5), held.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{layout}: the holder never heard of the break"));
+        let next = b
+            .try_lock(&name)
+            .await
+            .expect("try")
+            .unwrap_or_else(|| panic!("{layout}: not free after the break"));
+        assert!(next.fencing_token() > seen.fencing_token, "{layout}");
+        assert!(
+            !b.break_lock(&name, seen.fencing_token)
+                .await
+                .expect("break"),
+            "{layout}: the old token broke the next hold"
+        );
+        next.release().await.expect("release");
+        drop(again);
+    }
+}

@@ -116,6 +116,14 @@ impl Layout {
             Layout::RedisPy | Layout::PythonRedisLock => &PLAIN_RELEASE,
         }
     }
+
+    /// An operator's forced release of the hold with a given token (`dlock break`).
+    pub(crate) fn break_script(self) -> &'static Script {
+        match self {
+            Layout::Redisson => &REDISSON_BREAK,
+            Layout::RedisPy | Layout::PythonRedisLock => &PLAIN_BREAK,
+        }
+    }
 }
 
 /// The keys one lock uses.
@@ -181,8 +189,20 @@ static PLAIN_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/plain_acquire.lua")));
 static PLAIN_RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/plain_renew.lua")));
-static PLAIN_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/plain_release.lua")));
+static PLAIN_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/plain_signal.lua"),
+        include_str!("scripts/plain_release.lua")
+    ))
+});
+static REDISSON_BREAK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/redisson_break.lua")));
+static PLAIN_BREAK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/plain_signal.lua"),
+        include_str!("scripts/plain_break.lua")
+    ))
+});
 
 #[cfg(test)]
 mod tests {

@@ -808,6 +808,22 @@ impl Backend for RedisBackend {
         }))
     }
 
+    async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
+        let inner = &self.inner;
+        let keys = inner.keys(name);
+        let mut inv = inner.layout.break_script().prepare_invoke();
+        inv.key(&keys.lock).key(&keys.signal);
+        if let Some(meta) = &keys.meta {
+            inv.key(meta).key(&keys.counter);
+        }
+        inv.arg(fence).arg(inner.signal_kind());
+        let broke: i64 = inv
+            .invoke_async(&mut inner.conn.clone())
+            .await
+            .map_err(|e| map_err(&e))?;
+        Ok(broke == 1)
+    }
+
     async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
         if !req.fair {
             return Ok(());
@@ -1125,30 +1141,44 @@ impl HeldLock for RedisHeld {
 mod tests {
     use super::*;
 
-    /// One Redisson-layout script call on the lock `l` (counter `c`, channel `s`).
-    async fn script(
-        conn: &mut redis::aio::MultiplexedConnection,
-        script: &redis::Script,
-        keys: &[&str],
-        args: &[&str],
-    ) -> redis::Value {
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(*k);
-        }
-        for a in args {
-            inv.arg(*a);
-        }
-        inv.invoke_async(conn).await.expect("script")
-    }
+    /// Redisson-layout scripts run by hand on the lock `l` (counter `c`, channel `s`).
+    struct Scripts(redis::aio::MultiplexedConnection);
 
-    async fn holds(conn: &mut redis::aio::MultiplexedConnection, owner: &str) -> Option<i64> {
-        redis::cmd("HGET")
-            .arg("l")
-            .arg(owner)
-            .query_async(conn)
-            .await
-            .expect("HGET")
+    impl Scripts {
+        async fn run(&mut self, script: &redis::Script, keys: &[&str], args: &[&str]) {
+            let mut inv = script.prepare_invoke();
+            for k in keys {
+                inv.key(*k);
+            }
+            for a in args {
+                inv.arg(*a);
+            }
+            let _: redis::Value = inv.invoke_async(&mut self.0).await.expect("script");
+        }
+
+        async fn acquire(&mut self, owner: &str, nonce: &str, recovering: bool) {
+            let recovering = if recovering { "1" } else { "0" };
+            let args = ["10000", owner, "{}", nonce, recovering];
+            self.run(&layout::REDISSON_ACQUIRE, &["l", "c"], &args)
+                .await;
+        }
+
+        async fn abandon(&mut self, owner: &str, nonce: &str) {
+            self.run(&layout::REDISSON_ABANDON, &["l", "s"], &[owner, nonce])
+                .await;
+        }
+
+        async fn cmd<T: redis::FromRedisValue>(&mut self, args: &[&str]) -> T {
+            redis::cmd(args[0])
+                .arg(&args[1..])
+                .query_async(&mut self.0)
+                .await
+                .expect("command")
+        }
+
+        async fn holds(&mut self, owner: &str) -> Option<i64> {
+            self.cmd(&["HGET", "l", owner]).await
+        }
     }
 
     /// A hand-off to waiter `O` whose reply was lost, raced by O's own attempt: undoing
@@ -1160,147 +1190,57 @@ mod tests {
             return;
         };
         let client = redis::Client::open(server.url()).expect("client");
-        let mut c = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        let (lock, counter, signal) = ("l", "c", "s");
-        let acquire = |owner: &'static str, nonce: &'static str, recovering: &'static str| {
-            [("10000"), owner, "{}", nonce, recovering]
-        };
+        let mut r = Scripts(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect"),
+        );
         let attempt = "F";
         let handed = handoff_nonce(attempt);
         assert_ne!(handed, attempt);
         for case in 0..4 {
-            let _: () = redis::cmd("DEL")
-                .arg(lock)
-                .query_async(&mut c)
-                .await
-                .expect("DEL");
-            // R holds; its release hands the lock to waiter O.
-            script(
-                &mut c,
-                &layout::REDISSON_ACQUIRE,
-                &[lock, counter],
-                &acquire("R", "r", "0"),
-            )
-            .await;
-            let fence: i64 = redis::cmd("HGET")
-                .arg(lock)
-                .arg("dlock:fence")
-                .query_async(&mut c)
-                .await
-                .expect("fence");
-            let fence = fence.to_string();
-            let mut handoff_args = vec![
-                "R",
-                fence.as_str(),
-                "O",
-                "10000",
-                "{}",
-                handed.as_str(),
-                "0",
-            ];
+            let () = r.cmd(&["DEL", "l"]).await;
+            // R holds; its release hands the lock to waiter O (case 3: the hand-off never
+            // ran, R's hold ran out and O's own attempt took the lock).
+            r.acquire("R", "r", false).await;
+            let fence: String = r.cmd(&["HGET", "l", "dlock:fence"]).await;
             if case == 3 {
-                // The hand-off never ran: R's hold ran out, O's own attempt took the lock.
-                let _: () = redis::cmd("DEL")
-                    .arg(lock)
-                    .query_async(&mut c)
-                    .await
-                    .expect("DEL");
-                handoff_args.clear();
+                let () = r.cmd(&["DEL", "l"]).await;
             } else {
-                script(
-                    &mut c,
-                    &layout::REDISSON_HANDOFF,
-                    &[lock, counter, signal],
-                    &handoff_args,
-                )
-                .await;
+                let args = ["R", &fence, "O", "10000", "{}", &handed, "0"];
+                r.run(&layout::REDISSON_HANDOFF, &["l", "c", "s"], &args)
+                    .await;
             }
             match case {
                 0 => {
                     // O's attempt lands after the hand-off, re-entering: a guard holds it.
-                    script(
-                        &mut c,
-                        &layout::REDISSON_ACQUIRE,
-                        &[lock, counter],
-                        &acquire("O", "F", "0"),
-                    )
-                    .await;
-                    assert_eq!(holds(&mut c, "O").await, Some(2));
-                    script(
-                        &mut c,
-                        &layout::REDISSON_ABANDON,
-                        &[lock, signal],
-                        &["O", handed.as_str()],
-                    )
-                    .await;
-                    assert_eq!(
-                        holds(&mut c, "O").await,
-                        Some(1),
-                        "the attempt's hold stays"
-                    );
+                    r.acquire("O", attempt, false).await;
+                    assert_eq!(r.holds("O").await, Some(2));
+                    r.abandon("O", &handed).await;
+                    assert_eq!(r.holds("O").await, Some(1), "the attempt's hold stays");
                 }
                 1 => {
                     // O recovers the hand-off, and its recovery's reply is lost too.
                     for _ in 0..2 {
-                        script(
-                            &mut c,
-                            &layout::REDISSON_ACQUIRE,
-                            &[lock, counter],
-                            &["10000", "O", "{}", handed.as_str(), "1"],
-                        )
-                        .await;
-                        assert_eq!(holds(&mut c, "O").await, Some(1), "one hold, not two");
+                        r.acquire("O", &handed, true).await;
+                        assert_eq!(r.holds("O").await, Some(1), "one hold, not two");
                     }
                     // Picked up: a late undo finds nothing to give back.
-                    script(
-                        &mut c,
-                        &layout::REDISSON_ABANDON,
-                        &[lock, signal],
-                        &["O", handed.as_str()],
-                    )
-                    .await;
-                    assert_eq!(holds(&mut c, "O").await, Some(1));
+                    r.abandon("O", &handed).await;
+                    assert_eq!(r.holds("O").await, Some(1));
                 }
                 2 => {
                     // O left without an attempt after the hand-off: the lock goes.
-                    script(
-                        &mut c,
-                        &layout::REDISSON_ABANDON,
-                        &[lock, signal],
-                        &["O", handed.as_str()],
-                    )
-                    .await;
-                    assert_eq!(holds(&mut c, "O").await, None);
-                    let exists: i64 = redis::cmd("EXISTS")
-                        .arg(lock)
-                        .query_async(&mut c)
-                        .await
-                        .expect("EXISTS");
+                    r.abandon("O", &handed).await;
+                    let exists: i64 = r.cmd(&["EXISTS", "l"]).await;
                     assert_eq!(exists, 0);
                 }
                 _ => {
-                    script(
-                        &mut c,
-                        &layout::REDISSON_ACQUIRE,
-                        &[lock, counter],
-                        &acquire("O", "F", "0"),
-                    )
-                    .await;
-                    script(
-                        &mut c,
-                        &layout::REDISSON_ABANDON,
-                        &[lock, signal],
-                        &["O", handed.as_str()],
-                    )
-                    .await;
-                    assert_eq!(
-                        holds(&mut c, "O").await,
-                        Some(1),
-                        "a hand-off that never ran undoes nothing"
-                    );
+                    r.acquire("O", attempt, false).await;
+                    r.abandon("O", &handed).await;
+                    let left = r.holds("O").await;
+                    assert_eq!(left, Some(1), "a hand-off that never ran undoes nothing");
                 }
             }
         }

@@ -12,11 +12,5 @@ if redis.call('get', KEYS[1]) ~= ARGV[1] or redis.call('get', KEYS[4]) ~= ARGV[3
   return -1
 end
 redis.call('del', KEYS[1], KEYS[3])
-if ARGV[2] == 'list' then
-  redis.call('del', KEYS[2])
-  redis.call('lpush', KEYS[2], 1)
-  redis.call('pexpire', KEYS[2], 1000)
-else
-  redis.call('publish', KEYS[2], '0')
-end
+signal_waiters(KEYS[2], ARGV[2])
 return 0
