@@ -593,7 +593,34 @@ async fn break_lock_ends_the_hold_it_was_shown_on_every_layout() {
                 .expect("break"),
             "{layout}: the old token broke the next hold"
         );
+        let last = next.fencing_token();
         next.release().await.expect("release");
         drop(again);
+        if layout == "redisson" {
+            continue;
+        }
+        // A foreign client (redis-py's SET NX PX) holds the plain key now: it has no
+        // token, and the counter a past dlock grant left must not let a break delete
+        // its key.
+        let key = if layout == "redis-py" {
+            name.clone()
+        } else {
+            format!("lock:{name}")
+        };
+        let set = ["SET", key.as_str(), "foreign", "NX", "PX", "10000"];
+        redis_command(server.addr(), &set, T).expect("SET");
+        let seen = b.inspect(&name).await.expect("inspect").expect("held");
+        assert_eq!(
+            seen.fencing_token, 0,
+            "{layout}: a foreign holder has no token"
+        );
+        assert!(
+            !b.break_lock(&name, last).await.expect("break"),
+            "{layout}: a break with a past token ended a foreign hold"
+        );
+        assert!(
+            b.inspect(&name).await.expect("inspect").is_some(),
+            "{layout}"
+        );
     }
 }

@@ -887,7 +887,15 @@ impl Backend for RedisBackend {
             let Some(owner) = owner else {
                 return Ok(None);
             };
-            let mut info = LockInfo::new(name, owner, 1, counter.unwrap_or(0));
+            // Without dlock's metadata key the holder is a foreign client (redis-py,
+            // python-redis-lock, …), which counts no tokens: token 0, never the
+            // counter a past dlock grant left.
+            let token = if meta.is_some() {
+                counter.unwrap_or(0)
+            } else {
+                0
+            };
+            let mut info = LockInfo::new(name, owner, 1, token);
             info.metadata = meta
                 .and_then(|m| serde_json::from_str::<Metadata>(&m).ok())
                 .unwrap_or_default();
