@@ -47,6 +47,60 @@ impl fmt::Display for Fencing {
     }
 }
 
+/// What an acquisition asks for: the lock itself, or a hold of one of the primitives
+/// built beside it (each has a namespace of its own: a semaphore `x`, a read-write
+/// lock `x` and a lock `x` are three things).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Primitive {
+    /// The lock (a mutex; reentrant for one owner where the backend says so).
+    Lock,
+    /// One permit of a semaphore that allows `permits` holders at once. Every
+    /// acquisition takes a permit of its own, whoever its owner.
+    Permit {
+        /// How many permits the semaphore has (as this caller counts them).
+        permits: u32,
+    },
+    /// A read hold of a read-write lock: shared with other readers.
+    Read,
+    /// A write hold of a read-write lock: excludes readers and other writers.
+    Write,
+}
+
+/// Which primitives beside the lock a backend offers ([`Primitive`]).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct Primitives {
+    /// Semaphores with leased permits ([`crate::Locker::semaphore`]).
+    pub semaphore: bool,
+    /// Read-write locks ([`crate::Locker::rwlock`]).
+    pub rwlock: bool,
+}
+
+impl Primitives {
+    /// Every primitive beside the lock.
+    pub const ALL: Primitives = Primitives {
+        semaphore: true,
+        rwlock: true,
+    };
+    /// None beside the lock.
+    pub const NONE: Primitives = Primitives {
+        semaphore: false,
+        rwlock: false,
+    };
+
+    /// Whether `p` is offered (the lock always is).
+    #[must_use]
+    pub fn offers(&self, p: Primitive) -> bool {
+        match p {
+            Primitive::Lock => true,
+            Primitive::Permit { .. } => self.semaphore,
+            Primitive::Read | Primitive::Write => self.rwlock,
+        }
+    }
+}
+
 /// What a backend guarantees; tests and users can ask before relying on a property.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -83,6 +137,8 @@ pub struct Capabilities {
     /// before its holder's own deadline has passed.
     #[serde(serialize_with = "ser_opt_ms", rename = "connection_loss_notice_ms")]
     pub connection_loss_notice: Option<Duration>,
+    /// The primitives beside the lock this backend offers.
+    pub primitives: Primitives,
 }
 
 impl Capabilities {
@@ -100,6 +156,7 @@ impl Capabilities {
             queued_waiting: false,
             session_timeout: None,
             connection_loss_notice: None,
+            primitives: Primitives::NONE,
         }
     }
 }
@@ -170,6 +227,12 @@ impl AcquisitionId {
     pub fn get(self) -> u64 {
         self.0
     }
+
+    /// The id a stored number stands for (a backend reading back what it wrote).
+    #[must_use]
+    pub fn from_raw(raw: u64) -> Self {
+        AcquisitionId(raw)
+    }
 }
 
 impl Default for AcquisitionId {
@@ -215,6 +278,11 @@ pub struct AcquireRequest {
     /// Whether the caller waits when the lock is busy (`false` for `try_lock` and
     /// [`crate::Wait::NoWait`]): a queueing backend may then check before it writes.
     pub will_wait: bool,
+    /// What is asked for: the lock, or a hold of another primitive. A backend refuses
+    /// what its [`Capabilities::primitives`] does not list with [`Error::Unsupported`].
+    /// A waiting writer of a read-write lock comes with `enqueue` set: its entry keeps
+    /// new readers out until it is granted or leaves (`leave_queue`).
+    pub primitive: Primitive,
 }
 
 /// The outcome of one attempt.

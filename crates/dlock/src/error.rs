@@ -112,6 +112,16 @@ pub enum Error {
         /// Cargo feature that provides it.
         feature: String,
     },
+    /// A write hold of a read-write lock asked for by an owner that holds a read of it:
+    /// refused, because two readers upgrading at once would wait for each other
+    /// forever. Release the read first (or take the write from the start).
+    #[error(
+        "read-write lock {name:?}: this owner holds a read; upgrading it to a write is refused (two upgrades would wait for each other forever)"
+    )]
+    UpgradeRefused {
+        /// The read-write lock's name.
+        name: String,
+    },
     /// The backend cannot do what was asked.
     #[error("unsupported: {0}")]
     Unsupported(String),

@@ -67,6 +67,7 @@ pub mod name;
 mod notify;
 mod options;
 mod owner_waits;
+mod rwlock;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod queue;
 #[cfg(feature = "redis")]
@@ -74,6 +75,8 @@ pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
 mod schemes;
+mod semaphore;
+mod shared_holds;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod sql;
 #[cfg(feature = "sqlite")]
@@ -83,11 +86,13 @@ pub mod url;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-pub use backend::{AcquisitionId, Capabilities, Fencing, LockInfo};
+pub use backend::{AcquisitionId, Capabilities, Fencing, LockInfo, Primitive, Primitives};
 pub use error::{Error, LossReason, Result};
 pub use guard::{LockContext, LockGuard};
 pub use locker::Locker;
 pub use multi::MultiGuard;
+pub use rwlock::RwLock;
+pub use semaphore::Semaphore;
 pub use options::{
     DEFAULT_QUEUE_ENTRY_TTL, DEFAULT_TTL, LockOptions, MAX_TTL, MIN_TTL, Metadata, Owner, Renewal,
     Wait,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{
-    AcquireRequest, AcquisitionId, Attempt, Backend, Capabilities, LockInfo, Waiter,
+    AcquireRequest, AcquisitionId, Attempt, Backend, Capabilities, LockInfo, Primitive, Waiter,
 };
 use crate::error::{Error, Result};
 use crate::finish::Finish;
@@ -278,8 +278,18 @@ impl Locker {
     /// Cancel safe: dropping the future leaves nothing held.
     #[tracing::instrument(level = "debug", name = "try_lock", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn try_lock_with(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        self.try_hold(name, opts, Primitive::Lock).await
+    }
+
+    /// One attempt at a hold of `primitive` (the lock, a permit, a read or a write).
+    pub(crate) async fn try_hold(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        primitive: Primitive,
+    ) -> Result<Option<LockGuard>> {
         let call = self.keepers.meters.start();
-        let result = self.try_once(name, opts).await;
+        let result = self.try_once(name, opts, primitive).await;
         let outcome = match &result {
             Ok(Some(_)) => Ended::Granted,
             Ok(None) => Ended::Busy,
@@ -289,8 +299,13 @@ impl Locker {
         result
     }
 
-    async fn try_once(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let (name, req) = self.prepare(name, opts)?;
+    async fn try_once(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        primitive: Primitive,
+    ) -> Result<Option<LockGuard>> {
+        let (name, req) = self.prepare(name, opts, primitive)?;
         let mut cleanup = Cleanup::new(&self.backend, &req);
         let sent_at = Instant::now();
         cleanup.in_flight = true;
@@ -326,10 +341,21 @@ impl Locker {
     /// Cancel safe: dropping the future leaves nothing held and no queue entry behind.
     #[tracing::instrument(level = "debug", name = "lock", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn lock_with(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
+        self.hold_with(name, opts, Primitive::Lock).await
+    }
+
+    /// Acquire a hold of `primitive` (the lock, a permit, a read or a write) through
+    /// the one acquisition loop.
+    pub(crate) async fn hold_with(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        primitive: Primitive,
+    ) -> Result<LockGuard> {
         let meters = &self.keepers.meters;
         let call = meters.start();
         let mut first_busy = None;
-        let result = self.acquire(name, opts, &mut first_busy).await;
+        let result = self.acquire(name, opts, primitive, &mut first_busy).await;
         let outcome = match &result {
             Ok(_) => {
                 if let Some(busy) = first_busy {
@@ -350,9 +376,10 @@ impl Locker {
         &self,
         name: &str,
         opts: &LockOptions,
+        primitive: Primitive,
         first_busy: &mut Option<Instant>,
     ) -> Result<LockGuard> {
-        let (name, mut req) = self.prepare(name, opts)?;
+        let (name, mut req) = self.prepare(name, opts, primitive)?;
         let started = Instant::now();
         let deadline = match opts.wait {
             Wait::Forever => None,
@@ -360,10 +387,12 @@ impl Locker {
             Wait::Timeout(d) => started.checked_add(d),
             Wait::NoWait => Some(started),
         };
-        if opts.fair {
+        req.will_wait = !matches!(opts.wait, Wait::NoWait);
+        // A fair waiter queues; so does a writer that will wait (its entry keeps new
+        // readers out until it is granted or leaves).
+        if opts.fair || (primitive == Primitive::Write && req.will_wait) {
             req.enqueue = Some(opts.queue_entry_ttl);
         }
-        req.will_wait = !matches!(opts.wait, Wait::NoWait);
         // Whatever happens from here on, nothing this acquisition queued may outlive
         // it — and nothing may be cleaned up while one of its attempts still runs.
         let mut cleanup = Cleanup::new(&self.backend, &req);
@@ -428,7 +457,8 @@ impl Locker {
                 }
                 Some((w, owner_wait)) => {
                     let mut step = retry_after.unwrap_or(MAX_WAIT_STEP).min(remaining);
-                    if opts.fair {
+                    if req.enqueue.is_some() {
+                        // Come back in time to refresh the queue entry.
                         step = step.min(opts.queue_entry_ttl / 3);
                     }
                     let waited_from = Instant::now();
@@ -441,6 +471,18 @@ impl Locker {
                 }
             }
         }
+    }
+
+    /// The semaphore `name` with `permits` permits (no I/O until a permit is asked for).
+    #[must_use]
+    pub fn semaphore(&self, name: &str, permits: u32) -> crate::Semaphore {
+        crate::Semaphore::new(self.clone(), name, permits)
+    }
+
+    /// The read-write lock `name` (no I/O until a hold is asked for).
+    #[must_use]
+    pub fn rwlock(&self, name: &str) -> crate::RwLock {
+        crate::RwLock::new(self.clone(), name)
     }
 
     /// Run `f` while holding `name` (default options). `f`'s future is dropped —
@@ -512,10 +554,34 @@ impl Locker {
         self.backend.inspect(&name).await
     }
 
-    fn prepare(&self, name: &str, opts: &LockOptions) -> Result<(LockName, AcquireRequest)> {
+    fn prepare(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        primitive: Primitive,
+    ) -> Result<(LockName, AcquireRequest)> {
         let name = LockName::new(name)?;
         opts.validate()?;
         let caps = self.backend.capabilities();
+        if !caps.primitives.offers(primitive) {
+            return Err(Error::Unsupported(format!(
+                "{} is not offered by {}:// (its capabilities list what it offers)",
+                match primitive {
+                    Primitive::Permit { .. } => "a semaphore",
+                    _ => "a read-write lock",
+                },
+                self.backend.scheme()
+            )));
+        }
+        if primitive != Primitive::Lock && opts.fair {
+            return Err(Error::Unsupported(
+                "fair (FIFO) mode is offered for locks only, not for semaphores or read-write locks"
+                    .into(),
+            ));
+        }
+        if let Primitive::Permit { permits: 0 } = primitive {
+            return Err(Error::option("permits", "a semaphore needs at least 1 permit"));
+        }
         if opts.fair && !caps.fifo {
             return Err(Error::Unsupported(format!(
                 "fair (FIFO) locking is not available on {}://",
@@ -540,6 +606,7 @@ impl Locker {
             attempt: 0,
             will_wait: false,
             metadata: opts.metadata.clone().unwrap_or_else(Metadata::this_process),
+            primitive,
         };
         Ok((name, req))
     }
@@ -794,7 +861,7 @@ mod tests {
         let backend = crate::memory::MemoryBackend::new();
         let locker = Locker::from_backend(backend.clone());
         let (name, req) = locker
-            .prepare("x", &LockOptions::default())
+            .prepare("x", &LockOptions::default(), Primitive::Lock)
             .expect("prepare");
         let Ok(Attempt::Acquired(held)) = backend.try_acquire(&req).await else {
             panic!("not granted");

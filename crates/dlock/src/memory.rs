@@ -15,12 +15,13 @@ use tokio::time::Instant;
 
 use crate::backend::{
     AcquireRequest, AcquisitionId, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo,
-    Waiter,
+    Primitive, Primitives, Waiter,
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::notify::{ChangeHub, wait_change};
 use crate::options::{Metadata, Owner};
+use crate::shared_holds::{EntryKind, LiveEntry, Verdict, decide, family};
 use crate::url::ConnectUrl;
 
 #[derive(Debug)]
@@ -39,12 +40,34 @@ struct QueueEntry {
     expires: Instant,
 }
 
+/// One entry of a semaphore or read-write lock, keyed by its acquisition.
+#[derive(Debug)]
+struct SharedEntry {
+    kind: EntryKind,
+    owner: Owner,
+    acquisition: AcquisitionId,
+    fence: u64,
+    expires: Instant,
+}
+
+/// A semaphore's or read-write lock's entries, and its last token (kept when the
+/// entries are gone, so tokens never repeat).
+#[derive(Debug, Default)]
+struct SharedSet {
+    entries: Vec<SharedEntry>,
+    fence: u64,
+}
+
+/// A semaphore or read-write lock: its family and name.
+type SharedKey = (&'static str, LockName);
+
 #[derive(Debug, Default)]
 struct State {
     locks: HashMap<LockName, Entry>,
     /// Last fencing token per name; kept after release so tokens never repeat.
     fences: HashMap<LockName, u64>,
     queues: HashMap<LockName, Vec<QueueEntry>>,
+    shared: HashMap<SharedKey, SharedSet>,
 }
 
 impl State {
@@ -133,10 +156,14 @@ impl Backend for MemoryBackend {
             queued_waiting: false,
             session_timeout: None,
             connection_loss_notice: None,
+            primitives: Primitives::ALL,
         }
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        if req.primitive != Primitive::Lock {
+            return self.try_shared(req);
+        }
         let this = Arc::clone(&self.store);
         let now = Instant::now();
         let mut st = self.state()?;
@@ -212,6 +239,17 @@ impl Backend for MemoryBackend {
     async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
         let name = &req.name;
         let mut st = self.state()?;
+        if req.primitive != Primitive::Lock {
+            let key = (family(req.primitive), req.name.clone());
+            if let Some(set) = st.shared.get_mut(&key) {
+                set.entries.retain(|e| {
+                    e.acquisition != req.acquisition || e.kind != EntryKind::WantWrite
+                });
+            }
+            drop(st);
+            self.store.changes.notify(name);
+            return Ok(());
+        }
         if let Some(queue) = st.queues.get_mut(name) {
             queue.retain(|q| q.acquisition != req.acquisition);
             if queue.is_empty() {
@@ -277,6 +315,72 @@ impl Backend for MemoryBackend {
 }
 
 impl MemoryBackend {
+    /// An attempt at a permit, read or write ([`crate::shared_holds`]).
+    fn try_shared(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let now = Instant::now();
+        let key = (family(req.primitive), req.name.clone());
+        let mut st = self.state()?;
+        let set = st.shared.entry(key.clone()).or_default();
+        set.entries.retain(|e| e.expires > now);
+        let live: Vec<LiveEntry<'_>> = set
+            .entries
+            .iter()
+            .map(|e| LiveEntry {
+                kind: e.kind,
+                owner: e.owner.as_str(),
+                acquisition: e.acquisition,
+            })
+            .collect();
+        let verdict = decide(req, &live);
+        drop(live);
+        let mine = |e: &SharedEntry| e.acquisition == req.acquisition;
+        match verdict {
+            Verdict::Grant(kind) => {
+                set.entries.retain(|e| !mine(e));
+                set.fence += 1;
+                let fence = set.fence;
+                set.entries.push(SharedEntry {
+                    kind,
+                    owner: req.owner.clone(),
+                    acquisition: req.acquisition,
+                    fence,
+                    expires: now + req.ttl,
+                });
+                Ok(Attempt::Acquired(Box::new(SharedHeld {
+                    store: Arc::clone(&self.store),
+                    key,
+                    acquisition: req.acquisition,
+                    fence,
+                    released: std::sync::atomic::AtomicBool::new(false),
+                })))
+            }
+            Verdict::Busy { want_write } => {
+                if want_write && let Some(entry_ttl) = req.enqueue {
+                    match set.entries.iter_mut().find(|e| mine(e)) {
+                        Some(e) => e.expires = now + entry_ttl,
+                        None => set.entries.push(SharedEntry {
+                            kind: EntryKind::WantWrite,
+                            owner: req.owner.clone(),
+                            acquisition: req.acquisition,
+                            fence: 0,
+                            expires: now + entry_ttl,
+                        }),
+                    }
+                }
+                let retry_after = set
+                    .entries
+                    .iter()
+                    .filter(|e| e.kind.is_hold())
+                    .map(|e| e.expires - now)
+                    .min();
+                Ok(Attempt::Busy { retry_after })
+            }
+            Verdict::UpgradeRefused => Err(Error::UpgradeRefused {
+                name: req.name.as_str().to_owned(),
+            }),
+        }
+    }
+
     /// The capabilities (the same for every store).
     pub(crate) fn capabilities_with(_durable: bool) -> Capabilities {
         MemoryBackend::default().capabilities()
@@ -361,6 +465,59 @@ impl HeldLock for MemoryHeld {
     }
 }
 
+/// One held permit, read or write.
+#[derive(Debug)]
+struct SharedHeld {
+    store: Arc<Store>,
+    key: SharedKey,
+    acquisition: AcquisitionId,
+    fence: u64,
+    released: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl HeldLock for SharedHeld {
+    fn fencing_token(&self) -> u64 {
+        self.fence
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let now = Instant::now();
+        let mut st = self.store.state()?;
+        let entry = st.shared.get_mut(&self.key).and_then(|set| {
+            set.entries.iter_mut().find(|e| {
+                e.acquisition == self.acquisition && e.fence == self.fence && e.expires > now
+            })
+        });
+        match entry {
+            Some(e) => {
+                e.expires = e.expires.max(now + ttl);
+                Ok(())
+            }
+            None => Err(Error::NotOwner {
+                name: self.key.1.as_str().to_owned(),
+            }),
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        if self
+            .released
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        let mut st = self.store.state()?;
+        if let Some(set) = st.shared.get_mut(&self.key) {
+            set.entries
+                .retain(|e| e.acquisition != self.acquisition || e.fence != self.fence);
+        }
+        drop(st);
+        self.store.changes.notify(&self.key.1);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,6 +534,7 @@ mod tests {
             metadata: Metadata::default(),
             attempt: 1,
             will_wait: true,
+            primitive: Primitive::Lock,
         }
     }
 

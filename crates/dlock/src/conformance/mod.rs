@@ -32,6 +32,7 @@ mod crowd;
 mod faults;
 mod fenced;
 mod multi;
+mod primitives;
 mod shared;
 pub use admin::list_shows_the_held_locks;
 pub use behaviours::*;
@@ -39,6 +40,7 @@ pub use crowd::Crowd;
 pub use faults::{wait_until_queued, waiter_cancelled_in_an_outage};
 pub use fenced::{BookReport, FencedBook, SectionId};
 pub use multi::lock_all_is_all_or_nothing_and_never_deadlocks;
+pub use primitives::*;
 pub use shared::*;
 
 /// What a harness's fault proxy (between a client and the server, on loopback) does
@@ -199,6 +201,11 @@ macro_rules! conformance_suite {
             a_waiter_that_left_is_never_handed_the_lock,
             lock_all_is_all_or_nothing_and_never_deadlocks,
             list_shows_the_held_locks,
+            semaphore_admits_at_most_its_permits,
+            semaphore_permit_of_a_dead_holder_frees,
+            rwlock_readers_share_and_a_writer_excludes,
+            rwlock_a_waiting_writer_is_not_starved,
+            rwlock_upgrade_is_refused_and_tokens_increase,
         );
     };
     (@each $harness:expr; $($behaviour:ident),* $(,)?) => {

@@ -712,6 +712,7 @@ fn request(name: &str, owner: &Owner, ttl: Duration) -> crate::backend::AcquireR
         metadata: crate::Metadata::this_process(),
         attempt: 0,
         will_wait: false,
+        primitive: crate::backend::Primitive::Lock,
     }
 }
 

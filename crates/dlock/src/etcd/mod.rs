@@ -1172,6 +1172,7 @@ mod tests {
             metadata: Metadata::default(),
             attempt,
             will_wait: true,
+            primitive: crate::backend::Primitive::Lock,
         }
     }
 

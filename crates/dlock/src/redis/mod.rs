@@ -365,6 +365,7 @@ fn caps(layout: Layout, fencing: Fencing) -> Capabilities {
         queued_waiting: false,
         session_timeout: None,
         connection_loss_notice: None,
+        primitives: crate::backend::Primitives::NONE,
     }
 }
 

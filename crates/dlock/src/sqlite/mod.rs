@@ -56,7 +56,8 @@ use sqlx::{Connection, SqlitePool};
 use tokio::sync::watch;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo, Waiter,
+    AcquireRequest, AcquisitionId, Attempt, Backend, Capabilities, Fencing, HeldLock, LockInfo,
+    Primitive, Primitives, Waiter,
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -65,10 +66,12 @@ use crate::options::{Metadata, Owner};
 use crate::url::ConnectUrl;
 
 mod clock;
+mod shared;
 mod statements;
 
 use clock::{Now, read_boot_id};
 pub use statements::SCHEMA;
+use shared::SharedHold;
 use statements::{Hold, Outcome, Upkeep};
 
 /// Give up retrying a busy database after this long.
@@ -143,6 +146,20 @@ enum Op<'a> {
         name: &'a str,
         entry: &'a str,
     },
+    AcquireShared {
+        req: &'a AcquireRequest,
+        metadata: &'a str,
+    },
+    RenewShared {
+        hold: SharedHold<'a>,
+        ttl: Duration,
+    },
+    ReleaseShared {
+        hold: SharedHold<'a>,
+    },
+    LeaveShared {
+        req: &'a AcquireRequest,
+    },
 }
 
 /// What an operation returned.
@@ -158,9 +175,13 @@ impl Op<'_> {
     /// must be atomic); single statements autocommit.
     fn needs_transaction(&self) -> bool {
         match self {
-            Op::Schema | Op::Collect | Op::LeaveQueue { .. } => true,
+            Op::Schema | Op::Collect | Op::LeaveQueue { .. } | Op::AcquireShared { .. } => true,
             Op::Acquire { req, .. } => req.fair,
-            Op::Renew { .. } | Op::Release { .. } => false,
+            Op::Renew { .. }
+            | Op::Release { .. }
+            | Op::RenewShared { .. }
+            | Op::ReleaseShared { .. }
+            | Op::LeaveShared { .. } => false,
         }
     }
 
@@ -190,6 +211,18 @@ impl Op<'_> {
             Op::Release { hold } => Done::Flag(statements::release(conn, hold).await?),
             Op::LeaveQueue { name, entry } => {
                 statements::leave_queue(conn, name, entry).await?;
+                Done::Nothing
+            }
+            Op::AcquireShared { req, metadata } => {
+                Done::Acquired(shared::acquire(conn, req, now, metadata).await?)
+            }
+            Op::RenewShared { hold, ttl } => Done::Flag(shared::renew(conn, hold, *ttl, now).await?),
+            Op::ReleaseShared { hold } => {
+                shared::release(conn, hold).await?;
+                Done::Nothing
+            }
+            Op::LeaveShared { req } => {
+                shared::leave(conn, req).await?;
                 Done::Nothing
             }
         })
@@ -407,6 +440,9 @@ impl Backend for SqliteBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        if req.primitive != Primitive::Lock {
+            return self.try_shared(req).await;
+        }
         let inner = &self.inner;
         // After a busy first attempt, read first: a lock plainly held by someone else
         // needs no write unless a queue place must be taken or refreshed.
@@ -457,6 +493,11 @@ impl Backend for SqliteBackend {
 
     async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
         if req.enqueue.is_none() {
+            return Ok(());
+        }
+        if req.primitive != Primitive::Lock {
+            self.inner.run(Op::LeaveShared { req }).await?;
+            self.inner.changes.notify(&req.name);
             return Ok(());
         }
         let entry = statements::queue_entry(req);
@@ -593,6 +634,108 @@ impl HeldLock for SqliteHeld {
     }
 }
 
+impl SqliteBackend {
+    /// An attempt at a permit, read or write ([`shared`]).
+    async fn try_shared(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let metadata = serde_json::to_string(&req.metadata).unwrap_or_else(|_| "{}".into());
+        let done = self
+            .inner
+            .run(Op::AcquireShared {
+                req,
+                metadata: &metadata,
+            })
+            .await?;
+        Ok(match done {
+            Done::Acquired(Outcome::Granted(fence)) => {
+                Attempt::Acquired(Box::new(SqliteSharedHeld {
+                    inner: Arc::clone(&self.inner),
+                    name: req.name.clone(),
+                    family: crate::shared_holds::family(req.primitive),
+                    owner: req.owner.clone(),
+                    acquisition: req.acquisition,
+                    fence: i64::try_from(fence).unwrap_or(i64::MAX),
+                    released: AtomicBool::new(false),
+                }))
+            }
+            Done::Acquired(Outcome::Busy(retry_after)) => Attempt::Busy { retry_after },
+            Done::Acquired(Outcome::Refused) => {
+                return Err(Error::UpgradeRefused {
+                    name: req.name.as_str().to_owned(),
+                });
+            }
+            other => {
+                return Err(Error::backend(
+                    "sqlite",
+                    format!("unexpected outcome {other:?}"),
+                ));
+            }
+        })
+    }
+}
+
+/// One held permit, read or write.
+#[derive(Debug)]
+struct SqliteSharedHeld {
+    inner: Arc<Inner>,
+    name: LockName,
+    family: &'static str,
+    owner: Owner,
+    acquisition: AcquisitionId,
+    fence: i64,
+    released: AtomicBool,
+}
+
+impl SqliteSharedHeld {
+    fn hold(&self) -> SharedHold<'_> {
+        SharedHold {
+            name: self.name.as_str(),
+            family: self.family,
+            owner: self.owner.as_str(),
+            acquisition: self.acquisition,
+            fence: self.fence,
+        }
+    }
+}
+
+#[async_trait]
+impl HeldLock for SqliteSharedHeld {
+    fn fencing_token(&self) -> u64 {
+        u64::try_from(self.fence).unwrap_or(0)
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        match self
+            .inner
+            .run(Op::RenewShared {
+                hold: self.hold(),
+                ttl,
+            })
+            .await?
+        {
+            Done::Flag(true) => Ok(()),
+            _ => Err(Error::NotOwner {
+                name: self.name.as_str().to_owned(),
+            }),
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        match self.inner.run(Op::ReleaseShared { hold: self.hold() }).await {
+            Ok(_) => {
+                self.inner.changes.notify(&self.name);
+                Ok(())
+            }
+            Err(e) => {
+                self.released.store(false, Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+}
+
 /// What an SQLite backend guarantees: `durable` with `synchronous=full`, across
 /// processes for a file (not for `sqlite::memory:`).
 fn caps(durable: bool, cross_process: bool) -> Capabilities {
@@ -611,6 +754,7 @@ fn caps(durable: bool, cross_process: bool) -> Capabilities {
         queued_waiting: false,
         session_timeout: None,
         connection_loss_notice: None,
+        primitives: Primitives::ALL,
     }
 }
 
@@ -637,6 +781,7 @@ mod tests {
             metadata: Metadata::default(),
             attempt: 0,
             will_wait: false,
+            primitive: crate::backend::Primitive::Lock,
         }
     }
 

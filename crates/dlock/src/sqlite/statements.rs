@@ -41,6 +41,19 @@ CREATE TABLE IF NOT EXISTS dlock_queue (
     PRIMARY KEY (name, owner)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS dlock_queue_order ON dlock_queue (name, seq);
+CREATE TABLE IF NOT EXISTS dlock_shared (
+    name            TEXT NOT NULL,
+    family          TEXT NOT NULL,
+    owner           TEXT NOT NULL,
+    acquisition     INTEGER NOT NULL,
+    kind            TEXT NOT NULL,
+    fence           INTEGER NOT NULL,
+    boot_id         TEXT NOT NULL,
+    expires_boot_ms INTEGER NOT NULL,
+    expires_wall_ms INTEGER NOT NULL,
+    metadata        TEXT NOT NULL,
+    PRIMARY KEY (name, family, owner, acquisition)
+) WITHOUT ROWID;
 ";
 
 /// Rows dead (expired or released) for this long are collected.
@@ -132,17 +145,19 @@ pub(super) struct LockRow {
 pub(super) enum Outcome {
     Granted(u64),
     Busy(Option<Duration>),
+    /// A write asked for by an owner holding a read (read-write locks).
+    Refused,
 }
 
 /// Whether all of dlock's tables exist.
 async fn schema_present(conn: &mut SqliteConnection) -> sqlx::Result<bool> {
     let present: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
-         AND name IN ('dlock_locks', 'dlock_counters', 'dlock_queue')",
+         AND name IN ('dlock_locks', 'dlock_counters', 'dlock_queue', 'dlock_shared')",
     )
     .fetch_one(&mut *conn)
     .await?;
-    Ok(present == 3)
+    Ok(present == 4)
 }
 
 pub(super) async fn create_schema(conn: &mut SqliteConnection) -> sqlx::Result<()> {
@@ -181,6 +196,13 @@ pub(super) async fn collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Res
          WHERE name = 'fence'"
     );
     sqlx::query(sqlx::AssertSqlSafe(fold))
+        .bind(&*now.boot_id)
+        .bind(cut_boot)
+        .bind(cut_wall)
+        .execute(&mut *conn)
+        .await?;
+    let shared = format!("DELETE FROM dlock_shared WHERE {DEAD}");
+    sqlx::query(sqlx::AssertSqlSafe(shared))
         .bind(&*now.boot_id)
         .bind(cut_boot)
         .bind(cut_wall)

@@ -1,0 +1,467 @@
+//! Semaphores and read-write locks ([`crate::Locker::semaphore`],
+//! [`crate::Locker::rwlock`]): judged by a racy store of their own here — who is
+//! inside, counted at entry — never by asking the primitive.
+//!
+//! A backend whose [`crate::Capabilities::primitives`] does not list a primitive must
+//! refuse it with [`Error::Unsupported`]; the behaviours check that and stop there.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Harness, eventually, unique};
+use crate::{Error, LockGuard, LockOptions, Locker, Owner, Renewal, Wait};
+
+/// Whether `locker` offers semaphores; if not, check that it says so when asked.
+async fn offers_semaphore(locker: &Locker) -> bool {
+    if locker.capabilities().primitives.semaphore {
+        return true;
+    }
+    match locker.semaphore(&unique("nosem"), 2).try_acquire().await {
+        Err(Error::Unsupported(_)) => false,
+        other => panic!("a backend without semaphores answered {other:?}, not Unsupported"),
+    }
+}
+
+/// Whether `locker` offers read-write locks; if not, check that it says so when asked.
+async fn offers_rwlock(locker: &Locker) -> bool {
+    if locker.capabilities().primitives.rwlock {
+        return true;
+    }
+    match locker.rwlock(&unique("norw")).try_read().await {
+        Err(Error::Unsupported(_)) => false,
+        other => panic!("a backend without read-write locks answered {other:?}, not Unsupported"),
+    }
+}
+
+/// Who is inside, as the protected resource sees it.
+#[derive(Debug, Default)]
+struct Room {
+    /// Inside now: section id → (owner, writer?).
+    inside: HashMap<u64, (String, bool)>,
+    next: u64,
+    most: usize,
+    tokens: HashSet<u64>,
+    violations: Vec<String>,
+    sections: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct SharedRoom(Arc<Mutex<Room>>);
+
+impl SharedRoom {
+    fn room(&self) -> std::sync::MutexGuard<'_, Room> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A holder enters with its grant's token; `limit`: at most this many inside (a
+    /// semaphore), `writer`: a read-write lock's writer (`Some(false)`: a reader).
+    fn enter(&self, token: u64, owner: &str, limit: Option<usize>, writer: Option<bool>) -> u64 {
+        let mut r = self.room();
+        if !r.tokens.insert(token) {
+            r.violations.push(format!("token {token} granted twice"));
+        }
+        if let Some(limit) = limit
+            && r.inside.len() >= limit
+        {
+            let n = r.inside.len() + 1;
+            r.violations
+                .push(format!("{n} permit holders inside a semaphore of {limit}"));
+        }
+        if let Some(writer) = writer {
+            let clash = r
+                .inside
+                .values()
+                .any(|(o, w)| o != owner && (writer || *w));
+            if clash {
+                r.violations.push(format!(
+                    "a {} entered while another owner's {} was inside",
+                    if writer { "writer" } else { "reader" },
+                    if writer { "holder" } else { "writer" }
+                ));
+            }
+        }
+        r.next += 1;
+        r.sections += 1;
+        let id = r.next;
+        r.inside
+            .insert(id, (owner.to_owned(), writer.unwrap_or(false)));
+        r.most = r.most.max(r.inside.len());
+        id
+    }
+
+    fn exit(&self, id: u64, still_held: bool, what: &str) {
+        let mut r = self.room();
+        r.inside.remove(&id);
+        if !still_held {
+            r.violations
+                .push(format!("a {what} was lost while inside (its lease is long)"));
+        }
+    }
+}
+
+/// One section: work a little inside, then leave and release.
+async fn inside(room: &SharedRoom, g: LockGuard, limit: Option<usize>, writer: Option<bool>) {
+    let id = room.enter(g.fencing_token(), g.owner().as_str(), limit, writer);
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(1..8))).await;
+    room.exit(id, g.is_held(), if limit.is_some() { "permit" } else { "hold" });
+    g.release().await.expect("release");
+}
+
+/// Options for a crowd task: a long lease (no legitimate loss), a random way to wait.
+fn crowd_opts(owner: Option<&Owner>) -> LockOptions {
+    let wait = match fastrand::u8(0..3) {
+        0 => Wait::Forever,
+        1 => Wait::Timeout(Duration::from_millis(fastrand::u64(1..300))),
+        _ => Wait::NoWait,
+    };
+    let opts = LockOptions::new().ttl(Duration::from_secs(15)).wait(wait);
+    match owner {
+        Some(o) => opts.owner(o.clone()),
+        None => opts,
+    }
+}
+
+/// A semaphore of 3: ten tasks on two lockers (four of them sharing one owner) take
+/// permits with waits without end, random timeouts, no-wait attempts and
+/// cancellations, for a bounded time. Never more than 3 inside, every token granted
+/// once, 3 inside at once at some point (it is a semaphore of 3, not a lock); then 3
+/// permits can be taken at once and a 4th cannot — nothing was left held.
+///
+/// # Panics
+/// On more than 3 holders, a token granted twice, a permit left held, or a backend
+/// without semaphores that does not refuse them.
+pub async fn semaphore_admits_at_most_its_permits(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    if !offers_semaphore(&a).await {
+        return;
+    }
+    let name = unique("sem");
+    let room = SharedRoom::default();
+    let shared = Owner::random();
+    let stop = Instant::now() + Duration::from_secs(4);
+    let mut tasks = Vec::new();
+    for t in 0..10 {
+        let sem = if t % 2 == 0 { &a } else { &b }.semaphore(&name, 3);
+        let room = room.clone();
+        let owner = (t < 4).then(|| shared.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..40 {
+                if Instant::now() >= stop {
+                    break;
+                }
+                let opts = crowd_opts(owner.as_ref());
+                let attempt = sem.acquire_with(&opts);
+                let got = if fastrand::u8(0..4) == 0 {
+                    // Cancelled after a random while, whatever the attempt was doing.
+                    let cut = Duration::from_millis(fastrand::u64(0..50));
+                    match tokio::time::timeout(cut, attempt).await {
+                        Ok(r) => r,
+                        Err(_) => continue,
+                    }
+                } else {
+                    attempt.await
+                };
+                match got {
+                    Ok(g) => inside(&room, g, Some(3), None).await,
+                    Err(Error::Timeout { .. }) => {}
+                    Err(e) => panic!("permit: {e}"),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("the crowd finished")
+            .expect("task");
+    }
+    // Three at once, held together (a cancelled attempt may finish giving back its
+    // grant in the background for a moment: wait for it, a lease is 15 s).
+    let sem = a.semaphore(&name, 3);
+    let mut held = Vec::new();
+    let give_up = Instant::now() + Duration::from_secs(3);
+    while held.len() < 3 && Instant::now() < give_up {
+        match sem.try_acquire().await.expect("try_acquire") {
+            Some(g) => held.push(g),
+            None => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    assert!(
+        held.len() == 3,
+        "only {} of 3 permits free after the crowd: one was left held",
+        held.len()
+    );
+    let fourth = b.semaphore(&name, 3).try_acquire().await.expect("try");
+    assert!(fourth.is_none(), "a 4th permit of a semaphore of 3");
+    let mut tokens: Vec<u64> = held.iter().map(LockGuard::fencing_token).collect();
+    let sorted = {
+        let mut t = tokens.clone();
+        t.sort_unstable();
+        t
+    };
+    assert_eq!(tokens, sorted, "tokens of successive grants are not increasing");
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "a token granted twice");
+    for g in held {
+        g.release().await.expect("release");
+    }
+    let r = room.room();
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert!(r.sections > 20, "only {} sections: the test proves little", r.sections);
+    assert_eq!(r.most, 3, "never 3 permit holders at once");
+}
+
+/// A permit whose holder vanished without releasing (a crash: its renewals stop) is
+/// free once its lease ends — within TTL (or the session timeout) plus 0.5 s — and no
+/// sooner than the lease allows while it lives.
+///
+/// # Panics
+/// When the permit stays taken, or is given to another before its holder is gone.
+pub async fn semaphore_permit_of_a_dead_holder_frees(h: &Harness) {
+    let locker = h.locker().await;
+    if !offers_semaphore(&locker).await {
+        return;
+    }
+    let name = unique("semdead");
+    let ttl = Duration::from_millis(800);
+    let sem = locker.semaphore(&name, 1);
+    let dead = sem
+        .acquire_with(&LockOptions::new().ttl(ttl).renewal(Renewal::Off))
+        .await
+        .expect("permit");
+    let taken = Instant::now();
+    // What a crash leaves: the hold is neither renewed nor released.
+    std::mem::forget(dead);
+    let other = h.locker().await.semaphore(&name, 1);
+    assert!(
+        other.try_acquire().await.expect("try").is_none(),
+        "the only permit given twice"
+    );
+    let bound = locker.capabilities().session_timeout.unwrap_or(ttl) + Duration::from_millis(500);
+    let g = other
+        .acquire_timeout(bound + Duration::from_secs(2))
+        .await
+        .expect("the dead holder's permit was never freed");
+    let freed = taken.elapsed();
+    assert!(freed < bound + Duration::from_millis(300), "freed after {freed:?}");
+    g.release().await.expect("release");
+}
+
+/// Eight tasks on two lockers, readers and writers (a writer and a reader sharing an
+/// owner among them), with random waits and cancellations: a writer is never inside
+/// with another owner's reader or writer, readers are inside together, and nothing is
+/// left held.
+///
+/// # Panics
+/// On a writer overlapping another owner, readers that never overlap, or a hold left.
+pub async fn rwlock_readers_share_and_a_writer_excludes(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    if !offers_rwlock(&a).await {
+        return;
+    }
+    let name = unique("rw");
+    let room = SharedRoom::default();
+    let shared = Owner::random();
+    let stop = Instant::now() + Duration::from_secs(4);
+    let readers_together = Arc::new(Mutex::new(0usize));
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let rw = if t % 2 == 0 { &a } else { &b }.rwlock(&name);
+        let room = room.clone();
+        let together = Arc::clone(&readers_together);
+        let writer = t % 4 == 0 || t == 5;
+        let owner = (t == 0 || t == 1).then(|| shared.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..40 {
+                if Instant::now() >= stop {
+                    break;
+                }
+                let opts = crowd_opts(owner.as_ref());
+                let attempt = async {
+                    if writer {
+                        rw.write_with(&opts).await
+                    } else {
+                        rw.read_with(&opts).await
+                    }
+                };
+                let got = if fastrand::u8(0..4) == 0 {
+                    let cut = Duration::from_millis(fastrand::u64(0..50));
+                    match tokio::time::timeout(cut, attempt).await {
+                        Ok(r) => r,
+                        Err(_) => continue,
+                    }
+                } else {
+                    attempt.await
+                };
+                match got {
+                    Ok(g) => {
+                        if !writer {
+                            let n = room.room().inside.len();
+                            let mut most = together.lock().unwrap_or_else(|p| p.into_inner());
+                            *most = (*most).max(n + 1);
+                        }
+                        inside(&room, g, None, Some(writer)).await;
+                    }
+                    // The shared owner's writer while its reader holds.
+                    Err(Error::Timeout { .. } | Error::UpgradeRefused { .. }) => {}
+                    Err(e) => panic!("{}: {e}", if writer { "write" } else { "read" }),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("the crowd finished")
+            .expect("task");
+    }
+    let rw = a.rwlock(&name);
+    let came = eventually(Duration::from_secs(3), || {
+        let rw = rw.clone();
+        async move {
+            match rw.try_write().await.expect("try_write") {
+                Some(g) => {
+                    g.release().await.expect("release");
+                    true
+                }
+                None => false,
+            }
+        }
+    })
+    .await;
+    assert!(came, "the write is not free after the crowd: a hold was left");
+    let r = room.room();
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert!(r.sections > 20, "only {} sections: the test proves little", r.sections);
+    let together = *readers_together.lock().unwrap_or_else(|p| p.into_inner());
+    assert!(together >= 2, "readers were never inside together");
+}
+
+/// Two readers keep the lock read without a gap; a writer that comes is granted within
+/// its wait all the same (new readers wait behind it), and a writer that gave up (timed
+/// out, or cancelled) keeps no reader out afterwards.
+///
+/// # Panics
+/// When the writer is starved, or a writer that left still blocks readers.
+pub async fn rwlock_a_waiting_writer_is_not_starved(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    if !offers_rwlock(&a).await {
+        return;
+    }
+    let name = unique("rwstarve");
+    let stop = Instant::now() + Duration::from_secs(6);
+    let mut readers = Vec::new();
+    for r in 0..2u64 {
+        let rw = a.rwlock(&name);
+        readers.push(tokio::spawn(async move {
+            // Staggered, each re-reading at once: the lock is never without a reader.
+            tokio::time::sleep(Duration::from_millis(40 * r)).await;
+            let mut reads = 0u32;
+            while Instant::now() < stop {
+                let g = rw.read().await.expect("read");
+                tokio::time::sleep(Duration::from_millis(80)).await;
+                g.release().await.expect("release");
+                reads += 1;
+            }
+            reads
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let writer = b.rwlock(&name);
+    let started = Instant::now();
+    let g = writer
+        .write_timeout(Duration::from_secs(4))
+        .await
+        .expect("a writer starved by a stream of readers");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the writer waited {:?}",
+        started.elapsed()
+    );
+    g.release().await.expect("release");
+    for r in readers {
+        assert!(r.await.expect("reader") > 2, "the readers hardly read");
+    }
+
+    // A writer that times out, and one that is cancelled, leave no entry behind that
+    // would keep readers out (their entries would live 10 s).
+    let reader = a.rwlock(&name).read().await.expect("read");
+    let left = LockOptions::new()
+        .wait(Wait::Timeout(Duration::from_millis(200)))
+        .queue_entry_ttl(Duration::from_secs(10));
+    match b.rwlock(&name).write_with(&left).await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("a write while a read is held: {other:?}"),
+    }
+    let in_again = b.rwlock(&name).try_read().await.expect("try_read");
+    assert!(in_again.is_some(), "a writer that timed out keeps readers out");
+    if let Some(g) = in_again {
+        g.release().await.expect("release");
+    }
+    let forever = LockOptions::new().queue_entry_ttl(Duration::from_secs(10));
+    let rw = b.rwlock(&name);
+    let cancelled = tokio::time::timeout(Duration::from_millis(200), rw.write_with(&forever));
+    assert!(cancelled.await.is_err(), "a write while a read is held");
+    let rw = b.rwlock(&name);
+    let reads_again = eventually(Duration::from_secs(2), || {
+        let rw = rw.clone();
+        async move {
+            match rw.try_read().await.expect("try_read") {
+                Some(g) => {
+                    g.release().await.expect("release");
+                    true
+                }
+                None => false,
+            }
+        }
+    })
+    .await;
+    assert!(reads_again, "a cancelled writer keeps readers out");
+    reader.release().await.expect("release");
+}
+
+/// An owner holding a read that asks to write is refused with
+/// [`Error::UpgradeRefused`] (at once, not after a wait); the writer may read; tokens
+/// strictly increase over read and write grants.
+///
+/// # Panics
+/// When an upgrade waits or is granted, or tokens do not increase.
+pub async fn rwlock_upgrade_is_refused_and_tokens_increase(h: &Harness) {
+    let locker = h.locker().await;
+    if !offers_rwlock(&locker).await {
+        return;
+    }
+    let rw = locker.rwlock(&unique("rwup"));
+    let me = Owner::random();
+    let mine = LockOptions::new().owner(me.clone());
+    let r1 = rw.read_with(&mine).await.expect("read");
+    let started = Instant::now();
+    match rw
+        .write_with(&mine.clone().wait(Wait::Timeout(Duration::from_secs(5))))
+        .await
+    {
+        Err(Error::UpgradeRefused { .. }) => {}
+        other => panic!("an upgrade answered {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "the refusal waited");
+    let r2 = rw.read().await.expect("a second reader");
+    assert!(r2.fencing_token() > r1.fencing_token());
+    let read_token = r2.fencing_token();
+    r1.release().await.expect("release");
+    r2.release().await.expect("release");
+    let w = rw.write_with(&mine).await.expect("write");
+    assert!(w.fencing_token() > read_token, "a write's token below a read's");
+    let under = rw.read_with(&mine).await.expect("the writer reads");
+    assert!(under.fencing_token() > w.fencing_token());
+    assert!(
+        rw.try_read().await.expect("try_read").is_none(),
+        "another owner read under a write"
+    );
+    under.release().await.expect("release");
+    w.release().await.expect("release");
+}

@@ -1,0 +1,166 @@
+//! [`RwLock`]: many readers or one writer, every grant fenced.
+
+use std::time::Duration;
+
+use crate::backend::Primitive;
+use crate::error::Result;
+use crate::guard::LockGuard;
+use crate::locker::Locker;
+use crate::options::{LockOptions, Wait};
+
+/// A read-write lock of a [`Locker`]'s backend: any number of readers together, or one
+/// writer alone. Made by [`Locker::rwlock`]; cheap to clone.
+///
+/// A read or write hold is a [`LockGuard`] (fencing token, renewal, `lost()`,
+/// `release`, a lease that frees it when its holder dies). Tokens are strictly
+/// increasing over every grant of the lock, read or write, so a fenced resource can
+/// refuse a writer whose lock was taken over.
+///
+/// **A waiting writer goes first:** while a writer waits, new readers wait behind it
+/// (a stream of readers cannot starve it) — except a reader whose owner already holds
+/// the lock. Writers among themselves are not ordered. An owner holding a read that
+/// asks to write gets [`crate::Error::UpgradeRefused`] (two readers upgrading at once
+/// would wait for each other forever); an owner holding the write may also read.
+///
+/// ```no_run
+/// # async fn demo(locker: dlock::Locker) -> dlock::Result<()> {
+/// let prices = locker.rwlock("price-table");
+/// let reading = prices.read().await?;
+/// reading.release().await?;
+/// let writing = prices.write().await?;
+/// // no reader and no other writer is here; pass writing.fencing_token() to the store
+/// writing.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RwLock {
+    locker: Locker,
+    name: String,
+}
+
+impl RwLock {
+    pub(crate) fn new(locker: Locker, name: &str) -> Self {
+        RwLock {
+            locker,
+            name: name.to_owned(),
+        }
+    }
+
+    /// The lock's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn forever(&self) -> LockOptions {
+        LockOptions {
+            wait: Wait::Forever,
+            ..self.locker.default_options()
+        }
+    }
+
+    /// Take a read hold, waiting as long as it takes.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] where the backend offers no read-write lock
+    /// ([`crate::Capabilities::primitives`]), [`crate::Error::InvalidName`], backend
+    /// errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing held.
+    pub async fn read(&self) -> Result<LockGuard> {
+        self.read_with(&self.forever()).await
+    }
+
+    /// Take the write hold, waiting as long as it takes.
+    ///
+    /// # Errors
+    /// As [`RwLock::read`], plus [`crate::Error::UpgradeRefused`] when this owner
+    /// holds a read.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing held and no waiting entry behind.
+    pub async fn write(&self) -> Result<LockGuard> {
+        self.write_with(&self.forever()).await
+    }
+
+    /// Take a read hold with explicit options (`fair` is refused).
+    ///
+    /// # Errors
+    /// As [`RwLock::read`], plus [`crate::Error::Timeout`] when `opts.wait` runs out.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing held.
+    pub async fn read_with(&self, opts: &LockOptions) -> Result<LockGuard> {
+        self.locker.hold_with(&self.name, opts, Primitive::Read).await
+    }
+
+    /// Take the write hold with explicit options (`fair` is refused).
+    ///
+    /// # Errors
+    /// As [`RwLock::write`], plus [`crate::Error::Timeout`] when `opts.wait` runs out.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves nothing held and no waiting entry behind.
+    pub async fn write_with(&self, opts: &LockOptions) -> Result<LockGuard> {
+        self.locker
+            .hold_with(&self.name, opts, Primitive::Write)
+            .await
+    }
+
+    /// Take a read hold, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As [`RwLock::read_with`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn read_timeout(&self, timeout: Duration) -> Result<LockGuard> {
+        let opts = LockOptions {
+            wait: Wait::Timeout(timeout),
+            ..self.locker.default_options()
+        };
+        self.read_with(&opts).await
+    }
+
+    /// Take the write hold, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As [`RwLock::write_with`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn write_timeout(&self, timeout: Duration) -> Result<LockGuard> {
+        let opts = LockOptions {
+            wait: Wait::Timeout(timeout),
+            ..self.locker.default_options()
+        };
+        self.write_with(&opts).await
+    }
+
+    /// One read attempt: `Ok(None)` when a writer holds or waits.
+    ///
+    /// # Errors
+    /// As [`RwLock::read`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn try_read(&self) -> Result<Option<LockGuard>> {
+        self.locker
+            .try_hold(&self.name, &self.locker.default_options(), Primitive::Read)
+            .await
+    }
+
+    /// One write attempt: `Ok(None)` when anyone holds the lock.
+    ///
+    /// # Errors
+    /// As [`RwLock::write`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn try_write(&self) -> Result<Option<LockGuard>> {
+        self.locker
+            .try_hold(&self.name, &self.locker.default_options(), Primitive::Write)
+            .await
+    }
+}
