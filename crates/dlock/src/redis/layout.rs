@@ -171,6 +171,12 @@ pub(crate) fn suffixed(prefix: &str, name: &str) -> String {
     key
 }
 
+pub(crate) static SHARED_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/shared_acquire.lua")));
+pub(crate) static SHARED_RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/shared_renew.lua")));
+pub(crate) static SHARED_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/shared_release.lua")));
 pub(crate) static REDISSON_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_acquire.lua")));
 pub(crate) static REDISSON_FAIR_ACQUIRE: LazyLock<Script> =

@@ -102,6 +102,7 @@ mod conn;
 mod handoff;
 pub(crate) mod layout;
 mod renewer;
+mod shared;
 mod subscriber;
 mod tls;
 
@@ -365,7 +366,7 @@ fn caps(layout: Layout, fencing: Fencing) -> Capabilities {
         queued_waiting: false,
         session_timeout: None,
         connection_loss_notice: None,
-        primitives: crate::backend::Primitives::NONE,
+        primitives: crate::backend::Primitives::ALL,
     }
 }
 
@@ -648,6 +649,9 @@ impl Backend for RedisBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        if req.primitive != crate::backend::Primitive::Lock {
+            return shared::try_acquire(&self.inner, req).await;
+        }
         let inner = &self.inner;
         let keys = inner.keys(&req.name);
         // A nonce per attempt: if the connection drops after the server ran the script
@@ -783,6 +787,15 @@ impl Backend for RedisBackend {
 
     async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         let inner = &self.inner;
+        if req.primitive != crate::backend::Primitive::Lock {
+            let keys = shared::SharedKeys::new(inner, &req.name, req.primitive);
+            let watch = inner.subscriber.watch(&keys.channel).await.ok();
+            return Ok(Box::new(RedisWaiter {
+                watch,
+                poll: inner.poll,
+                slot: None,
+            }));
+        }
         if !inner.layout.publishes() {
             return Ok(Box::new(PollingWaiter {
                 interval: inner.poll,
@@ -826,6 +839,9 @@ impl Backend for RedisBackend {
     }
 
     async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
+        if req.primitive == crate::backend::Primitive::Write && req.enqueue.is_some() {
+            return shared::leave(&self.inner, req).await;
+        }
         if !req.fair {
             return Ok(());
         }

@@ -1,0 +1,192 @@
+//! Semaphores and read-write locks on Redis: dlock's own layout (no peer client keeps
+//! these primitives in a layout dlock could share and test against here).
+//!
+//! A semaphore `NAME` keeps its entries in the hash `dlock_semaphore:{NAME}`
+//! (acquisition → `kind token owner`) with their expiries, on the server's clock, in
+//! the sorted set `dlock_semaphore_expiry:{NAME}`; tokens come from
+//! `dlock_semaphore_token:{NAME}` (`INCR`); releases are published on
+//! `dlock_semaphore_channel:{NAME}`. A read-write lock uses the same keys with
+//! `dlock_rwlock`. One script decides each attempt (`shared_acquire.lua`, the rule of
+//! [`crate::shared_holds`]); an attempt whose reply was lost is undone by acquisition
+//! (`shared_release.lua` with `any`), so no orphan permit outlives the failed call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::layout::{self, suffixed};
+use super::{Inner, map_err, uncertain};
+use crate::backend::{AcquireRequest, Attempt, HeldLock, Primitive};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+
+/// The keys of one semaphore or read-write lock.
+#[derive(Debug, Clone)]
+pub(super) struct SharedKeys {
+    entries: String,
+    expiry: String,
+    token: String,
+    pub channel: String,
+}
+
+impl SharedKeys {
+    pub(super) fn new(inner: &Inner, name: &LockName, primitive: Primitive) -> Self {
+        let base = if inner.prefix.is_empty() {
+            name.as_str().to_owned()
+        } else {
+            format!("{}{}", inner.prefix, name.as_str())
+        };
+        let family = crate::shared_holds::family(primitive);
+        SharedKeys {
+            entries: suffixed(&format!("dlock_{family}"), &base),
+            expiry: suffixed(&format!("dlock_{family}_expiry"), &base),
+            token: suffixed(&format!("dlock_{family}_token"), &base),
+            channel: suffixed(&format!("dlock_{family}_channel"), &base),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Remove what `acquisition` has under `keys`: `what` is a token, `want` or `any`.
+async fn remove(inner: &Inner, keys: &SharedKeys, acquisition: &str, what: &str) -> Result<()> {
+    let _: i64 = layout::SHARED_RELEASE
+        .key(&keys.entries)
+        .key(&keys.expiry)
+        .key(&keys.channel)
+        .arg(acquisition)
+        .arg(what)
+        .invoke_async(&mut inner.conn.clone())
+        .await
+        .map_err(|e| map_err(&e))?;
+    Ok(())
+}
+
+/// An attempt at a permit, read or write.
+pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Result<Attempt> {
+    let keys = SharedKeys::new(inner, &req.name, req.primitive);
+    let acquisition = req.acquisition.to_string();
+    let (asked, permits) = match req.primitive {
+        Primitive::Permit { permits } => ("permit", permits),
+        Primitive::Read => ("read", 0),
+        _ => ("write", 0),
+    };
+    let want_ttl = match req.enqueue {
+        Some(ttl) if req.primitive == Primitive::Write => millis(ttl),
+        _ => 0,
+    };
+    let answer: redis::RedisResult<(i64, i64)> = layout::SHARED_ACQUIRE
+        .key(&keys.entries)
+        .key(&keys.expiry)
+        .key(&keys.token)
+        .arg(&acquisition)
+        .arg(req.owner.as_str())
+        .arg(asked)
+        .arg(permits)
+        .arg(millis(req.ttl))
+        .arg(want_ttl)
+        .invoke_async(&mut inner.conn.clone())
+        .await;
+    match answer {
+        Ok((1, token)) => Ok(Attempt::Acquired(Box::new(RedisSharedHeld {
+            inner: Arc::clone(inner),
+            name: req.name.clone(),
+            keys,
+            acquisition,
+            token: u64::try_from(token).unwrap_or(0),
+            released: std::sync::atomic::AtomicBool::new(false),
+        }))),
+        Ok((0, left)) => Ok(Attempt::Busy {
+            retry_after: u64::try_from(left)
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis),
+        }),
+        Ok(_) => Err(Error::UpgradeRefused {
+            name: req.name.as_str().to_owned(),
+        }),
+        Err(e) => {
+            if uncertain(&e) {
+                // The script may have granted: undo whatever this acquisition left
+                // (it ends with this error, so nothing of it can still arrive).
+                let (inner, keys) = (Arc::clone(inner), keys.clone());
+                tokio::spawn(async move {
+                    for pause in [10u64, 100, 1000] {
+                        if remove(&inner, &keys, &acquisition, "any").await.is_ok() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                    }
+                });
+            }
+            Err(map_err(&e))
+        }
+    }
+}
+
+/// Remove a waiting writer's entry (`leave_queue`).
+pub(super) async fn leave(inner: &Inner, req: &AcquireRequest) -> Result<()> {
+    let keys = SharedKeys::new(inner, &req.name, req.primitive);
+    remove(inner, &keys, &req.acquisition.to_string(), "want").await
+}
+
+/// One held permit, read or write.
+struct RedisSharedHeld {
+    inner: Arc<Inner>,
+    name: LockName,
+    keys: SharedKeys,
+    acquisition: String,
+    token: u64,
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for RedisSharedHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSharedHeld")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl HeldLock for RedisSharedHeld {
+    fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        let renewed: i64 = layout::SHARED_RENEW
+            .key(&self.keys.entries)
+            .key(&self.keys.expiry)
+            .arg(&self.acquisition)
+            .arg(self.token)
+            .arg(millis(ttl))
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| map_err(&e))?;
+        if renewed == 1 {
+            Ok(())
+        } else {
+            Err(Error::NotOwner {
+                name: self.name.as_str().to_owned(),
+            })
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let token = self.token.to_string();
+        let done = remove(&self.inner, &self.keys, &self.acquisition, &token).await;
+        if done.is_err() {
+            self.released.store(false, Ordering::SeqCst);
+        }
+        done
+    }
+}
