@@ -329,6 +329,18 @@ pub struct RunArgs {
     /// (`DLOCK_FENCING_TOKENS`).
     #[arg(long, value_name = "NAME")]
     pub also: Vec<String>,
+    /// Take a permit of the semaphore NAME, which has N permits (at most N commands
+    /// run at once under it; `DLOCK_FENCING_TOKEN` is the permit's token).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), conflicts_with_all = ["also", "fair", "read", "write"])]
+    pub permits: Option<u32>,
+    /// Take a read hold of the read-write lock NAME (readers run together; a waiting
+    /// writer goes first).
+    #[arg(long, conflicts_with_all = ["also", "fair", "write"])]
+    pub read: bool,
+    /// Take the write hold of the read-write lock NAME (no reader and no other writer
+    /// runs meanwhile).
+    #[arg(long, conflicts_with_all = ["also", "fair"])]
+    pub write: bool,
     /// Run this shell command (`sh -c TEXT`) instead of CMD, as flock's `-c` does.
     #[arg(
         short = 'c',

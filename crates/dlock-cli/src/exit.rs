@@ -40,7 +40,7 @@ pub const CODES: [(i32, &str); 15] = [
     ),
     (
         USAGE,
-        "usage error (bad flag, duration, URL or name): one line on stderr",
+        "usage error (bad flag, duration, URL or name; a primitive or mode the backend does not offer; --write by an owner that holds --read): one line on stderr",
     ),
     (UNAVAILABLE, "the lock service could not be reached"),
     (INTERNAL, "internal error (a bug): one line on stderr"),
@@ -122,7 +122,8 @@ impl From<Error> for Failure {
             | Error::InvalidName { .. }
             | Error::InvalidOption { .. }
             | Error::BackendNotEnabled { .. }
-            | Error::Unsupported(_) => USAGE,
+            | Error::Unsupported(_)
+            | Error::UpgradeRefused { .. } => USAGE,
             Error::Timeout { .. } => NOT_ACQUIRED,
             Error::LockLost { .. } => LOCK_LOST,
             Error::Connection { .. } | Error::NoQuorum { .. } => UNAVAILABLE,

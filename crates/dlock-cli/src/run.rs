@@ -75,7 +75,20 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         .map(|n| format!("{n:?}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let acquire = locker.lock_all(&names, &opts);
+    let acquire = async {
+        if let Some(permits) = args.permits {
+            let sem = locker.semaphore(&args.name, permits);
+            sem.acquire_with(&opts).await.map(dlock::MultiGuard::from)
+        } else if args.read {
+            let rw = locker.rwlock(&args.name);
+            rw.read_with(&opts).await.map(dlock::MultiGuard::from)
+        } else if args.write {
+            let rw = locker.rwlock(&args.name);
+            rw.write_with(&opts).await.map(dlock::MultiGuard::from)
+        } else {
+            locker.lock_all(&names, &opts).await
+        }
+    };
     let guard = tokio::select! {
         r = acquire => match r {
             Ok(g) => g,
@@ -84,6 +97,9 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
                     dlock::Error::Timeout { name, .. } => name.clone(),
                     _ => args.name.clone(),
                 };
+                if let Some(what) = primitive_label(&args) {
+                    return Err(exit::Failure::new(exit::NOT_ACQUIRED, format!("{what}: {e}")));
+                }
                 return Err(busy(&locker, &busy_name, &e).await);
             }
             Err(e) => return Err(e.into()),
@@ -405,6 +421,20 @@ async fn busy(locker: &Locker, name: &str, e: &dlock::Error) -> Failure {
         exit::NOT_ACQUIRED,
         format!("lock {name:?} is {asked}: held by {holder}"),
     )
+}
+
+/// What `dlock run` takes when it is not a lock: "a permit of semaphore …", … .
+fn primitive_label(args: &RunArgs) -> Option<String> {
+    let name = &args.name;
+    if let Some(n) = args.permits {
+        Some(format!("no permit of semaphore {name:?} ({n} permits) came free"))
+    } else if args.read {
+        Some(format!("no read of read-write lock {name:?}"))
+    } else if args.write {
+        Some(format!("no write of read-write lock {name:?}"))
+    } else {
+        None
+    }
 }
 
 /// The shell convention: the exit code, or 128 + the signal that killed it.

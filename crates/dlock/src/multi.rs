@@ -26,6 +26,16 @@ pub struct MultiGuard {
     guards: Vec<LockGuard>,
 }
 
+/// A set of one: code that handles a set (a tool's `--also`) handles one lock, permit,
+/// read or write the same way.
+impl From<LockGuard> for MultiGuard {
+    fn from(guard: LockGuard) -> Self {
+        MultiGuard {
+            guards: vec![guard],
+        }
+    }
+}
+
 impl MultiGuard {
     /// The guards, one per distinct name, in the order they were taken (the names'
     /// byte order).

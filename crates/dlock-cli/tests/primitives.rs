@@ -1,0 +1,176 @@
+//! `dlock run --permits N`, `--read` and `--write`: many `dlock` processes at once,
+//! judged by what their commands saw of each other (a directory each command marks
+//! itself in while it runs), never by asking the lock service.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+/// What a command does under the primitive: mark itself in `dir` (as `KIND.PID`), say
+/// what else is marked there and its token, stay a moment, unmark itself.
+const SECTION: &str = r#"d="$1"; me="$d/$2.$$"; : > "$me"; echo "$2 $DLOCK_FENCING_TOKEN $(ls "$d" | tr '\n' ' ')" >> "$d.log"; sleep 0.3; rm "$me""#;
+
+/// `workers` threads, each running `dlock run ARGS… -- sh -c SECTION` `rounds` times
+/// (a thread's `kind` says what it marks itself as); every run must exit 0.
+fn crowd(url: &str, dir: &Path, workers: &[(&str, Vec<&str>)], rounds: usize) -> Vec<String> {
+    std::fs::create_dir_all(dir).expect("mark dir");
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for (kind, args) in workers {
+            s.spawn(move || {
+                for _ in 0..rounds {
+                    let out = Command::new(DLOCK)
+                        .env_remove("DLOCK_LOG")
+                        .arg("run")
+                        .args(["--url", url, "--wait", "60s"])
+                        .args(args)
+                        .args(["--", "sh", "-c", SECTION, "section"])
+                        .arg(dir)
+                        .arg(kind)
+                        .output()
+                        .expect("run dlock");
+                    assert_eq!(
+                        out.status.code(),
+                        Some(0),
+                        "{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            });
+        }
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "the crowd took {:?}",
+        started.elapsed()
+    );
+    let log = std::fs::read_to_string(dir.with_extension("log")).expect("log");
+    log.lines().map(str::to_owned).collect()
+}
+
+/// One line of the log: (kind, token, the kinds marked at the time).
+fn parse(line: &str) -> (String, u64, Vec<String>) {
+    let mut words = line.split_whitespace();
+    let kind = words.next().expect("kind").to_owned();
+    let token = words.next().expect("token").parse().expect("a number");
+    let seen = words
+        .map(|w| w.split('.').next().unwrap_or("").to_owned())
+        .collect();
+    (kind, token, seen)
+}
+
+/// Eight processes loop on `dlock run --permits 3`: never more than 3 commands at
+/// once, 3 at once at some point, every permit with a token of its own.
+fn permits_bound_the_commands(url: &str) {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let workers: Vec<(&str, Vec<&str>)> = (0..8)
+        .map(|_| ("p", vec!["--permits", "3", "sem:jobs"]))
+        .collect();
+    let lines = crowd(url, &tmp.path().join("marks"), &workers, 3);
+    assert_eq!(lines.len(), 24, "every run ran its command once");
+    let mut most = 0;
+    let mut tokens = Vec::new();
+    for line in &lines {
+        let (_, token, seen) = parse(line);
+        assert!(seen.len() <= 3, "{} commands at once: {line}", seen.len());
+        most = most.max(seen.len());
+        tokens.push(token);
+    }
+    assert_eq!(most, 3, "never 3 commands at once:\n{}", lines.join("\n"));
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 24, "a permit token given twice");
+    assert!(tokens[0] > 0, "a permit without a token");
+}
+
+/// Five readers and two writers: readers run together, a writer runs alone, and every
+/// grant has a token of its own.
+fn readers_together_writers_alone(url: &str) {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let mut workers: Vec<(&str, Vec<&str>)> =
+        (0..5).map(|_| ("r", vec!["--read", "rw:table"])).collect();
+    workers.extend((0..2).map(|_| ("w", vec!["--write", "rw:table"])));
+    let lines = crowd(url, &tmp.path().join("marks"), &workers, 3);
+    assert_eq!(lines.len(), 21);
+    let mut readers_together = false;
+    let mut tokens = Vec::new();
+    for line in &lines {
+        let (kind, token, seen) = parse(line);
+        tokens.push(token);
+        if kind == "w" {
+            assert_eq!(seen.len(), 1, "a writer ran beside others: {line}");
+        } else {
+            assert!(
+                seen.iter().all(|k| k == "r"),
+                "a reader ran beside a writer: {line}"
+            );
+            readers_together |= seen.len() > 1;
+        }
+    }
+    assert!(readers_together, "readers never ran together");
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 21, "a token given twice");
+}
+
+#[test]
+fn permits_bound_the_commands_on_sqlite() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    permits_bound_the_commands(&format!("sqlite://{}/locks.db", tmp.path().display()));
+}
+
+#[test]
+fn readers_together_writers_alone_on_sqlite() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    readers_together_writers_alone(&format!("sqlite://{}/locks.db", tmp.path().display()));
+}
+
+#[test]
+fn permits_and_read_write_on_redis() {
+    let Some(redis) = dlock_testkit::RedisServer::start() else {
+        return;
+    };
+    permits_bound_the_commands(&redis.url());
+    readers_together_writers_alone(&redis.url());
+}
+
+/// A backend without the primitive refuses it as a usage error (2), before running
+/// anything; `--permits 0` and `--read` with `--also` are usage errors too.
+#[test]
+fn primitives_a_backend_lacks_are_usage_errors() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/locks.db", tmp.path().display());
+    for args in [
+        vec!["--permits", "0", "x"],
+        vec!["--read", "--also", "y", "x"],
+        vec!["--read", "--write", "x"],
+        vec!["--permits", "2", "--fair", "x"],
+    ] {
+        let out = Command::new(DLOCK)
+            .arg("run")
+            .args(["--url", &url])
+            .args(&args)
+            .args(["--", "echo", "RAN"])
+            .output()
+            .expect("run dlock");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("RAN"));
+    }
+    let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+        return;
+    };
+    let out = Command::new(DLOCK)
+        .arg("run")
+        .args(["--url", &etcd.url(), "--permits", "2", "x", "--", "echo", "RAN"])
+        .output()
+        .expect("run dlock");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("semaphore"));
+}
