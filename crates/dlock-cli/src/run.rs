@@ -427,7 +427,9 @@ async fn busy(locker: &Locker, name: &str, e: &dlock::Error) -> Failure {
 fn primitive_label(args: &RunArgs) -> Option<String> {
     let name = &args.name;
     if let Some(n) = args.permits {
-        Some(format!("no permit of semaphore {name:?} ({n} permits) came free"))
+        Some(format!(
+            "no permit of semaphore {name:?} ({n} permits) came free"
+        ))
     } else if args.read {
         Some(format!("no read of read-write lock {name:?}"))
     } else if args.write {

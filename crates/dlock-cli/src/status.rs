@@ -191,20 +191,35 @@ pub fn backends(args: &BackendsArgs) -> Result<i32, Failure> {
         return Ok(0);
     }
     outln!(
-        "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} description",
+        "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {:<17} description",
         "scheme",
         "available",
         "fencing",
         "fifo",
         "notify",
         "session",
-        "reentrant"
+        "reentrant",
+        "also"
     );
+    let also = |p: dlock::Primitives| {
+        let mut offered = Vec::new();
+        if p.semaphore {
+            offered.push("semaphore");
+        }
+        if p.rwlock {
+            offered.push("rwlock");
+        }
+        if offered.is_empty() {
+            "-".to_owned()
+        } else {
+            offered.join(",")
+        }
+    };
     let yes = |b: bool| if b { "yes" } else { "no" };
     for l in &lines {
         match &l.capabilities {
             Some(c) => outln!(
-                "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {}",
+                "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {:<17} {}",
                 format!("{}://", l.scheme),
                 yes(l.available),
                 c.fencing.to_string(),
@@ -212,12 +227,14 @@ pub fn backends(args: &BackendsArgs) -> Result<i32, Failure> {
                 yes(c.native_wait),
                 yes(c.session_bound),
                 yes(c.reentrant),
+                also(c.primitives),
                 l.description
             ),
             None => outln!(
-                "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {}",
+                "{:<18} {:<10} {:<12} {:<5} {:<6} {:<8} {:<10} {:<17} {}",
                 format!("{}://", l.scheme),
                 yes(l.available),
+                "-",
                 "-",
                 "-",
                 "-",

@@ -163,7 +163,16 @@ fn primitives_a_backend_lacks_are_usage_errors() {
     };
     let out = Command::new(DLOCK)
         .arg("run")
-        .args(["--url", &etcd.url(), "--permits", "2", "x", "--", "echo", "RAN"])
+        .args([
+            "--url",
+            &etcd.url(),
+            "--permits",
+            "2",
+            "x",
+            "--",
+            "echo",
+            "RAN",
+        ])
         .output()
         .expect("run dlock");
     assert_eq!(

@@ -18,6 +18,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Beside the lock
+//!
+//! [`Locker::semaphore`] (at most N holders, each with a leased permit of its own),
+//! [`Locker::rwlock`] (readers together or one writer; a waiting writer goes first) and
+//! [`Locker::lock_all`] (several locks, all or none, never a deadlock between
+//! overlapping sets). A permit or a read/write hold is a [`LockGuard`] like a lock's:
+//! fencing token, renewal, `lost()`, cancel-safe acquisition. Which backends offer
+//! which: [`Capabilities::primitives`] (memory, SQLite and Redis so far; the others
+//! refuse with [`Error::Unsupported`]).
+//!
 //! ## Backends
 //!
 //! | URL | backend | feature |
@@ -67,13 +77,13 @@ pub mod name;
 mod notify;
 mod options;
 mod owner_waits;
-mod rwlock;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
+mod rwlock;
 mod schemes;
 mod semaphore;
 mod shared_holds;
@@ -91,13 +101,13 @@ pub use error::{Error, LossReason, Result};
 pub use guard::{LockContext, LockGuard};
 pub use locker::Locker;
 pub use multi::MultiGuard;
-pub use rwlock::RwLock;
-pub use semaphore::Semaphore;
 pub use options::{
     DEFAULT_QUEUE_ENTRY_TTL, DEFAULT_TTL, LockOptions, MAX_TTL, MIN_TTL, Metadata, Owner, Renewal,
     Wait,
 };
+pub use rwlock::RwLock;
 pub use schemes::{SchemeInfo, schemes};
+pub use semaphore::Semaphore;
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

@@ -580,7 +580,10 @@ impl Locker {
             ));
         }
         if let Primitive::Permit { permits: 0 } = primitive {
-            return Err(Error::option("permits", "a semaphore needs at least 1 permit"));
+            return Err(Error::option(
+                "permits",
+                "a semaphore needs at least 1 permit",
+            ));
         }
         if opts.fair && !caps.fifo {
             return Err(Error::Unsupported(format!(

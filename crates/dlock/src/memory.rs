@@ -3,7 +3,9 @@
 //! Useful in tests and for locking between tasks of one process. `memory://` opens a
 //! fresh private store; `memory://NAME` joins the process-wide store called `NAME`, so two
 //! lockers opened with the same URL exclude each other. Leases run on the monotonic
-//! clock; waiters are woken by notification; fair mode keeps a FIFO queue.
+//! clock; waiters are woken by notification; fair mode keeps a FIFO queue. Semaphores
+//! and read-write locks keep their entries per name beside the locks, keyed by the
+//! acquisition.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -242,9 +244,8 @@ impl Backend for MemoryBackend {
         if req.primitive != Primitive::Lock {
             let key = (family(req.primitive), req.name.clone());
             if let Some(set) = st.shared.get_mut(&key) {
-                set.entries.retain(|e| {
-                    e.acquisition != req.acquisition || e.kind != EntryKind::WantWrite
-                });
+                set.entries
+                    .retain(|e| e.acquisition != req.acquisition || e.kind != EntryKind::WantWrite);
             }
             drop(st);
             self.store.changes.notify(name);

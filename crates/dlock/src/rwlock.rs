@@ -92,7 +92,9 @@ impl RwLock {
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves nothing held.
     pub async fn read_with(&self, opts: &LockOptions) -> Result<LockGuard> {
-        self.locker.hold_with(&self.name, opts, Primitive::Read).await
+        self.locker
+            .hold_with(&self.name, opts, Primitive::Read)
+            .await
     }
 
     /// Take the write hold with explicit options (`fair` is refused).

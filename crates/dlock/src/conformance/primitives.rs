@@ -73,10 +73,7 @@ impl SharedRoom {
                 .push(format!("{n} permit holders inside a semaphore of {limit}"));
         }
         if let Some(writer) = writer {
-            let clash = r
-                .inside
-                .values()
-                .any(|(o, w)| o != owner && (writer || *w));
+            let clash = r.inside.values().any(|(o, w)| o != owner && (writer || *w));
             if clash {
                 r.violations.push(format!(
                     "a {} entered while another owner's {} was inside",
@@ -98,8 +95,9 @@ impl SharedRoom {
         let mut r = self.room();
         r.inside.remove(&id);
         if !still_held {
-            r.violations
-                .push(format!("a {what} was lost while inside (its lease is long)"));
+            r.violations.push(format!(
+                "a {what} was lost while inside (its lease is long)"
+            ));
         }
     }
 }
@@ -108,7 +106,11 @@ impl SharedRoom {
 async fn inside(room: &SharedRoom, g: LockGuard, limit: Option<usize>, writer: Option<bool>) {
     let id = room.enter(g.fencing_token(), g.owner().as_str(), limit, writer);
     tokio::time::sleep(Duration::from_millis(fastrand::u64(1..8))).await;
-    room.exit(id, g.is_held(), if limit.is_some() { "permit" } else { "hold" });
+    room.exit(
+        id,
+        g.is_held(),
+        if limit.is_some() { "permit" } else { "hold" },
+    );
     g.release().await.expect("release");
 }
 
@@ -204,7 +206,10 @@ pub async fn semaphore_admits_at_most_its_permits(h: &Harness) {
         t.sort_unstable();
         t
     };
-    assert_eq!(tokens, sorted, "tokens of successive grants are not increasing");
+    assert_eq!(
+        tokens, sorted,
+        "tokens of successive grants are not increasing"
+    );
     tokens.dedup();
     assert_eq!(tokens.len(), 3, "a token granted twice");
     for g in held {
@@ -212,7 +217,11 @@ pub async fn semaphore_admits_at_most_its_permits(h: &Harness) {
     }
     let r = room.room();
     assert!(r.violations.is_empty(), "{:?}", r.violations);
-    assert!(r.sections > 20, "only {} sections: the test proves little", r.sections);
+    assert!(
+        r.sections > 20,
+        "only {} sections: the test proves little",
+        r.sections
+    );
     assert_eq!(r.most, 3, "never 3 permit holders at once");
 }
 
@@ -248,7 +257,10 @@ pub async fn semaphore_permit_of_a_dead_holder_frees(h: &Harness) {
         .await
         .expect("the dead holder's permit was never freed");
     let freed = taken.elapsed();
-    assert!(freed < bound + Duration::from_millis(300), "freed after {freed:?}");
+    assert!(
+        freed < bound + Duration::from_millis(300),
+        "freed after {freed:?}"
+    );
     g.release().await.expect("release");
 }
 
@@ -334,10 +346,17 @@ pub async fn rwlock_readers_share_and_a_writer_excludes(h: &Harness) {
         }
     })
     .await;
-    assert!(came, "the write is not free after the crowd: a hold was left");
+    assert!(
+        came,
+        "the write is not free after the crowd: a hold was left"
+    );
     let r = room.room();
     assert!(r.violations.is_empty(), "{:?}", r.violations);
-    assert!(r.sections > 20, "only {} sections: the test proves little", r.sections);
+    assert!(
+        r.sections > 20,
+        "only {} sections: the test proves little",
+        r.sections
+    );
     let together = *readers_together.lock().unwrap_or_else(|p| p.into_inner());
     assert!(together >= 2, "readers were never inside together");
 }
@@ -399,7 +418,10 @@ pub async fn rwlock_a_waiting_writer_is_not_starved(h: &Harness) {
         other => panic!("a write while a read is held: {other:?}"),
     }
     let in_again = b.rwlock(&name).try_read().await.expect("try_read");
-    assert!(in_again.is_some(), "a writer that timed out keeps readers out");
+    assert!(
+        in_again.is_some(),
+        "a writer that timed out keeps readers out"
+    );
     if let Some(g) = in_again {
         g.release().await.expect("release");
     }
@@ -448,14 +470,20 @@ pub async fn rwlock_upgrade_is_refused_and_tokens_increase(h: &Harness) {
         Err(Error::UpgradeRefused { .. }) => {}
         other => panic!("an upgrade answered {other:?}"),
     }
-    assert!(started.elapsed() < Duration::from_secs(2), "the refusal waited");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the refusal waited"
+    );
     let r2 = rw.read().await.expect("a second reader");
     assert!(r2.fencing_token() > r1.fencing_token());
     let read_token = r2.fencing_token();
     r1.release().await.expect("release");
     r2.release().await.expect("release");
     let w = rw.write_with(&mine).await.expect("write");
-    assert!(w.fencing_token() > read_token, "a write's token below a read's");
+    assert!(
+        w.fencing_token() > read_token,
+        "a write's token below a read's"
+    );
     let under = rw.read_with(&mine).await.expect("the writer reads");
     assert!(under.fencing_token() > w.fencing_token());
     assert!(

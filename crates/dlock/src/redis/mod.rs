@@ -64,6 +64,17 @@
 //! its last refresh (default 5 s; the test `a_dead_fair_waiter_stalls_the_next_at_most_
 //! its_queue_entry_ttl` measures it).
 //!
+//! # Semaphores and read-write locks
+//! dlock's own layout, whatever `layout=` says (no peer client keeps these primitives
+//! in a layout tested here): a semaphore `NAME` keeps its entries in the hash
+//! `dlock_semaphore:{NAME}` (acquisition → `kind token owner`), their expiries on the
+//! server's clock in the sorted set `dlock_semaphore_expiry:{NAME}`, its tokens in
+//! `dlock_semaphore_token:{NAME}` (`INCR`: fencing as the lock's), and publishes
+//! releases on `dlock_semaphore_channel:{NAME}` (one local waiter woken per message).
+//! A read-write lock uses the same keys with `dlock_rwlock`. One script decides each
+//! attempt; an attempt whose reply was lost is undone by its acquisition, so no permit
+//! outlives the failed call.
+//!
 //! # Fencing
 //! Tokens come from an INCR counter beside the lock, bumped in the acquire script. They
 //! are durable only if the server persists every write before answering (`appendonly

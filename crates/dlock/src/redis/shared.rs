@@ -1,14 +1,6 @@
-//! Semaphores and read-write locks on Redis: dlock's own layout (no peer client keeps
-//! these primitives in a layout dlock could share and test against here).
-//!
-//! A semaphore `NAME` keeps its entries in the hash `dlock_semaphore:{NAME}`
-//! (acquisition → `kind token owner`) with their expiries, on the server's clock, in
-//! the sorted set `dlock_semaphore_expiry:{NAME}`; tokens come from
-//! `dlock_semaphore_token:{NAME}` (`INCR`); releases are published on
-//! `dlock_semaphore_channel:{NAME}`. A read-write lock uses the same keys with
-//! `dlock_rwlock`. One script decides each attempt (`shared_acquire.lua`, the rule of
-//! [`crate::shared_holds`]); an attempt whose reply was lost is undone by acquisition
-//! (`shared_release.lua` with `any`), so no orphan permit outlives the failed call.
+//! Semaphores and read-write locks on Redis; the layout is in the module docs
+//! ([`crate::redis`], "Semaphores and read-write locks"). One script per step keeps the
+//! rule of [`crate::shared_holds`] on the server.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,6 +11,15 @@
 //! expiring [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after
 //! its waiter's last refresh: a waiter that dies holds up the queue at most that long.
 //!
+//! # Semaphores and read-write locks
+//! `dlock_shared` keeps one row per held permit, read or write — and per waiting writer
+//! — keyed by name, family (`semaphore`/`rwlock`) and the acquisition, with its lease
+//! (same clocks as a lock's). An attempt is one `BEGIN IMMEDIATE` transaction that
+//! deletes the name's dead rows, reads the live ones and writes what the rule of
+//! [`Locker::rwlock`](crate::Locker::rwlock) / [`Locker::semaphore`](crate::Locker::semaphore)
+//! allows. Tokens come from one counter (`dlock_counters`, row `shared`): durable and
+//! strictly increasing per semaphore and read-write lock.
+//!
 //! # Time
 //! Expiry is kept on `CLOCK_MONOTONIC` together with the kernel's boot id, so a jump of
 //! the wall clock changes nothing. It is the clock the holder's own deadline runs on
@@ -70,8 +79,8 @@ mod shared;
 mod statements;
 
 use clock::{Now, read_boot_id};
-pub use statements::SCHEMA;
 use shared::SharedHold;
+pub use statements::SCHEMA;
 use statements::{Hold, Outcome, Upkeep};
 
 /// Give up retrying a busy database after this long.
@@ -216,7 +225,9 @@ impl Op<'_> {
             Op::AcquireShared { req, metadata } => {
                 Done::Acquired(shared::acquire(conn, req, now, metadata).await?)
             }
-            Op::RenewShared { hold, ttl } => Done::Flag(shared::renew(conn, hold, *ttl, now).await?),
+            Op::RenewShared { hold, ttl } => {
+                Done::Flag(shared::renew(conn, hold, *ttl, now).await?)
+            }
             Op::ReleaseShared { hold } => {
                 shared::release(conn, hold).await?;
                 Done::Nothing
@@ -723,7 +734,11 @@ impl HeldLock for SqliteSharedHeld {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        match self.inner.run(Op::ReleaseShared { hold: self.hold() }).await {
+        match self
+            .inner
+            .run(Op::ReleaseShared { hold: self.hold() })
+            .await
+        {
             Ok(_) => {
                 self.inner.changes.notify(&self.name);
                 Ok(())

@@ -163,7 +163,10 @@ pub(super) async fn renew(
 }
 
 /// Give the hold back (nothing when it is gone already).
-pub(super) async fn release(conn: &mut SqliteConnection, hold: &SharedHold<'_>) -> sqlx::Result<()> {
+pub(super) async fn release(
+    conn: &mut SqliteConnection,
+    hold: &SharedHold<'_>,
+) -> sqlx::Result<()> {
     sqlx::query(
         "DELETE FROM dlock_shared WHERE name = ?1 AND family = ?2 AND owner = ?3 \
          AND acquisition = ?4 AND fence = ?5 AND kind <> 'want-write'",
