@@ -23,7 +23,8 @@
 //! [`Locker::semaphore`] (at most N holders, each with a leased permit of its own),
 //! [`Locker::rwlock`] (readers together or one writer; a waiting writer goes first) and
 //! [`Locker::lock_all`] (several locks, all or none, never a deadlock between
-//! overlapping sets). A permit or a read/write hold is a [`LockGuard`] like a lock's:
+//! overlapping sets), and [`Locker::election`] (campaign, resign, observe; the term is
+//! the fencing token) on every backend. A permit or a read/write hold is a [`LockGuard`] like a lock's:
 //! fencing token, renewal, `lost()`, cancel-safe acquisition. Which backends offer
 //! which: [`Capabilities::primitives`] (memory, SQLite and Redis so far; the others
 //! refuse with [`Error::Unsupported`]).
@@ -62,6 +63,7 @@ pub mod backend;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod connect;
+mod election;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
@@ -97,6 +99,7 @@ pub mod url;
 pub mod zookeeper;
 
 pub use backend::{AcquisitionId, Capabilities, Fencing, LockInfo, Primitive, Primitives};
+pub use election::{Election, Leader, LeaderWatch, Leadership};
 pub use error::{Error, LossReason, Result};
 pub use guard::{LockContext, LockGuard};
 pub use locker::Locker;

@@ -479,6 +479,12 @@ impl Locker {
         crate::Semaphore::new(self.clone(), name, permits)
     }
 
+    /// The leader election `name` (no I/O until a campaign or a look at the leader).
+    #[must_use]
+    pub fn election(&self, name: &str) -> crate::Election {
+        crate::Election::new(self.clone(), name)
+    }
+
     /// The read-write lock `name` (no I/O until a hold is asked for).
     #[must_use]
     pub fn rwlock(&self, name: &str) -> crate::RwLock {

@@ -493,3 +493,94 @@ pub async fn rwlock_upgrade_is_refused_and_tokens_increase(h: &Harness) {
     under.release().await.expect("release");
     w.release().await.expect("release");
 }
+
+/// Three candidates on three lockers campaign at once: one leads, an observer sees its
+/// value and term (and a watch reports it), the others wait; each resignation hands
+/// leadership to a waiting candidate with a higher term, never to two at once.
+///
+/// # Panics
+/// On two leaders at once, a term that does not increase, or an observer that sees
+/// another value than the leader's.
+pub async fn election_one_leader_terms_increase(h: &Harness) {
+    let name = unique("elect");
+    let leading = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut candidates = Vec::new();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, u64)>();
+    for c in 0..3 {
+        let election = h.locker().await.election(&name);
+        let leading = Arc::clone(&leading);
+        let done = done_tx.clone();
+        candidates.push(tokio::spawn(async move {
+            let value = format!("candidate-{c}");
+            let me = election
+                .campaign_with(
+                    &value,
+                    &LockOptions::new().wait(Wait::Timeout(Duration::from_secs(30))),
+                )
+                .await
+                .expect("campaign");
+            {
+                let mut now = leading.lock().unwrap_or_else(|p| p.into_inner());
+                now.push(value.clone());
+                assert_eq!(now.len(), 1, "two leaders at once: {now:?}");
+            }
+            let _ = done.send((value.clone(), me.term()));
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            assert!(me.is_leader(), "leadership lost while held");
+            leading
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|v| v != &value);
+            me.resign().await.expect("resign");
+        }));
+    }
+    drop(done_tx);
+    let observer = h.locker().await.election(&name);
+    // Connected before the first leader is looked for.
+    let _ = observer.leader().await.expect("leader");
+    let mut watch = observer.watch(Duration::from_millis(20));
+    let mut terms = Vec::new();
+    while let Some((value, term)) = tokio::time::timeout(Duration::from_secs(30), done_rx.recv())
+        .await
+        .expect("a leader within 30 s")
+    {
+        // While it leads (800 ms), an observer sees its value and term.
+        let seen = eventually(Duration::from_millis(700), || {
+            let observer = observer.clone();
+            let value = value.clone();
+            async move {
+                observer
+                    .leader()
+                    .await
+                    .expect("leader")
+                    .is_some_and(|l| l.value == value && l.term == term)
+            }
+        })
+        .await;
+        assert!(
+            seen,
+            "an observer never saw {value} (term {term}) lead; it sees {:?}",
+            observer.leader().await
+        );
+        terms.push(term);
+    }
+    for c in candidates {
+        c.await.expect("candidate");
+    }
+    assert_eq!(terms.len(), 3, "every candidate led once");
+    assert!(
+        terms.windows(2).all(|w| w[0] < w[1]),
+        "terms do not increase: {terms:?}"
+    );
+    // The watch saw a leader first, and ends with none.
+    let first = watch.changed().await.expect("watch");
+    let mut last = first.clone();
+    let end = Instant::now() + Duration::from_secs(5);
+    while last.is_some() && Instant::now() < end {
+        last = tokio::time::timeout(Duration::from_secs(5), watch.changed())
+            .await
+            .expect("a change")
+            .expect("watch");
+    }
+    assert!(last.is_none(), "a leader is left: {last:?}");
+}
