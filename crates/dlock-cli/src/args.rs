@@ -83,6 +83,11 @@ pub struct Cli {
 pub enum Command {
     /// Run a command while holding a lock.
     Run(RunArgs),
+    /// Campaign for leadership of an election and run a command while leader (stopped
+    /// when leadership is lost).
+    Elect(ElectArgs),
+    /// Show an election's leader (value, term, holder), once or at every change.
+    Leader(LeaderArgs),
     /// Show who holds locks.
     Status(StatusArgs),
     /// Force a stuck lock free (an operator's tool): its holder loses it at its next
@@ -362,6 +367,62 @@ pub struct RunArgs {
         value_name = "CMD"
     )]
     pub command: Vec<String>,
+}
+
+/// `dlock elect`.
+#[derive(Debug, Args)]
+#[command(after_help = crate::exit::codes_help())]
+pub struct ElectArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    /// What observers see as the leader's value (`dlock leader`) [default: HOST:PID].
+    #[arg(long, value_name = "TEXT")]
+    pub value: Option<String>,
+    /// Lease length of the leadership; renewed every third of it while the command
+    /// runs (session-bound backends: the session's timeout bounds a dead leader).
+    #[arg(long, value_parser = ttl, default_value = "30s", value_name = "DURATION")]
+    pub ttl: Duration,
+    /// Campaign at most this long (`10s`, or bare seconds) [default: as long as it
+    /// takes].
+    #[arg(short = 'w', long, value_parser = wait_duration, value_name = "DURATION")]
+    pub wait: Option<Duration>,
+    /// How long the command gets between SIGTERM and SIGKILL when leadership is lost
+    /// (as `dlock run --grace`).
+    #[arg(long, value_parser = duration, default_value = "5s", value_name = "DURATION")]
+    pub grace: Duration,
+    /// Run this shell command (`sh -c TEXT`) instead of CMD.
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "TEXT",
+        conflicts_with = "command"
+    )]
+    pub shell: Option<String>,
+    /// The election's name (the same as a lock's: the leader holds the lock NAME).
+    pub name: String,
+    /// The command and its arguments (a `--` before it is optional).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "shell",
+        value_name = "CMD"
+    )]
+    pub command: Vec<String>,
+}
+
+/// `dlock leader`.
+#[derive(Debug, Args)]
+pub struct LeaderArgs {
+    #[command(flatten)]
+    pub url: UrlArg,
+    /// Print JSON (one object per line) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep printing: a line at every change of leader (or to none), until killed.
+    #[arg(long)]
+    pub watch: bool,
+    /// The election's name.
+    pub name: String,
 }
 
 /// `dlock status`.

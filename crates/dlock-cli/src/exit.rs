@@ -36,7 +36,7 @@ pub const OUTPUT_CLOSED: i32 = 141;
 pub const CODES: [(i32, &str); 15] = [
     (
         SOME_FREE,
-        "dlock check: a hard guarantee broke (see its report); dlock status: a named lock is free (0: all held); dlock break: nothing was broken (free, changed hands, or not confirmed)",
+        "dlock check: a hard guarantee broke (see its report); dlock status: a named lock is free (0: all held); dlock break: nothing was broken (free, changed hands, or not confirmed); dlock leader: no leader",
     ),
     (
         USAGE,

@@ -4,6 +4,7 @@ mod args;
 mod bench;
 mod check;
 mod demo;
+mod elect;
 mod exit;
 mod fleet;
 mod output;
@@ -33,6 +34,8 @@ fn main() {
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Run(a) => run::run(a).await,
+            Command::Elect(a) => elect::elect(a).await,
+            Command::Leader(a) => elect::leader(a).await,
             Command::Status(a) => status::status(a).await,
             Command::List(a) => status::list(a).await,
             Command::Break(a) => status::break_lock(a).await,

@@ -183,3 +183,140 @@ fn primitives_a_backend_lacks_are_usage_errors() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("semaphore"));
 }
+
+/// `dlock elect` on `url` (a dead leader is let go within `bound`): A leads, `dlock
+/// leader` shows its value and term, B waits; A's `dlock` is SIGKILLed and B leads
+/// within `bound` + 0.5 s (plus a second for process start-up), with a higher term; a
+/// `dlock leader --watch --json` saw A, then B.
+fn elect_hands_over_after_a_kill(url: &str, bound: Duration) {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path();
+    let candidate = |who: &str| {
+        Command::new(DLOCK)
+            .env_remove("DLOCK_LOG")
+            .args([
+                "elect", "--url", url, "--ttl", "1s", "--value", who, "e:sched", "--",
+            ])
+            .args([
+                "sh",
+                "-c",
+                r#"echo "$DLOCK_FENCING_TOKEN" > "$0.term"; exec sleep 60"#,
+            ])
+            .arg(dir.join(who))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("spawn dlock elect")
+    };
+    let wait_file = |who: &str, within: Duration| -> Option<u64> {
+        let end = Instant::now() + within;
+        while Instant::now() < end {
+            if let Ok(t) = std::fs::read_to_string(dir.join(format!("{who}.term")))
+                && let Ok(t) = t.trim().parse()
+            {
+                return Some(t);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    };
+    let watcher = Command::new(DLOCK)
+        .args(["leader", "--url", url, "--watch", "--json", "e:sched"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn dlock leader --watch");
+    let mut a = candidate("A");
+    let a_term = wait_file("A", Duration::from_secs(20)).expect("A never led");
+    let out = Command::new(DLOCK)
+        .args(["leader", "--url", url, "--json", "e:sched"])
+        .output()
+        .expect("dlock leader");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(shown["value"], "A");
+    assert_eq!(shown["term"], a_term);
+    let mut b = candidate("B");
+    assert!(
+        wait_file("B", Duration::from_millis(500)).is_none(),
+        "B led beside A"
+    );
+    let killed = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(a.id()).expect("pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill A");
+    let _ = a.wait();
+    let b_term = wait_file("B", bound + Duration::from_secs(5)).expect("B never led");
+    let took = killed.elapsed();
+    assert!(
+        took < bound + Duration::from_millis(1500),
+        "B led {took:?} after A was killed (bound {bound:?})"
+    );
+    assert!(b_term > a_term, "term {b_term} after {a_term}");
+    // Long enough for the watch (it looks every 100 ms) to see B.
+    std::thread::sleep(Duration::from_millis(400));
+    // A's command went with it (PR_SET_PDEATHSIG): ending B ends everything.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(i32::try_from(b.id()).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = b.wait();
+    let gone = Instant::now() + Duration::from_secs(5);
+    let mut watcher = watcher;
+    while Instant::now() < gone {
+        let out = Command::new(DLOCK)
+            .args(["leader", "--url", url, "e:sched"])
+            .output()
+            .expect("dlock leader");
+        if out.status.code() == Some(1) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = watcher.kill();
+    let seen = watcher.wait_with_output().expect("watcher output");
+    let values: Vec<String> = String::from_utf8_lossy(&seen.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["value"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(values, ["A", "B"], "the watch saw {values:?}");
+}
+
+#[test]
+fn elect_hands_over_on_sqlite() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/locks.db", tmp.path().display());
+    elect_hands_over_after_a_kill(&url, Duration::from_secs(1));
+}
+
+#[test]
+fn elect_hands_over_on_redis_etcd_and_zookeeper() {
+    let (Some(redis), Some(etcd), Some(zk)) = (
+        dlock_testkit::RedisServer::start(),
+        dlock_testkit::EtcdServer::start(),
+        dlock_testkit::ZkServer::start(),
+    ) else {
+        return;
+    };
+    elect_hands_over_after_a_kill(&redis.url(), Duration::from_secs(1));
+    elect_hands_over_after_a_kill(
+        &format!("{}?session_ttl=2s", etcd.url()),
+        Duration::from_secs(2),
+    );
+    elect_hands_over_after_a_kill(
+        &format!("{}?session_timeout=2s", zk.url()),
+        Duration::from_secs(2),
+    );
+}
