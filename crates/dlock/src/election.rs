@@ -222,7 +222,6 @@ impl Leadership {
     }
 
     /// The lock guard behind the leadership.
-    #[must_use]
     pub fn guard(&self) -> &LockGuard {
         &self.guard
     }
