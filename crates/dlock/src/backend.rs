@@ -283,6 +283,11 @@ pub struct AcquireRequest {
     /// A waiting writer of a read-write lock comes with `enqueue` set: its entry keeps
     /// new readers out until it is granted or leaves (`leave_queue`).
     pub primitive: Primitive,
+    /// An election's campaign ([`crate::Locker::election`]): the value the candidate
+    /// stands with (also the note of `metadata`). A backend whose peers keep the value
+    /// alone in the contender's record stores it so (etcd: `concurrency.Election`,
+    /// which `etcdctl elect` uses).
+    pub campaign: Option<String>,
 }
 
 /// The outcome of one attempt.

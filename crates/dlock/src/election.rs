@@ -112,6 +112,7 @@ impl Election {
             .with_note(value);
         let opts = LockOptions {
             metadata: Some(metadata),
+            campaign: Some(value.to_owned()),
             ..opts.clone()
         };
         let guard = self.locker.lock_with(&self.name, &opts).await?;

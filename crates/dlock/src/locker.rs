@@ -616,6 +616,7 @@ impl Locker {
             will_wait: false,
             metadata: opts.metadata.clone().unwrap_or_else(Metadata::this_process),
             primitive,
+            campaign: opts.campaign.clone(),
         };
         Ok((name, req))
     }

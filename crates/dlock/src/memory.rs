@@ -536,6 +536,7 @@ mod tests {
             attempt: 1,
             will_wait: true,
             primitive: Primitive::Lock,
+            campaign: None,
         }
     }
 

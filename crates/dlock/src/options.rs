@@ -196,6 +196,8 @@ pub struct LockOptions {
     pub owner: Option<Owner>,
     /// Shown by `inspect`; `None`: this process's host and pid.
     pub metadata: Option<Metadata>,
+    /// Set by [`crate::Election`]: the value campaigned with.
+    pub(crate) campaign: Option<String>,
 }
 
 impl Default for LockOptions {
@@ -209,6 +211,7 @@ impl Default for LockOptions {
             queue_entry_ttl: DEFAULT_QUEUE_ENTRY_TTL,
             owner: None,
             metadata: None,
+            campaign: None,
         }
     }
 }

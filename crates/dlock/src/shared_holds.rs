@@ -151,6 +151,7 @@ mod tests {
             attempt: 0,
             will_wait: waits,
             primitive,
+            campaign: None,
         }
     }
 

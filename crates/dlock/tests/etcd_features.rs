@@ -452,3 +452,110 @@ async fn a_release_after_an_unseen_session_expiry_reports_the_loss() {
     let again = locker.lock_timeout("revoked", T).await.expect("lock again");
     again.release().await.expect("release");
 }
+
+/// Lines of a child's stdout, as they come (read on a thread of their own).
+fn lines_of(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line.trim().to_owned()).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Whether `line` comes from `rx` within `within`.
+fn saw(rx: &std::sync::mpsc::Receiver<String>, line: &str, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(l) if l == line => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+fn stop(child: &mut Child) {
+    // SIGTERM: etcdctl resigns (revokes its session) before it exits.
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+/// The real `etcdctl elect` and dlock's elections (raw names) share etcd's
+/// `concurrency.Election` layout: each sees the other's leader and value, and they
+/// exclude each other in both directions; `etcdctl elect -l` observes dlock's leader.
+#[tokio::test]
+async fn etcdctl_elect_and_dlock_see_and_exclude_each_other() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let url = format!("{}?raw_names=true", etcd.url());
+    let election = Locker::connect(&url)
+        .await
+        .expect("connect")
+        .election("sched");
+
+    let mut foreign = etcd
+        .etcdctl()
+        .args(["elect", "sched", "proposal-etcdctl"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl elect");
+    let said = lines_of(&mut foreign);
+    assert!(saw(&said, "proposal-etcdctl", T), "etcdctl never led");
+    let leader = election.leader().await.expect("leader").expect("a leader");
+    assert_eq!(leader.value, "proposal-etcdctl");
+    assert!(leader.term > 0);
+    let short = LockOptions::new().wait(dlock::Wait::Timeout(Duration::from_millis(500)));
+    match election.campaign_with("dlock-a", &short).await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("dlock led beside etcdctl: {other:?}"),
+    }
+    stop(&mut foreign);
+
+    let me = election
+        .campaign_with("dlock-a", &LockOptions::new().wait(dlock::Wait::Timeout(T)))
+        .await
+        .expect("dlock leads once etcdctl resigned");
+    assert!(me.term() > leader.term, "terms do not increase");
+    let mut observer = etcd
+        .etcdctl()
+        .args(["elect", "-l", "sched"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl elect -l");
+    let observed = lines_of(&mut observer);
+    assert!(
+        saw(&observed, "dlock-a", T),
+        "etcdctl elect -l never showed dlock's leader"
+    );
+    stop(&mut observer);
+
+    let mut next = etcd
+        .etcdctl()
+        .args(["elect", "sched", "proposal-next"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl elect");
+    let next_said = lines_of(&mut next);
+    assert!(
+        !saw(&next_said, "proposal-next", Duration::from_secs(1)),
+        "etcdctl led beside dlock"
+    );
+    me.resign().await.expect("resign");
+    assert!(
+        saw(&next_said, "proposal-next", T),
+        "etcdctl never led after dlock resigned"
+    );
+    stop(&mut next);
+}

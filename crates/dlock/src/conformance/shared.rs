@@ -713,6 +713,7 @@ fn request(name: &str, owner: &Owner, ttl: Duration) -> crate::backend::AcquireR
         attempt: 0,
         will_wait: false,
         primitive: crate::backend::Primitive::Lock,
+        campaign: None,
     }
 }
 

@@ -34,6 +34,14 @@
 //! `etcdctl lock NAME` and dlock exclude each other on the same name (with raw names,
 //! as in etcd's recipe, `jobs/a` also sees the keys of `jobs/a/x`).
 //!
+//! # Elections
+//! [`Locker::election`](crate::Locker::election) keeps etcd's `concurrency.Election`
+//! layout: a candidate's key under the name's prefix holds its value alone (a lock's
+//! key holds dlock's JSON record). With `raw_names=true`, `etcdctl elect NAME VALUE`
+//! and dlock exclude each other on the same name, each sees the other's leader and
+//! value, and `etcdctl elect -l NAME` observes dlock's leader (tested against the
+//! real etcdctl). Semaphores and read-write locks are not offered on etcd yet.
+//!
 //! # Loss and TTLs
 //! The session is the lease on the server: a holder that dies frees its locks when the
 //! session lease expires (`session_ttl`). While the process lives, `lost()` fires when
@@ -545,7 +553,11 @@ impl Inner {
     fn put_mine(req: &AcquireRequest, key: &str, session: &Session) -> RequestOp {
         op(Request::Put(proto::PutRequest {
             key: key.as_bytes().to_vec(),
-            value: StoredHolder::encode(req),
+            // A candidate stores its value alone, as etcd's Election does.
+            value: req
+                .campaign
+                .as_ref()
+                .map_or_else(|| StoredHolder::encode(req), |v| v.as_bytes().to_vec()),
             lease: session.id,
             ..proto::PutRequest::default()
         }))
@@ -836,8 +848,14 @@ impl Backend for EtcdBackend {
             1,
             u64::try_from(first.create_revision).unwrap_or(0),
         );
-        if let Some(s) = stored {
-            info.metadata = s.metadata;
+        match stored {
+            Some(s) => info.metadata = s.metadata,
+            // A candidate of an election (dlock's or `etcdctl elect`'s) stores its
+            // value alone: show it as the note.
+            None if !first.value.is_empty() => {
+                info.metadata.note = Some(String::from_utf8_lossy(&first.value).into_owned());
+            }
+            None => {}
         }
         info.waiters = Some(resp.kvs.len() - 1);
         Ok(Some(info))
@@ -1173,6 +1191,7 @@ mod tests {
             attempt,
             will_wait: true,
             primitive: crate::backend::Primitive::Lock,
+            campaign: None,
         }
     }
 

@@ -797,6 +797,7 @@ mod tests {
             attempt: 0,
             will_wait: false,
             primitive: crate::backend::Primitive::Lock,
+            campaign: None,
         }
     }
 
