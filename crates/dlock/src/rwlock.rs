@@ -16,11 +16,22 @@ use crate::options::{LockOptions, Wait};
 /// increasing over every grant of the lock, read or write, so a fenced resource can
 /// refuse a writer whose lock was taken over.
 ///
-/// **A waiting writer goes first:** while a writer waits, new readers wait behind it
-/// (a stream of readers cannot starve it) — except a reader whose owner already holds
-/// the lock. Writers among themselves are not ordered. An owner holding a read that
-/// asks to write gets [`crate::Error::UpgradeRefused`] (two readers upgrading at once
-/// would wait for each other forever); an owner holding the write may also read.
+/// **A waiting writer goes first:** while a writer waits, new readers wait behind it,
+/// so a stream of readers — each with its own owner, the default — cannot starve it.
+/// A reader whose owner already holds the lock is let in all the same (it could
+/// otherwise wait on itself): readers that share one owner and keep overlapping can
+/// keep a writer waiting for as long as they overlap. With the default owners, a task
+/// that takes a second read while it holds one waits behind a waiting writer — and
+/// forever, if it waits for that read before releasing the first: do not nest reads
+/// without sharing an owner. Writers among themselves are not ordered. An owner
+/// holding a read that asks to write gets [`crate::Error::UpgradeRefused`] (two readers
+/// upgrading at once would wait for each other forever); an owner holding the write may
+/// also read.
+///
+/// Tokens order every grant; what a fenced store should check is a writer's: a read
+/// taken under its owner's own write gets a token above the write's, and readers are
+/// inside together, so a store that rejects tokens below the highest it has seen must
+/// count writers' tokens only.
 ///
 /// ```no_run
 /// # async fn demo(locker: dlock::Locker) -> dlock::Result<()> {

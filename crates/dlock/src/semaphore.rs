@@ -12,7 +12,9 @@ use crate::options::{LockOptions, Wait};
 /// every process using the name. Made by [`Locker::semaphore`]; cheap to clone.
 ///
 /// A permit is a [`LockGuard`] with everything a lock's guard has: a fencing token
-/// (strictly increasing per semaphore, over every grant), renewal while it lives,
+/// (strictly increasing per semaphore, over every grant — it orders grants, but up to
+/// N holders are inside at once, so a store cannot reject "every token below the
+/// highest seen" across permits), renewal while it lives,
 /// `lost()`, `release`, and a lease that frees the permit when its holder dies — no
 /// one's cleanup job. Every acquisition takes a permit of its own, whatever its owner
 /// (two tasks sharing an owner hold two permits). Each caller gives the number of

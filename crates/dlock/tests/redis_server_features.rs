@@ -13,7 +13,8 @@ const T: Duration = Duration::from_secs(2);
 /// The commands dlock needs, as an ACL rule (also in the README).
 const DLOCK_ACL: &str = "+evalsha +eval +script|load +publish +subscribe +unsubscribe +ping \
      +hgetall +pttl +get +wait +exists +incr +hset +hexists +hincrby +hget +hmget +hdel +pexpire \
-     +del +set +lpush +zcard +lindex +lpop +lrem +rpush +zscore +zrem +zadd +time +pubsub|numsub";
+     +del +set +lpush +zcard +lindex +lpop +lrem +rpush +zscore +zrem +zadd +time +pubsub|numsub \
+     +zrange +zrangebyscore +zremrangebyscore";
 
 #[tokio::test]
 async fn min_replicas_waits_for_a_replica_and_refuses_without_enough() {
@@ -72,6 +73,32 @@ async fn min_replicas_waits_for_a_replica_and_refuses_without_enough() {
     );
     // The refused grant was given back.
     assert!(one.inspect("replicated").await.expect("inspect").is_none());
+    // Permits and writes wait for replicas too, and a refused one is given back.
+    let permit = one
+        .semaphore("replicated", 1)
+        .acquire()
+        .await
+        .expect("permit");
+    permit.release().await.expect("release");
+    for refused in [
+        two.semaphore("replicated", 1)
+            .acquire_timeout(Duration::from_secs(3))
+            .await,
+        two.rwlock("replicated")
+            .write_timeout(Duration::from_secs(3))
+            .await,
+    ] {
+        let err = refused.expect_err("only one replica");
+        assert!(matches!(err, Error::NoQuorum { needed: 2, .. }), "{err}");
+    }
+    let again = one
+        .semaphore("replicated", 1)
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(again.is_some(), "a refused permit was left held");
+    let again = one.rwlock("replicated").try_write().await.expect("try");
+    assert!(again.is_some(), "a refused write was left held");
     drop(replica);
 }
 
@@ -120,6 +147,14 @@ async fn least_privilege_acl_user_is_enough() {
         .expect("join")
         .expect("lock");
     assert!(t > info.fencing_token);
+    // So do semaphores and read-write locks.
+    let permit = a.semaphore("acl-sem", 1).acquire().await.expect("permit");
+    permit.extend(Duration::from_secs(20)).await.expect("renew");
+    permit.release().await.expect("release");
+    let read = a.rwlock("acl-rw").read().await.expect("read");
+    read.release().await.expect("release");
+    let write = a.rwlock("acl-rw").write().await.expect("write");
+    write.release().await.expect("release");
     // Fair mode works with the same rule.
     let fair = dlock::LockOptions::new().fair(true);
     let g = a.lock_with("acl-fair", &fair).await.expect("fair lock");

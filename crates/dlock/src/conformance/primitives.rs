@@ -584,3 +584,48 @@ pub async fn election_one_leader_terms_increase(h: &Harness) {
     }
     assert!(last.is_none(), "a leader is left: {last:?}");
 }
+
+/// Five readers on one locker wait behind a write; once it is released they are all
+/// let in within a second (not one at a time as each reader's lease runs out).
+///
+/// # Panics
+/// When the readers do not all hold together within a second of the release.
+pub async fn rwlock_readers_behind_a_writer_all_get_in(h: &Harness) {
+    let locker = h.locker().await;
+    if !offers_rwlock(&locker).await {
+        return;
+    }
+    let rw = locker.rwlock(&unique("rwwake"));
+    let writer = rw.write().await.expect("write");
+    let inside = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut readers = Vec::new();
+    for _ in 0..5 {
+        let (rw, inside) = (rw.clone(), Arc::clone(&inside));
+        readers.push(tokio::spawn(async move {
+            let g = rw.read().await.expect("read");
+            inside.add_permits(1);
+            // Hold until all five are in (or give up after a while).
+            let all = inside.acquire_many(5).await.expect("semaphore");
+            drop(all);
+            inside.add_permits(5);
+            g.release().await.expect("release");
+            Instant::now()
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    writer.release().await.expect("release");
+    let all_in = tokio::time::timeout(Duration::from_secs(10), inside.acquire_many(5))
+        .await
+        .expect("the five readers never held together");
+    drop(all_in);
+    inside.add_permits(5);
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "the readers took {took:?} to get in after the write was released"
+    );
+    for r in readers {
+        r.await.expect("reader");
+    }
+}

@@ -88,7 +88,9 @@
 //! This ACL rule is enough (tested): `ACL SETUSER dlock on >PASSWORD ~* &* -@all
 //! +evalsha +eval +script|load +publish +subscribe +unsubscribe +ping +hgetall +pttl +get
 //! +wait +exists +incr +hset +hexists +hincrby +hget +hmget +hdel +pexpire +del +set
-//! +lpush +zcard +lindex +lpop +lrem +rpush +zscore +zrem +zadd +time +pubsub|numsub`.
+//! +lpush +zcard +lindex +lpop +lrem +rpush +zscore +zrem +zadd +time +pubsub|numsub
+//! +zrange +zrangebyscore +zremrangebyscore` (the last three: semaphores and read-write
+//! locks).
 //! Without `+pubsub|numsub` a hand-off streak always ends with a release to everyone;
 //! without `+config|get` fencing is reported as best effort; without channel rights
 //! waiters poll.
@@ -607,23 +609,27 @@ impl Inner {
 
     /// After a grant: wait for replicas, or give the grant back and fail.
     async fn await_replicas(&self, keys: &Keys, owner: &str, fence: u64) -> Result<()> {
+        let waited = self.wait_replicas().await;
+        if waited.is_err() {
+            let _ = self.release(keys, owner, fence).await;
+        }
+        waited
+    }
+
+    /// With `min_replicas`: wait until that many replicas have every write so far
+    /// (`WAIT`); [`Error::NoQuorum`] when fewer acknowledged in time. The caller gives
+    /// its grant back on error.
+    pub(super) async fn wait_replicas(&self) -> Result<()> {
         let Some((needed, timeout)) = self.min_replicas else {
             return Ok(());
         };
-        let acked: redis::RedisResult<u32> = redis::cmd("WAIT")
+        let acked: u32 = redis::cmd("WAIT")
             .arg(needed)
             .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
             .query_async(&mut self.conn.clone())
-            .await;
-        let acked = match acked {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = self.release(keys, owner, fence).await;
-                return Err(map_err(&e));
-            }
-        };
+            .await
+            .map_err(|e| map_err(&e))?;
         if acked < needed {
-            let _ = self.release(keys, owner, fence).await;
             return Err(Error::NoQuorum {
                 granted: usize::try_from(acked).unwrap_or(0),
                 needed: usize::try_from(needed).unwrap_or(0),

@@ -83,14 +83,23 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
         .invoke_async(&mut inner.conn.clone())
         .await;
     match answer {
-        Ok((1, token)) => Ok(Attempt::Acquired(Box::new(RedisSharedHeld {
-            inner: Arc::clone(inner),
-            name: req.name.clone(),
-            keys,
-            acquisition,
-            token: u64::try_from(token).unwrap_or(0),
-            released: std::sync::atomic::AtomicBool::new(false),
-        }))),
+        Ok((1, token)) => {
+            if let Err(e) = inner.wait_replicas().await {
+                let _ = remove(inner, &keys, &acquisition, &token.to_string()).await;
+                return Err(e);
+            }
+            // Pass the wake-up on: another local waiter may be let in beside this
+            // grant (a reader after a write, a permit of several freed).
+            inner.subscriber.wake_one(&keys.channel);
+            Ok(Attempt::Acquired(Box::new(RedisSharedHeld {
+                inner: Arc::clone(inner),
+                name: req.name.clone(),
+                keys,
+                acquisition,
+                token: u64::try_from(token).unwrap_or(0),
+                released: std::sync::atomic::AtomicBool::new(false),
+            })))
+        }
         Ok((0, left)) => Ok(Attempt::Busy {
             retry_after: u64::try_from(left)
                 .ok()

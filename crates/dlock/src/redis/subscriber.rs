@@ -82,6 +82,16 @@ impl Subscriber {
         self.channels().get(channel).map_or(0, |e| e.watchers)
     }
 
+    /// Wake one local waiter of `channel`, as a message would (a grant passing the
+    /// wake-up on to a waiter that may be let in beside it).
+    pub(crate) fn wake_one(&self, channel: &str) {
+        if let Some(entry) = self.channels().get(channel)
+            && entry.watchers > 0
+        {
+            entry.notify.notify_one();
+        }
+    }
+
     /// Register interest in `channel` and make sure the server has confirmed the
     /// subscription before returning.
     pub(crate) async fn watch(self: &Arc<Self>, channel: &str) -> Result<Watch> {

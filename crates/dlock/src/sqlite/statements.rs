@@ -221,7 +221,10 @@ pub(super) async fn collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Res
 /// Whether any row is due for collection (a read, so opening stays cheap).
 async fn anything_to_collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<bool> {
     let (cut_boot, cut_wall) = now.before(COLLECT_AFTER);
-    let sql = format!("SELECT EXISTS (SELECT 1 FROM dlock_locks WHERE {DEAD})");
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM dlock_locks WHERE {DEAD}) \
+         OR EXISTS (SELECT 1 FROM dlock_shared WHERE {DEAD})"
+    );
     let found: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind(&*now.boot_id)
         .bind(cut_boot)

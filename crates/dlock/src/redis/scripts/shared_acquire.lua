@@ -21,6 +21,12 @@ local soonest = -1
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local kind, who = string.match(all[i + 1], '^(%S+) %d+ (.*)$')
+  local ends = redis.call('ZSCORE', KEYS[2], all[i])
+  if not ends then
+    -- An entry without an expiry (its sorted set was removed): dead, never a hold.
+    redis.call('HDEL', KEYS[1], all[i])
+    kind = nil
+  end
   if kind and all[i] ~= acq then
     local hold = kind ~= 'want-write'
     if kind == 'permit' then permits_held = permits_held + 1 end
@@ -31,7 +37,7 @@ for i = 1, #all, 2 do
     if kind == 'write' and who == owner then owner_writes = true end
     if kind == 'read' and who == owner then owner_reads = true end
     if hold then
-      local left = tonumber(redis.call('ZSCORE', KEYS[2], all[i]) or now) - now
+      local left = tonumber(ends) - now
       if soonest < 0 or left < soonest then soonest = left end
     end
   end
