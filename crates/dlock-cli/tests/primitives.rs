@@ -320,3 +320,17 @@ fn elect_hands_over_on_redis_etcd_and_zookeeper() {
         Duration::from_secs(2),
     );
 }
+
+#[test]
+fn permits_and_read_write_on_postgres_and_mariadb() {
+    let (Some(pg), Some(maria)) = (
+        dlock_testkit::PgServer::start(),
+        dlock_testkit::MariaDbServer::start(),
+    ) else {
+        return;
+    };
+    for url in [pg.url(), maria.url()] {
+        permits_bound_the_commands(&url);
+        readers_together_writers_alone(&url);
+    }
+}

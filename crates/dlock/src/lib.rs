@@ -26,8 +26,8 @@
 //! overlapping sets), and [`Locker::election`] (campaign, resign, observe; the term is
 //! the fencing token) on every backend. A permit or a read/write hold is a [`LockGuard`] like a lock's:
 //! fencing token, renewal, `lost()`, cancel-safe acquisition. Which backends offer
-//! which: [`Capabilities::primitives`] (memory, SQLite and Redis so far; the others
-//! refuse with [`Error::Unsupported`]).
+//! which: [`Capabilities::primitives`] (memory, SQLite, Redis, PostgreSQL and
+//! MySQL/MariaDB so far; Redlock, etcd and ZooKeeper refuse with [`Error::Unsupported`]).
 //!
 //! ## Backends
 //!

@@ -8,10 +8,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::Mode;
+use super::shared::{SharedKey, SharedRemove, SharedRow};
 use crate::backend::AcquireRequest;
 use crate::error::Result;
 use crate::name::LockName;
 use crate::options::Owner;
+use crate::shared_holds::EntryKind;
 
 /// One hold, as the statements that renew and release it need it.
 #[derive(Debug)]
@@ -135,6 +137,31 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// Names beginning with `prefix` that have a record in `mode`'s table (held or
     /// not), at most `limit`, in byte order.
     async fn names(&self, mode: Mode, prefix: &str, limit: usize) -> Result<Vec<String>>;
+
+    /// An open transaction of a semaphore's or read-write lock's attempt.
+    type SharedTx: Send;
+    /// Create the semaphore and read-write lock tables unless they exist.
+    async fn shared_schema(&self) -> Result<()>;
+    /// Begin, lock the name's gate row (creating it), delete its dead rows and read
+    /// the live ones.
+    async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, Vec<SharedRow>)>;
+    /// Write the acquisition's row of `kind` for `ttl`; a hold takes the next token
+    /// (returned), a waiting writer's row none (0).
+    async fn shared_put(
+        &self,
+        tx: &mut Self::SharedTx,
+        req: &AcquireRequest,
+        at: &SharedKey,
+        kind: EntryKind,
+        ttl: Duration,
+    ) -> Result<u64>;
+    /// Commit.
+    async fn shared_commit(&self, tx: Self::SharedTx) -> Result<()>;
+    /// Extend a live hold to at least `ttl` from now; `false` when it is gone.
+    async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool>;
+    /// Remove the acquisition's row as `what` says (and tell waiters in other
+    /// processes, where the server can); `true` when a row went.
+    async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool>;
 
     /// Who holds `name` in `mode`, asked the way the acquire asks.
     async fn inspect(

@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::session::{IdleConns, Pinned, Session};
 use super::{Mode, SqlOptions, SqlWaiter, hex, lock_key, metadata_from};
-use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Waiter};
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Primitive, Waiter,
+};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::notify::WakeOne;
@@ -25,6 +27,8 @@ pub(crate) struct SqlBackend<D: Dialect> {
     idle: Arc<IdleConns<D::Conn>>,
     /// The server flushes every commit: fencing tokens survive a crash.
     durable: bool,
+    /// The semaphore and read-write lock tables exist (made on first use).
+    shared_ready: tokio::sync::OnceCell<()>,
 }
 
 impl<D: Dialect> std::fmt::Debug for SqlBackend<D> {
@@ -54,6 +58,7 @@ impl<D: Dialect> SqlBackend<D> {
             opts,
             hub,
             durable,
+            shared_ready: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -191,6 +196,12 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        if req.primitive != Primitive::Lock {
+            self.shared_ready
+                .get_or_try_init(|| self.dialect.shared_schema())
+                .await?;
+            return super::shared::acquire(&self.dialect, &self.hub, req).await;
+        }
         if req.fair {
             return Err(Error::Unsupported(format!(
                 "fair (FIFO) mode is not offered by the {} backend yet",
@@ -210,6 +221,13 @@ impl<D: Dialect> Backend for SqlBackend<D> {
             poll: self.opts.poll,
             jitter: D::POLL_JITTER,
         }))
+    }
+
+    async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
+        if req.primitive == Primitive::Write && req.enqueue.is_some() {
+            return super::shared::leave(&*self.dialect, &self.hub, req).await;
+        }
+        Ok(())
     }
 
     async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {

@@ -22,6 +22,15 @@
 //! it by its next heartbeat — [`Capabilities::connection_loss_notice`]. Only a resource
 //! that checks fencing tokens protects that window. A holder that is SIGSTOPped keeps
 //! its session, and so the lock, until it resumes.
+//!
+//! # Semaphores and read-write locks
+//! In every mode they are leases in two tables of their own, created on first use:
+//! `<prefix>_shared_gate` (one row per name and family, locked by each attempt's
+//! transaction so attempts on a name take turns, and counting its tokens) and
+//! `<prefix>_shared` (one row per held permit, read or write, and per waiting writer,
+//! keyed by the acquisition, expiring by the server's clock). An attempt is one short
+//! transaction; a renewal and a release one statement each. A holder that dies frees
+//! its permit when its lease ends (not with its connection, whatever the mode).
 
 use std::time::Duration;
 
@@ -40,6 +49,7 @@ pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod session;
+mod shared;
 
 /// How a lock is held on the server.
 #[non_exhaustive]
@@ -313,6 +323,7 @@ pub(crate) fn capabilities(
     });
     caps.native_wait = native_wait;
     caps.cross_process = true;
+    caps.primitives = crate::backend::Primitives::ALL;
     if mode.is_session() {
         caps.session_bound = true;
         caps.connection_loss_notice = Some(heartbeat);

@@ -56,11 +56,13 @@ use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::engine::SqlBackend;
+use super::shared::{SharedKey, SharedRemove, SharedRow};
 use super::{COMMON_OPTIONS, Mode, SqlOptions, db_err, hex, metadata_json, no_answer, timed};
 use crate::backend::{AcquireRequest, Backend, Capabilities};
 use crate::error::Result;
 use crate::name::LockName;
 use crate::notify::WakeOne;
+use crate::shared_holds::EntryKind;
 use crate::url::ConnectUrl;
 
 mod statements;
@@ -478,6 +480,130 @@ impl Dialect for Mysql {
                 .fetch_all(&self.pool),
         )
         .await
+    }
+
+    type SharedTx = sqlx::Transaction<'static, sqlx::MySql>;
+
+    async fn shared_schema(&self) -> Result<()> {
+        let sql = &self.sql.shared;
+        let create = async {
+            let present: i64 = sqlx::query_scalar(AssertSqlSafe(&*sql.tables))
+                .fetch_one(&self.pool)
+                .await?;
+            if present < 2 {
+                // CREATE TABLE IF NOT EXISTS is safe to race on MySQL.
+                for table in &sql.schema {
+                    self.pool.execute(AssertSqlSafe(&**table)).await?;
+                }
+            }
+            Ok(())
+        };
+        timed(BACKEND, self.timeout, create).await
+    }
+
+    async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, Vec<SharedRow>)> {
+        let sql = &self.sql.shared;
+        // A deadlock (the first gate rows of a name racing) rolls the whole transaction
+        // back: it is begun again.
+        let (tx, rows) = retrying(self.timeout, || async {
+            let mut tx = self.pool.begin().await?;
+            for statement in [&sql.gate, &sql.prune] {
+                sqlx::query(AssertSqlSafe(&**statement))
+                    .bind(&at.key[..])
+                    .bind(at.family)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let rows = sqlx::query_as::<_, (String, Vec<u8>, i64, i64)>(AssertSqlSafe(&*sql.live))
+                .bind(&at.key[..])
+                .bind(at.family)
+                .fetch_all(&mut *tx)
+                .await?;
+            Ok((tx, rows))
+        })
+        .await?;
+        let rows = rows
+            .into_iter()
+            .map(|(kind, owner, acquisition, remaining_ms)| SharedRow {
+                kind,
+                owner: String::from_utf8_lossy(&owner).into_owned(),
+                acquisition,
+                remaining_ms,
+            })
+            .collect();
+        Ok((tx, rows))
+    }
+
+    async fn shared_put(
+        &self,
+        tx: &mut Self::SharedTx,
+        req: &AcquireRequest,
+        at: &SharedKey,
+        kind: EntryKind,
+        ttl: Duration,
+    ) -> Result<u64> {
+        let sql = &self.sql.shared;
+        let put = async {
+            let fence = if kind.is_hold() {
+                sqlx::query(AssertSqlSafe(&*sql.bump))
+                    .bind(&at.key[..])
+                    .bind(at.family)
+                    .execute(&mut **tx)
+                    .await?
+                    .last_insert_id()
+            } else {
+                0
+            };
+            sqlx::query(AssertSqlSafe(&*sql.put))
+                .bind(&at.key[..])
+                .bind(at.family)
+                .bind(at.acquisition)
+                .bind(req.name.as_str())
+                .bind(req.owner.as_str().as_bytes())
+                .bind(kind.as_str())
+                .bind(fence)
+                .bind(micros(ttl))
+                .bind(metadata_json(&req.metadata))
+                .execute(&mut **tx)
+                .await?;
+            Ok(fence)
+        };
+        timed(BACKEND, self.timeout, put).await
+    }
+
+    async fn shared_commit(&self, tx: Self::SharedTx) -> Result<()> {
+        timed(BACKEND, self.timeout, tx.commit()).await
+    }
+
+    async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool> {
+        let done = retrying(self.timeout, || {
+            sqlx::query(AssertSqlSafe(&*self.sql.shared.renew))
+                .bind(micros(ttl))
+                .bind(&at.key[..])
+                .bind(at.family)
+                .bind(at.acquisition)
+                .bind(fence)
+                .execute(&self.pool)
+        })
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool> {
+        let (selector, fence) = what.parts();
+        let done = retrying(self.timeout, || {
+            sqlx::query(AssertSqlSafe(&*self.sql.shared.remove))
+                .bind(&at.key[..])
+                .bind(at.family)
+                .bind(at.acquisition)
+                .bind(selector)
+                .bind(selector)
+                .bind(selector)
+                .bind(fence)
+                .execute(&self.pool)
+        })
+        .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn inspect(

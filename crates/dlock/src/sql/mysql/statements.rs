@@ -35,6 +35,98 @@ pub(super) struct Statements {
     pub row_holder: String,
     pub row_release: String,
     pub inspect_row: String,
+    /// Semaphores and read-write locks (`super::super::shared`).
+    pub shared: SharedStatements,
+}
+
+/// The statements of semaphores and read-write locks.
+#[derive(Debug)]
+pub(super) struct SharedStatements {
+    pub schema: [String; 2],
+    pub tables: String,
+    pub gate: String,
+    pub prune: String,
+    pub live: String,
+    pub bump: String,
+    pub put: String,
+    pub renew: String,
+    pub remove: String,
+}
+
+impl SharedStatements {
+    fn new(p: &str) -> Self {
+        SharedStatements {
+            schema: [
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {p}_shared_gate (
+                        lock_key BINARY(32) NOT NULL,
+                        family   VARCHAR(16) NOT NULL,
+                        fence    BIGINT NOT NULL DEFAULT 0,
+                        PRIMARY KEY (lock_key, family)
+                     ) ENGINE=InnoDB"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {p}_shared (
+                        lock_key    BINARY(32) NOT NULL,
+                        family      VARCHAR(16) NOT NULL,
+                        acquisition BIGINT NOT NULL,
+                        name        TEXT NOT NULL,
+                        owner       VARBINARY(255) NOT NULL,
+                        kind        VARCHAR(16) NOT NULL,
+                        fence       BIGINT NOT NULL,
+                        expires_at  DATETIME(6) NOT NULL,
+                        metadata    TEXT NOT NULL,
+                        PRIMARY KEY (lock_key, family, acquisition)
+                     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                ),
+            ],
+            tables: format!(
+                "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()
+                 AND TABLE_NAME IN ('{p}_shared_gate', '{p}_shared')"
+            ),
+            // Creates the gate row or takes its record lock until commit (an upsert locks
+            // exclusively at once: no shared-then-exclusive upgrade to deadlock on).
+            // Binds: key, family.
+            gate: format!(
+                "INSERT INTO {p}_shared_gate (lock_key, family) VALUES (?, ?)
+                 ON DUPLICATE KEY UPDATE fence = fence"
+            ),
+            prune: format!(
+                "DELETE FROM {p}_shared WHERE lock_key = ? AND family = ? AND expires_at <= {NOW}"
+            ),
+            live: format!(
+                "SELECT kind, owner, acquisition,
+                        CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) DIV 1000 AS SIGNED)
+                 FROM {p}_shared WHERE lock_key = ? AND family = ?"
+            ),
+            // last_insert_id = the new token.
+            bump: format!(
+                "UPDATE {p}_shared_gate SET fence = LAST_INSERT_ID(fence + 1)
+                 WHERE lock_key = ? AND family = ?"
+            ),
+            // Binds: key, family, acquisition, name, owner, kind, fence, ttl µs, metadata.
+            put: format!(
+                "INSERT INTO {p}_shared (lock_key, family, acquisition, name, owner, kind, fence, expires_at, metadata)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, {NOW} + INTERVAL ? MICROSECOND, ?)
+                 ON DUPLICATE KEY UPDATE kind = VALUES(kind), fence = VALUES(fence),
+                    owner = VALUES(owner), expires_at = VALUES(expires_at),
+                    metadata = VALUES(metadata)"
+            ),
+            // Binds: ttl µs, key, family, acquisition, fence. Found rows: 1 when renewed.
+            renew: format!(
+                "UPDATE {p}_shared SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
+                 WHERE lock_key = ? AND family = ? AND acquisition = ? AND fence = ?
+                   AND kind <> 'want-write' AND expires_at > {NOW}"
+            ),
+            // Binds: key, family, acquisition, what, what, what, fence.
+            remove: format!(
+                "DELETE FROM {p}_shared
+                 WHERE lock_key = ? AND family = ? AND acquisition = ?
+                   AND (? = 'any' OR (? = 'want' AND kind = 'want-write')
+                        OR (? = 'token' AND kind <> 'want-write' AND fence = ?))"
+            ),
+        }
+    }
 }
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
@@ -56,6 +148,7 @@ impl Statements {
             "(expires_at <= {NOW} - INTERVAL {d} MICROSECOND OR (owner = ? AND expires_at <= {NOW}))"
         );
         Statements {
+            shared: SharedStatements::new(p),
             schema: [
                 format!(
                     "CREATE TABLE IF NOT EXISTS {p}_locks (

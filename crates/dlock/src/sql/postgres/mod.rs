@@ -64,11 +64,13 @@ use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::engine::SqlBackend;
+use super::shared::{SharedKey, SharedRemove, SharedRow};
 use super::{COMMON_OPTIONS, Mode, SqlOptions, db_err, has_code, lock_key, metadata_json, timed};
 use crate::backend::{AcquireRequest, Backend, Capabilities};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::notify::WakeOne;
+use crate::shared_holds::EntryKind;
 use crate::url::ConnectUrl;
 
 mod statements;
@@ -483,6 +485,135 @@ impl Dialect for Postgres {
                 .fetch_all(&self.pool),
         )
         .await
+    }
+
+    type SharedTx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+    async fn shared_schema(&self) -> Result<()> {
+        let sql = &self.sql.shared;
+        let create = async {
+            let present: bool = sqlx::query_scalar(AssertSqlSafe(&*sql.tables))
+                .fetch_one(&self.pool)
+                .await?;
+            if present {
+                return Ok(());
+            }
+            // Serialized as create_schema is (concurrent CREATE IF NOT EXISTS can fail).
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(7022505437620437858)")
+                .execute(&mut *tx)
+                .await?;
+            tx.execute(sqlx::raw_sql(AssertSqlSafe(&*sql.schema)))
+                .await?;
+            tx.commit().await
+        };
+        timed(BACKEND, self.timeout, create).await
+    }
+
+    async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, Vec<SharedRow>)> {
+        let sql = &self.sql.shared;
+        let begin = async {
+            let mut tx = self.pool.begin().await?;
+            for statement in [&sql.gate, &sql.prune] {
+                sqlx::query(AssertSqlSafe(&**statement))
+                    .bind(&at.key[..])
+                    .bind(at.family)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let rows = sqlx::query_as::<_, (String, String, i64, i64)>(AssertSqlSafe(&*sql.live))
+                .bind(&at.key[..])
+                .bind(at.family)
+                .fetch_all(&mut *tx)
+                .await?;
+            Ok((tx, rows))
+        };
+        let (tx, rows) = timed(BACKEND, self.timeout, begin).await?;
+        let rows = rows
+            .into_iter()
+            .map(|(kind, owner, acquisition, remaining_ms)| SharedRow {
+                kind,
+                owner,
+                acquisition,
+                remaining_ms,
+            })
+            .collect();
+        Ok((tx, rows))
+    }
+
+    async fn shared_put(
+        &self,
+        tx: &mut Self::SharedTx,
+        req: &AcquireRequest,
+        at: &SharedKey,
+        kind: EntryKind,
+        ttl: Duration,
+    ) -> Result<u64> {
+        let sql = &self.sql.shared;
+        let put = async {
+            let fence: i64 = if kind.is_hold() {
+                sqlx::query_scalar(AssertSqlSafe(&*sql.bump))
+                    .bind(&at.key[..])
+                    .bind(at.family)
+                    .fetch_one(&mut **tx)
+                    .await?
+            } else {
+                0
+            };
+            sqlx::query(AssertSqlSafe(&*sql.put))
+                .bind(&at.key[..])
+                .bind(at.family)
+                .bind(at.acquisition)
+                .bind(req.name.as_str())
+                .bind(req.owner.as_str())
+                .bind(kind.as_str())
+                .bind(fence)
+                .bind(micros(ttl))
+                .bind(metadata_json(&req.metadata))
+                .execute(&mut **tx)
+                .await?;
+            Ok(fence)
+        };
+        Ok(fence_u64(timed(BACKEND, self.timeout, put).await?))
+    }
+
+    async fn shared_commit(&self, tx: Self::SharedTx) -> Result<()> {
+        timed(BACKEND, self.timeout, tx.commit()).await
+    }
+
+    async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool> {
+        let done = timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query(AssertSqlSafe(&*self.sql.shared.renew))
+                .bind(&at.key[..])
+                .bind(at.family)
+                .bind(at.acquisition)
+                .bind(fence_i64(fence))
+                .bind(micros(ttl))
+                .execute(&self.pool),
+        )
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool> {
+        let (selector, fence) = what.parts();
+        let removed: i64 = timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_scalar(AssertSqlSafe(&*self.sql.shared.remove))
+                .bind(&at.key[..])
+                .bind(at.family)
+                .bind(at.acquisition)
+                .bind(selector)
+                .bind(fence)
+                .bind(&*self.sql.channel)
+                .bind(&at.key_hex)
+                .fetch_one(&self.pool),
+        )
+        .await?;
+        Ok(removed > 0)
     }
 
     async fn inspect(

@@ -31,6 +31,99 @@ pub(super) struct Statements {
     pub row_holder: String,
     pub row_release: String,
     pub inspect_row: String,
+    /// Semaphores and read-write locks (`super::super::shared`).
+    pub shared: SharedStatements,
+}
+
+/// The statements of semaphores and read-write locks.
+#[derive(Debug)]
+pub(super) struct SharedStatements {
+    pub tables: String,
+    pub schema: String,
+    pub gate: String,
+    pub prune: String,
+    pub live: String,
+    pub bump: String,
+    pub put: String,
+    pub renew: String,
+    pub remove: String,
+}
+
+impl SharedStatements {
+    fn new(p: &str) -> Self {
+        SharedStatements {
+            tables: format!(
+                "SELECT to_regclass('{p}_shared') IS NOT NULL AND to_regclass('{p}_shared_gate') IS NOT NULL"
+            ),
+            schema: format!(
+                "CREATE TABLE IF NOT EXISTS {p}_shared_gate (
+                    lock_key bytea NOT NULL,
+                    family   text NOT NULL,
+                    fence    bigint NOT NULL DEFAULT 0,
+                    PRIMARY KEY (lock_key, family)
+                 );
+                 CREATE TABLE IF NOT EXISTS {p}_shared (
+                    lock_key    bytea NOT NULL,
+                    family      text NOT NULL,
+                    acquisition bigint NOT NULL,
+                    name        text NOT NULL,
+                    owner       text NOT NULL,
+                    kind        text NOT NULL,
+                    fence       bigint NOT NULL,
+                    expires_at  timestamptz NOT NULL,
+                    metadata    text NOT NULL,
+                    PRIMARY KEY (lock_key, family, acquisition)
+                 );"
+            ),
+            // Creates the gate row or locks it until commit. Binds: 1 key, 2 family.
+            gate: format!(
+                "INSERT INTO {p}_shared_gate AS g (lock_key, family) VALUES ($1, $2)
+                 ON CONFLICT (lock_key, family) DO UPDATE SET fence = g.fence"
+            ),
+            prune: format!(
+                "DELETE FROM {p}_shared WHERE lock_key = $1 AND family = $2
+                   AND expires_at <= statement_timestamp()"
+            ),
+            live: format!(
+                "SELECT kind, owner, acquisition,
+                        (EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000)::bigint
+                 FROM {p}_shared WHERE lock_key = $1 AND family = $2"
+            ),
+            bump: format!(
+                "UPDATE {p}_shared_gate SET fence = fence + 1
+                 WHERE lock_key = $1 AND family = $2 RETURNING fence"
+            ),
+            // Binds: 1 key, 2 family, 3 acquisition, 4 name, 5 owner, 6 kind, 7 fence,
+            // 8 ttl µs, 9 metadata.
+            put: format!(
+                "INSERT INTO {p}_shared (lock_key, family, acquisition, name, owner, kind, fence, expires_at, metadata)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, statement_timestamp() + $8 * interval '1 microsecond', $9)
+                 ON CONFLICT (lock_key, family, acquisition) DO UPDATE SET
+                    kind = excluded.kind, fence = excluded.fence, owner = excluded.owner,
+                    expires_at = excluded.expires_at, metadata = excluded.metadata"
+            ),
+            // Binds: 1 key, 2 family, 3 acquisition, 4 fence, 5 ttl µs.
+            renew: format!(
+                "UPDATE {p}_shared
+                 SET expires_at = GREATEST(expires_at, statement_timestamp() + $5 * interval '1 microsecond')
+                 WHERE lock_key = $1 AND family = $2 AND acquisition = $3 AND fence = $4
+                   AND kind <> 'want-write' AND expires_at > statement_timestamp()"
+            ),
+            // Binds: 1 key, 2 family, 3 acquisition, 4 what (token | want | any),
+            // 5 fence, 6 channel, 7 key hex. Notifies when a row went.
+            remove: format!(
+                "WITH d AS (
+                    DELETE FROM {p}_shared
+                    WHERE lock_key = $1 AND family = $2 AND acquisition = $3
+                      AND CASE $4 WHEN 'want' THEN kind = 'want-write'
+                                  WHEN 'any' THEN true
+                                  ELSE kind <> 'want-write' AND fence = $5 END
+                    RETURNING 1)
+                 SELECT count(*) FROM d
+                 LEFT JOIN LATERAL (SELECT pg_notify($6, $7)) n ON true"
+            ),
+        }
+    }
 }
 
 /// Remaining lease of row `l` in whole milliseconds (negative: expired).
@@ -44,6 +137,7 @@ impl Statements {
         let live = "l.owner = $3 AND l.holds > 0 AND l.expires_at > statement_timestamp()";
         let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
         Statements {
+            shared: SharedStatements::new(p),
             schema: format!(
                 "CREATE TABLE IF NOT EXISTS {p}_locks (
                     lock_key   bytea PRIMARY KEY,

@@ -1,0 +1,222 @@
+//! Semaphores and read-write locks on PostgreSQL and MySQL/MariaDB, in every mode: two
+//! tables of their own beside the lock's, created on first use (a user who only takes
+//! locks needs no new table).
+//!
+//! `P_shared_gate` has one row per name and family (`semaphore`/`rwlock`): an attempt
+//! upserts it first, which locks that row until commit, so attempts on one name take
+//! turns; the row also counts the tokens (bumped by each grant, in the granting
+//! transaction: strictly increasing per semaphore and read-write lock, durable as the
+//! server's commits). `P_shared` has one row per held permit, read or write — and per
+//! waiting writer — keyed by the acquisition, with its lease on the server's clock. In
+//! that one transaction the attempt deletes the name's dead rows, reads the live ones,
+//! asks [`crate::shared_holds::decide`] and writes what it says. A renewal and a
+//! release are one statement each. An attempt that fails after it may have written (a
+//! lost commit reply) is undone by its acquisition.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::dialect::Dialect;
+use crate::backend::{AcquireRequest, AcquisitionId, Attempt, HeldLock};
+use crate::error::{Error, Result};
+use crate::notify::WakeOne;
+use crate::shared_holds::{EntryKind, LiveEntry, Verdict, decide, family};
+
+/// A live row, as an attempt reads it.
+#[derive(Debug)]
+pub(crate) struct SharedRow {
+    pub kind: String,
+    pub owner: String,
+    pub acquisition: i64,
+    /// Lease left by the server's clock.
+    pub remaining_ms: i64,
+}
+
+/// What a removal takes away.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SharedRemove {
+    /// The hold granted with this token.
+    Token(u64),
+    /// The acquisition's waiting-writer row.
+    Want,
+    /// Whatever the acquisition left (its attempt failed after it may have written).
+    Any,
+}
+
+impl SharedRemove {
+    /// The statement's selector and token.
+    pub(crate) fn parts(self) -> (&'static str, i64) {
+        match self {
+            SharedRemove::Token(t) => ("token", i64::try_from(t).unwrap_or(i64::MAX)),
+            SharedRemove::Want => ("want", 0),
+            SharedRemove::Any => ("any", 0),
+        }
+    }
+}
+
+/// One row of `P_shared`, as renewals and removals name it.
+#[derive(Debug, Clone)]
+pub(crate) struct SharedKey {
+    pub key: [u8; 32],
+    pub key_hex: String,
+    pub family: &'static str,
+    pub acquisition: i64,
+}
+
+impl SharedKey {
+    pub(crate) fn of(req: &AcquireRequest) -> Self {
+        let key = super::lock_key(&req.name);
+        SharedKey {
+            key_hex: super::hex(&key),
+            key,
+            family: family(req.primitive),
+            acquisition: i64::from_ne_bytes(req.acquisition.get().to_ne_bytes()),
+        }
+    }
+}
+
+/// The outcome of one attempt.
+enum Answer {
+    Granted(u64),
+    Busy(Option<Duration>),
+    Refused,
+}
+
+/// One attempt at a permit, read or write: the transaction described above.
+async fn decide_in_tx<D: Dialect>(d: &D, req: &AcquireRequest, at: &SharedKey) -> Result<Answer> {
+    let (mut tx, rows) = d.shared_begin(at).await?;
+    let live: Vec<LiveEntry<'_>> = rows
+        .iter()
+        .filter_map(|r| {
+            Some(LiveEntry {
+                kind: EntryKind::parse(&r.kind)?,
+                owner: &r.owner,
+                acquisition: AcquisitionId::from_raw(u64::from_ne_bytes(
+                    r.acquisition.to_ne_bytes(),
+                )),
+            })
+        })
+        .collect();
+    let verdict = decide(req, &live);
+    let soonest = rows
+        .iter()
+        .filter(|r| EntryKind::parse(&r.kind).is_some_and(EntryKind::is_hold))
+        .map(|r| r.remaining_ms)
+        .min()
+        .filter(|ms| *ms > 0)
+        .map(|ms| Duration::from_millis(ms.unsigned_abs()));
+    let answer = match verdict {
+        // The transaction rolls back as it drops: nothing was written.
+        Verdict::UpgradeRefused => return Ok(Answer::Refused),
+        Verdict::Busy { want_write } => match req.enqueue {
+            Some(entry_ttl) if want_write => {
+                d.shared_put(&mut tx, req, at, EntryKind::WantWrite, entry_ttl)
+                    .await?;
+                Answer::Busy(soonest)
+            }
+            _ => return Ok(Answer::Busy(soonest)),
+        },
+        Verdict::Grant(kind) => {
+            Answer::Granted(d.shared_put(&mut tx, req, at, kind, req.ttl).await?)
+        }
+    };
+    d.shared_commit(tx).await?;
+    Ok(answer)
+}
+
+/// An attempt at a permit, read or write on `d`.
+pub(crate) async fn acquire<D: Dialect>(
+    d: &Arc<D>,
+    hub: &Arc<WakeOne<[u8; 32]>>,
+    req: &AcquireRequest,
+) -> Result<Attempt> {
+    let at = SharedKey::of(req);
+    match decide_in_tx(&**d, req, &at).await {
+        Ok(Answer::Granted(fence)) => Ok(Attempt::Acquired(Box::new(SqlSharedHeld {
+            dialect: Arc::clone(d),
+            hub: Arc::clone(hub),
+            at,
+            name: req.name.as_str().to_owned(),
+            fence,
+        }))),
+        Ok(Answer::Busy(retry_after)) => Ok(Attempt::Busy { retry_after }),
+        Ok(Answer::Refused) => Err(Error::UpgradeRefused {
+            name: req.name.as_str().to_owned(),
+        }),
+        Err(e) => {
+            // The commit may have landed with its reply lost: undo whatever this
+            // acquisition wrote (it ends with this error; nothing of it can follow).
+            let d = Arc::clone(d);
+            tokio::spawn(async move {
+                for pause in [10u64, 100, 1000] {
+                    if d.shared_remove(&at, SharedRemove::Any).await.is_ok() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            });
+            Err(e)
+        }
+    }
+}
+
+/// Remove a waiting writer's row (`leave_queue`).
+pub(crate) async fn leave<D: Dialect>(
+    d: &D,
+    hub: &WakeOne<[u8; 32]>,
+    req: &AcquireRequest,
+) -> Result<()> {
+    let at = SharedKey::of(req);
+    if d.shared_remove(&at, SharedRemove::Want).await? {
+        hub.wake(&at.key);
+    }
+    Ok(())
+}
+
+/// One held permit, read or write.
+struct SqlSharedHeld<D> {
+    dialect: Arc<D>,
+    hub: Arc<WakeOne<[u8; 32]>>,
+    at: SharedKey,
+    name: String,
+    fence: u64,
+}
+
+impl<D> std::fmt::Debug for SqlSharedHeld<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlSharedHeld")
+            .field("name", &self.name)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> HeldLock for SqlSharedHeld<D> {
+    fn fencing_token(&self) -> u64 {
+        self.fence
+    }
+
+    async fn renew(&self, ttl: Duration) -> Result<()> {
+        if self.dialect.shared_renew(&self.at, self.fence, ttl).await? {
+            Ok(())
+        } else {
+            Err(Error::NotOwner {
+                name: self.name.clone(),
+            })
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        let removed = self
+            .dialect
+            .shared_remove(&self.at, SharedRemove::Token(self.fence))
+            .await?;
+        if removed {
+            self.hub.wake(&self.at.key);
+        }
+        Ok(())
+    }
+}
