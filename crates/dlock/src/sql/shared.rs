@@ -60,6 +60,8 @@ impl SharedRemove {
 #[derive(Debug, Clone)]
 pub(crate) struct SharedKey {
     pub key: [u8; 32],
+    /// `key` in hex: the release notification's payload (PostgreSQL only).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub key_hex: String,
     pub family: &'static str,
     pub acquisition: i64,
