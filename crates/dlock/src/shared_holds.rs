@@ -31,6 +31,11 @@ pub(crate) enum EntryKind {
     WantWrite,
 }
 
+// Stored names: used by the backends that keep entries in tables.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 impl EntryKind {
     /// The name stored in a row.
     pub(crate) fn as_str(self) -> &'static str {
