@@ -433,6 +433,12 @@ pub struct StatusArgs {
     /// Print JSON (one array) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The names are semaphores: show every permit holder.
+    #[arg(long, conflicts_with = "rwlock")]
+    pub semaphore: bool,
+    /// The names are read-write locks: show the readers or the writer.
+    #[arg(long)]
+    pub rwlock: bool,
     /// Lock names.
     #[arg(required = true)]
     pub names: Vec<String>,

@@ -49,6 +49,9 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
         Locker::check_name(&url, name)?;
     }
     let locker = Locker::connect(&url).await?;
+    if args.semaphore || args.rwlock {
+        return shared_status(&locker, &args).await;
+    }
     let mut lines = Vec::new();
     for name in &args.names {
         let info = locker.inspect(name).await?;
@@ -116,6 +119,62 @@ pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
         outln!("{name}: released or taken by someone else meanwhile; nothing broken");
         Ok(exit::SOME_FREE)
     }
+}
+
+/// `dlock status --semaphore|--rwlock NAME…`: every holder of each; exit 0 when each
+/// has one, [`exit::SOME_FREE`] when one has none.
+async fn shared_status(locker: &Locker, args: &StatusArgs) -> Result<i32, Failure> {
+    let mut all = Vec::new();
+    let mut every_held = true;
+    for name in &args.names {
+        let holders = if args.semaphore {
+            // The permit count is each caller's: any number shows the holders.
+            locker.semaphore(name, 1).holders().await?
+        } else {
+            locker.rwlock(name).holders().await?
+        };
+        every_held &= !holders.is_empty();
+        all.push((name, holders));
+    }
+    if args.json {
+        let lines: Vec<serde_json::Value> = all
+            .iter()
+            .map(|(name, holders)| {
+                serde_json::json!({ "name": name, "held": !holders.is_empty(), "holders": holders })
+            })
+            .collect();
+        let text =
+            serde_json::to_string_pretty(&lines).map_err(|e| Failure::internal(e.to_string()))?;
+        outln!("{text}");
+    } else {
+        for (name, holders) in &all {
+            let writes = holders
+                .iter()
+                .filter(|h| h.hold == Some(dlock::HoldKind::Write))
+                .count();
+            let summary = match (holders.len(), args.semaphore, writes) {
+                (0, _, _) => "free".to_owned(),
+                (n, true, _) => format!("{n} permit{} held", if n == 1 { "" } else { "s" }),
+                (n, false, 0) => format!("read by {n}"),
+                (_, false, _) => "written".to_owned(),
+            };
+            outln!("{name}: {summary}");
+            for h in holders {
+                let what = match h.hold {
+                    Some(dlock::HoldKind::Read) => "read",
+                    Some(dlock::HoldKind::Write) => "write",
+                    _ => "permit",
+                };
+                outln!(
+                    "  {what}, token {}: {} (owner {})",
+                    h.fencing_token,
+                    describe_holder(h),
+                    h.owner
+                );
+            }
+        }
+    }
+    Ok(if every_held { 0 } else { exit::SOME_FREE })
 }
 
 /// One line per lock (or one JSON array).

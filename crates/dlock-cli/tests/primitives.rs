@@ -334,3 +334,80 @@ fn permits_and_read_write_on_postgres_and_mariadb() {
         readers_together_writers_alone(&url);
     }
 }
+
+/// `dlock status --semaphore` lists every permit holder with its token and note;
+/// `--rwlock` the readers; exit 0 when each named one is held, 1 when one is free.
+#[test]
+fn status_shows_permit_holders_and_readers() {
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/locks.db", tmp.path().display());
+    let hold = |args: &[&str], note: &str| {
+        Command::new(DLOCK)
+            .args(["run", "--url", &url, "--note", note])
+            .args(args)
+            .args(["--", "sh", "-c", "echo in; exec sleep 30"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn dlock run")
+    };
+    let mut holders = vec![
+        hold(&["--permits", "3", "sem"], "first"),
+        hold(&["--permits", "3", "sem"], "second"),
+        hold(&["--read", "rw"], "reader"),
+    ];
+    for h in &mut holders {
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(h.stdout.as_mut().expect("stdout")),
+            &mut line,
+        )
+        .expect("read");
+        assert_eq!(line.trim(), "in");
+    }
+    let status = |args: &[&str]| {
+        Command::new(DLOCK)
+            .args(["status", "--url", &url, "--json"])
+            .args(args)
+            .output()
+            .expect("dlock status")
+    };
+    let out = status(&["--semaphore", "sem"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let notes: Vec<&str> = v[0]["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| {
+            assert_eq!(h["hold"], "permit");
+            assert!(h["fencing_token"].as_u64().unwrap_or(0) > 0);
+            h["metadata"]["note"].as_str().unwrap_or("")
+        })
+        .collect();
+    assert_eq!(notes.len(), 2, "{v}");
+    assert!(
+        notes.contains(&"first") && notes.contains(&"second"),
+        "{notes:?}"
+    );
+    let out = status(&["--rwlock", "rw"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v[0]["holders"][0]["hold"], "read", "{v}");
+    let out = status(&["--rwlock", "rw", "free-one"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a free read-write lock is not held"
+    );
+    for mut h in holders {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+}

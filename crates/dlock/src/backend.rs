@@ -161,6 +161,19 @@ impl Capabilities {
     }
 }
 
+/// What a holder of a semaphore or read-write lock holds.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HoldKind {
+    /// A semaphore's permit.
+    Permit,
+    /// A read of a read-write lock.
+    Read,
+    /// The write of a read-write lock.
+    Write,
+}
+
 /// What `inspect` knows about a lock.
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -180,6 +193,9 @@ pub struct LockInfo {
     pub metadata: Metadata,
     /// Number of queued waiters, when the backend keeps a queue.
     pub waiters: Option<usize>,
+    /// A semaphore's or read-write lock's holder: what it holds (`None`: a lock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold: Option<HoldKind>,
 }
 
 impl LockInfo {
@@ -194,6 +210,7 @@ impl LockInfo {
             remaining: None,
             metadata: Metadata::default(),
             waiters: None,
+            hold: None,
         }
     }
 }
@@ -410,6 +427,23 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = (name, fence);
         Err(Error::Unsupported(format!(
             "breaking a lock is not offered by {}:// yet",
+            self.scheme()
+        )))
+    }
+
+    /// Every live holder of the semaphore or read-write lock `name` (`primitive` says
+    /// which; its permit count is not used), each with what it holds, in token order.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] where the backend does not offer the primitive (the
+    /// default); connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe (read only).
+    async fn holders(&self, name: &LockName, primitive: Primitive) -> Result<Vec<LockInfo>> {
+        let _ = (name, primitive);
+        Err(Error::Unsupported(format!(
+            "semaphores and read-write locks are not offered by {}://",
             self.scheme()
         )))
     }

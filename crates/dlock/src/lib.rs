@@ -98,7 +98,9 @@ pub mod url;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-pub use backend::{AcquisitionId, Capabilities, Fencing, LockInfo, Primitive, Primitives};
+pub use backend::{
+    AcquisitionId, Capabilities, Fencing, HoldKind, LockInfo, Primitive, Primitives,
+};
 pub use election::{Election, Leader, LeaderWatch, Leadership};
 pub use error::{Error, LossReason, Result};
 pub use guard::{LockContext, LockGuard};

@@ -560,6 +560,12 @@ impl Locker {
         self.backend.inspect(&name).await
     }
 
+    /// Every live holder of the semaphore or read-write lock `name`.
+    pub(crate) async fn holders(&self, name: &str, primitive: Primitive) -> Result<Vec<LockInfo>> {
+        let name = LockName::new(name)?;
+        self.backend.holders(&name, primitive).await
+    }
+
     fn prepare(
         &self,
         name: &str,

@@ -50,6 +50,7 @@ struct SharedEntry {
     acquisition: AcquisitionId,
     fence: u64,
     expires: Instant,
+    metadata: Metadata,
 }
 
 /// A semaphore's or read-write lock's entries, and its last token (kept when the
@@ -282,6 +283,31 @@ impl Backend for MemoryBackend {
         Ok(broke)
     }
 
+    async fn holders(&self, name: &LockName, primitive: Primitive) -> Result<Vec<LockInfo>> {
+        let now = Instant::now();
+        let st = self.state()?;
+        let Some(set) = st.shared.get(&(family(primitive), name.clone())) else {
+            return Ok(Vec::new());
+        };
+        let mut held: Vec<LockInfo> = set
+            .entries
+            .iter()
+            .filter(|e| e.kind.is_hold() && e.expires > now)
+            .map(|e| {
+                crate::shared_holds::holder_info(
+                    name,
+                    e.kind,
+                    e.owner.as_str().to_owned(),
+                    e.fence,
+                    Some(e.expires - now),
+                    e.metadata.clone(),
+                )
+            })
+            .collect();
+        held.sort_by_key(|i| i.fencing_token);
+        Ok(held)
+    }
+
     async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
         let mut names: Vec<String> = self
             .state()?
@@ -311,6 +337,7 @@ impl Backend for MemoryBackend {
                 remaining: Some(e.expires - now),
                 metadata: e.metadata.clone(),
                 waiters: Some(waiters),
+                hold: None,
             }))
     }
 }
@@ -346,6 +373,7 @@ impl MemoryBackend {
                     acquisition: req.acquisition,
                     fence,
                     expires: now + req.ttl,
+                    metadata: req.metadata.clone(),
                 });
                 Ok(Attempt::Acquired(Box::new(SharedHeld {
                     store: Arc::clone(&self.store),
@@ -365,6 +393,7 @@ impl MemoryBackend {
                             acquisition: req.acquisition,
                             fence: 0,
                             expires: now + entry_ttl,
+                            metadata: req.metadata.clone(),
                         }),
                     }
                 }

@@ -176,4 +176,16 @@ impl RwLock {
             .try_hold(&self.name, &self.locker.default_options(), Primitive::Write)
             .await
     }
+
+    /// Who holds the lock now, in token order: readers (`hold: Some(Read)`) or the
+    /// writer (`Some(Write)`; with reads its owner took under it).
+    ///
+    /// # Errors
+    /// As [`RwLock::read`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    pub async fn holders(&self) -> Result<Vec<crate::LockInfo>> {
+        self.locker.holders(&self.name, Primitive::Read).await
+    }
 }

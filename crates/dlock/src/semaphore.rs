@@ -122,4 +122,16 @@ impl Semaphore {
             .try_hold(&self.name, &self.locker.default_options(), self.primitive())
             .await
     }
+
+    /// Who holds a permit now, in token order (each [`crate::LockInfo`] with
+    /// `hold: Some(Permit)`, its owner, token, lease left and metadata).
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    pub async fn holders(&self) -> Result<Vec<crate::LockInfo>> {
+        self.locker.holders(&self.name, self.primitive()).await
+    }
 }

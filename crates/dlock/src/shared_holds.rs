@@ -31,9 +31,14 @@ pub(crate) enum EntryKind {
     WantWrite,
 }
 
-// Stored names: used by the backends that keep entries in tables.
+// Stored names: used by the backends that keep entries in tables (and Redis's).
 #[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    )),
     allow(dead_code)
 )]
 impl EntryKind {
@@ -56,6 +61,17 @@ impl EntryKind {
             "want-write" => EntryKind::WantWrite,
             _ => return None,
         })
+    }
+
+    /// What a holder of this entry holds (`None`: a waiting writer).
+    pub(crate) fn hold_kind(self) -> Option<crate::backend::HoldKind> {
+        use crate::backend::HoldKind;
+        match self {
+            EntryKind::Permit => Some(HoldKind::Permit),
+            EntryKind::Read => Some(HoldKind::Read),
+            EntryKind::Write => Some(HoldKind::Write),
+            EntryKind::WantWrite => None,
+        }
     }
 
     /// Whether the entry is a hold (not a waiting writer).
@@ -91,6 +107,22 @@ pub(crate) fn family(p: Primitive) -> &'static str {
         Primitive::Permit { .. } => "semaphore",
         _ => "rwlock",
     }
+}
+
+/// A holder as `holders` shows it.
+pub(crate) fn holder_info(
+    name: &crate::name::LockName,
+    kind: EntryKind,
+    owner: String,
+    fence: u64,
+    remaining: Option<std::time::Duration>,
+    metadata: crate::options::Metadata,
+) -> crate::backend::LockInfo {
+    let mut info = crate::backend::LockInfo::new(name, owner, 1, fence);
+    info.remaining = remaining;
+    info.metadata = metadata;
+    info.hold = kind.hold_kind();
+    info
 }
 
 /// Decide `req` (a permit, read or write) against the live entries of its name and

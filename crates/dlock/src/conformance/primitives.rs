@@ -200,6 +200,17 @@ pub async fn semaphore_admits_at_most_its_permits(h: &Harness) {
     );
     let fourth = b.semaphore(&name, 3).try_acquire().await.expect("try");
     assert!(fourth.is_none(), "a 4th permit of a semaphore of 3");
+    // An observer sees exactly these three holders.
+    let seen = b.semaphore(&name, 3).holders().await.expect("holders");
+    let seen_tokens: Vec<u64> = seen.iter().map(|i| i.fencing_token).collect();
+    let mut held_tokens: Vec<u64> = held.iter().map(LockGuard::fencing_token).collect();
+    held_tokens.sort_unstable();
+    assert_eq!(seen_tokens, held_tokens, "holders() shows other permits");
+    assert!(
+        seen.iter()
+            .all(|i| i.hold == Some(crate::HoldKind::Permit) && i.remaining.is_some()),
+        "{seen:?}"
+    );
     let mut tokens: Vec<u64> = held.iter().map(LockGuard::fencing_token).collect();
     let sorted = {
         let mut t = tokens.clone();
@@ -476,6 +487,17 @@ pub async fn rwlock_upgrade_is_refused_and_tokens_increase(h: &Harness) {
     );
     let r2 = rw.read().await.expect("a second reader");
     assert!(r2.fencing_token() > r1.fencing_token());
+    let seen = rw.holders().await.expect("holders");
+    assert_eq!(
+        seen.iter()
+            .map(|i| (i.hold, i.fencing_token))
+            .collect::<Vec<_>>(),
+        [
+            (Some(crate::HoldKind::Read), r1.fencing_token()),
+            (Some(crate::HoldKind::Read), r2.fencing_token())
+        ],
+        "holders() while two read"
+    );
     let read_token = r2.fencing_token();
     r1.release().await.expect("release");
     r2.release().await.expect("release");

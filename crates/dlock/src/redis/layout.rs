@@ -175,6 +175,8 @@ pub(crate) static SHARED_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/shared_acquire.lua")));
 pub(crate) static SHARED_RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/shared_renew.lua")));
+pub(crate) static SHARED_HOLDERS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/shared_holders.lua")));
 pub(crate) static SHARED_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/shared_release.lua")));
 pub(crate) static REDISSON_ACQUIRE: LazyLock<Script> =

@@ -839,6 +839,14 @@ impl Backend for RedisBackend {
         }))
     }
 
+    async fn holders(
+        &self,
+        name: &LockName,
+        primitive: crate::backend::Primitive,
+    ) -> Result<Vec<LockInfo>> {
+        shared::holders(&self.inner, name, primitive).await
+    }
+
     async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
         let inner = &self.inner;
         let keys = inner.keys(name);

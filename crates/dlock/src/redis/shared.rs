@@ -128,6 +128,49 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
     }
 }
 
+/// Every live hold of `name` (`holders`), in token order.
+pub(super) async fn holders(
+    inner: &Inner,
+    name: &LockName,
+    primitive: Primitive,
+) -> Result<Vec<crate::backend::LockInfo>> {
+    let keys = SharedKeys::new(inner, name, primitive);
+    let flat: Vec<redis::Value> = layout::SHARED_HOLDERS
+        .key(&keys.entries)
+        .key(&keys.expiry)
+        .invoke_async(&mut inner.conn.clone())
+        .await
+        .map_err(|e| map_err(&e))?;
+    let mut held = Vec::new();
+    for pair in flat.chunks(2) {
+        let [entry, left] = pair else { continue };
+        let (Ok(entry), Ok(left)) = (
+            redis::from_redis_value::<String>(entry.clone()),
+            redis::from_redis_value::<u64>(left.clone()),
+        ) else {
+            continue;
+        };
+        let mut parts = entry.splitn(3, ' ');
+        let (Some(kind), Some(token), Some(owner)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let Some(kind) = crate::shared_holds::EntryKind::parse(kind) else {
+            continue;
+        };
+        held.push(crate::shared_holds::holder_info(
+            name,
+            kind,
+            owner.to_owned(),
+            token.parse().unwrap_or(0),
+            Some(Duration::from_millis(left)),
+            crate::options::Metadata::default(),
+        ));
+    }
+    held.sort_by_key(|i| i.fencing_token);
+    Ok(held)
+}
+
 /// Remove a waiting writer's entry (`leave_queue`).
 pub(super) async fn leave(inner: &Inner, req: &AcquireRequest) -> Result<()> {
     let keys = SharedKeys::new(inner, &req.name, req.primitive);

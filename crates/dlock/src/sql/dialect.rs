@@ -163,6 +163,13 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// processes, where the server can); `true` when a row went.
     async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool>;
 
+    /// Every live hold of the name and family: (kind, owner, token, lease left in ms,
+    /// metadata JSON), in token order.
+    async fn shared_holders(
+        &self,
+        at: &SharedKey,
+    ) -> Result<Vec<(String, String, u64, i64, String)>>;
+
     /// Who holds `name` in `mode`, asked the way the acquire asks.
     async fn inspect(
         &self,

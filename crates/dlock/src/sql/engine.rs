@@ -223,6 +223,31 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         }))
     }
 
+    async fn holders(&self, name: &LockName, primitive: Primitive) -> Result<Vec<LockInfo>> {
+        let key = lock_key(name);
+        let at = super::shared::SharedKey {
+            key_hex: hex(&key),
+            key,
+            family: crate::shared_holds::family(primitive),
+            acquisition: 0,
+        };
+        let rows = self.dialect.shared_holders(&at).await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(kind, owner, fence, left, metadata)| {
+                let kind = crate::shared_holds::EntryKind::parse(&kind)?;
+                Some(crate::shared_holds::holder_info(
+                    name,
+                    kind,
+                    owner,
+                    fence,
+                    Some(Duration::from_millis(left.max(0).unsigned_abs())),
+                    metadata_from(&metadata),
+                ))
+            })
+            .collect())
+    }
+
     async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
         if req.primitive == Primitive::Write && req.enqueue.is_some() {
             return super::shared::leave(&*self.dialect, &self.hub, req).await;

@@ -534,6 +534,32 @@ impl Backend for SqliteBackend {
         Ok(broke)
     }
 
+    async fn holders(&self, name: &LockName, primitive: Primitive) -> Result<Vec<LockInfo>> {
+        let now = self.inner.now();
+        let mut conn = self.inner.reader.acquire().await.map_err(|e| db_err(&e))?;
+        let rows = shared::holders(
+            &mut conn,
+            name.as_str(),
+            crate::shared_holds::family(primitive),
+            &now,
+        )
+        .await
+        .map_err(|e| db_err(&e))?;
+        Ok(rows
+            .into_iter()
+            .map(|(kind, owner, fence, left, metadata)| {
+                crate::shared_holds::holder_info(
+                    name,
+                    kind,
+                    owner,
+                    u64::try_from(fence).unwrap_or(0),
+                    Some(Duration::from_millis(u64::try_from(left).unwrap_or(0))),
+                    serde_json::from_str::<Metadata>(&metadata).unwrap_or_default(),
+                )
+            })
+            .collect())
+    }
+
     async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
         let mut conn = self.inner.reader.acquire().await.map_err(|e| db_err(&e))?;
         statements::names(&mut conn, prefix, limit)
@@ -560,6 +586,7 @@ impl Backend for SqliteBackend {
             )),
             metadata: serde_json::from_str::<Metadata>(&row.metadata).unwrap_or_default(),
             waiters: Some(usize::try_from(waiters).unwrap_or(0)),
+            hold: None,
         }))
     }
 }

@@ -195,3 +195,29 @@ pub(super) async fn leave(conn: &mut SqliteConnection, req: &AcquireRequest) -> 
     .await?;
     Ok(())
 }
+
+/// Every live hold of `name` in `family`, in token order: (kind, owner, token, lease
+/// left in ms, metadata).
+pub(super) async fn holders(
+    conn: &mut SqliteConnection,
+    name: &str,
+    family: &str,
+    now: &Now,
+) -> sqlx::Result<Vec<(EntryKind, String, i64, i64, String)>> {
+    let rows = sqlx::query(
+        "SELECT kind, owner, fence, boot_id, expires_boot_ms, expires_wall_ms, metadata \
+         FROM dlock_shared WHERE name = ?1 AND family = ?2 AND kind <> 'want-write' ORDER BY fence",
+    )
+    .bind(name)
+    .bind(family)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let kind = EntryKind::parse(r.get::<&str, _>(0))?;
+            let left = now.remaining_ms(r.get(3), r.get(4), r.get(5));
+            (left > 0).then(|| (kind, r.get(1), r.get(2), left, r.get(6)))
+        })
+        .collect())
+}

@@ -226,6 +226,20 @@ fn wait_timeout(heartbeat: Duration) -> u64 {
     (heartbeat.as_secs() * 5).max(5)
 }
 
+impl Mysql {
+    /// Whether the semaphore and read-write lock tables exist (made on first use).
+    async fn shared_tables(&self) -> Result<bool> {
+        let present = timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.shared.tables))
+                .fetch_one(&self.pool),
+        )
+        .await?;
+        Ok(present == 2)
+    }
+}
+
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
@@ -604,6 +618,33 @@ impl Dialect for Mysql {
         })
         .await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn shared_holders(
+        &self,
+        at: &SharedKey,
+    ) -> Result<Vec<(String, String, u64, i64, String)>> {
+        if !self.shared_tables().await? {
+            return Ok(Vec::new());
+        }
+        let rows = timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_as::<_, (String, Vec<u8>, i64, i64, String)>(AssertSqlSafe(
+                &*self.sql.shared.holders,
+            ))
+            .bind(&at.key[..])
+            .bind(at.family)
+            .fetch_all(&self.pool),
+        )
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(k, o, f, left, m)| {
+                let owner = String::from_utf8_lossy(&o).into_owned();
+                (k, owner, u64::try_from(f).unwrap_or(0), left, m)
+            })
+            .collect())
     }
 
     async fn inspect(

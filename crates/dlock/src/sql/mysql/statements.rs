@@ -51,6 +51,7 @@ pub(super) struct SharedStatements {
     pub put: String,
     pub renew: String,
     pub remove: String,
+    pub holders: String,
 }
 
 impl SharedStatements {
@@ -117,6 +118,14 @@ impl SharedStatements {
                 "UPDATE {p}_shared SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
                  WHERE lock_key = ? AND family = ? AND acquisition = ? AND fence = ?
                    AND kind <> 'want-write' AND expires_at > {NOW}"
+            ),
+            holders: format!(
+                "SELECT kind, owner, fence,
+                        CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) DIV 1000 AS SIGNED),
+                        metadata
+                 FROM {p}_shared WHERE lock_key = ? AND family = ? AND kind <> 'want-write'
+                   AND expires_at > {NOW}
+                 ORDER BY fence"
             ),
             // Binds: key, family, acquisition, what, what, what, fence.
             remove: format!(

@@ -266,6 +266,19 @@ impl Drop for Postgres {
     }
 }
 
+impl Postgres {
+    /// Whether the semaphore and read-write lock tables exist (made on first use).
+    async fn shared_tables(&self) -> Result<bool> {
+        timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_scalar::<_, bool>(AssertSqlSafe(&*self.sql.shared.tables))
+                .fetch_one(&self.pool),
+        )
+        .await
+    }
+}
+
 /// A token as PostgreSQL stores it (`bigint`).
 fn fence_i64(fence: u64) -> i64 {
     i64::try_from(fence).unwrap_or(i64::MAX)
@@ -614,6 +627,30 @@ impl Dialect for Postgres {
         )
         .await?;
         Ok(removed > 0)
+    }
+
+    async fn shared_holders(
+        &self,
+        at: &SharedKey,
+    ) -> Result<Vec<(String, String, u64, i64, String)>> {
+        if !self.shared_tables().await? {
+            return Ok(Vec::new());
+        }
+        let rows = timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_as::<_, (String, String, i64, i64, String)>(AssertSqlSafe(
+                &*self.sql.shared.holders,
+            ))
+            .bind(&at.key[..])
+            .bind(at.family)
+            .fetch_all(&self.pool),
+        )
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(k, o, f, left, m)| (k, o, fence_u64(f), left, m))
+            .collect())
     }
 
     async fn inspect(

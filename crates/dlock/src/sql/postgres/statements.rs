@@ -47,6 +47,7 @@ pub(super) struct SharedStatements {
     pub put: String,
     pub renew: String,
     pub remove: String,
+    pub holders: String,
 }
 
 impl SharedStatements {
@@ -108,6 +109,14 @@ impl SharedStatements {
                  SET expires_at = GREATEST(expires_at, statement_timestamp() + $5 * interval '1 microsecond')
                  WHERE lock_key = $1 AND family = $2 AND acquisition = $3 AND fence = $4
                    AND kind <> 'want-write' AND expires_at > statement_timestamp()"
+            ),
+            holders: format!(
+                "SELECT kind, owner, fence,
+                        (EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000)::bigint,
+                        metadata
+                 FROM {p}_shared WHERE lock_key = $1 AND family = $2 AND kind <> 'want-write'
+                   AND expires_at > statement_timestamp()
+                 ORDER BY fence"
             ),
             // Binds: 1 key, 2 family, 3 acquisition, 4 what (token | want | any),
             // 5 fence, 6 channel, 7 key hex. Notifies when a row went.
