@@ -429,6 +429,34 @@ impl Inner {
         }
     }
 
+    /// Run a renewal; [`Error::NotOwner`] when it found no live hold.
+    async fn renewed(&self, op: Op<'_>, name: &LockName) -> Result<()> {
+        match self.run(op).await? {
+            Done::Flag(true) => Ok(()),
+            _ => Err(Error::NotOwner {
+                name: name.as_str().to_owned(),
+            }),
+        }
+    }
+
+    /// Run a release once (a failed one may be tried again) and wake this process's
+    /// waiters of `name`.
+    async fn release_once(&self, released: &AtomicBool, op: Op<'_>, name: &LockName) -> Result<()> {
+        if released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        match self.run(op).await {
+            Ok(_) => {
+                self.changes.notify(name);
+                Ok(())
+            }
+            Err(e) => {
+                released.store(false, Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+
     /// Read a lock row (WAL readers never wait for writers).
     async fn read(&self, name: &str) -> Result<(Now, Option<statements::LockRow>)> {
         let now = self.now();
@@ -633,38 +661,20 @@ impl HeldLock for SqliteHeld {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        match self
-            .inner
-            .run(Op::Renew {
-                hold: self.hold(),
-                ttl,
-            })
-            .await?
-        {
-            Done::Flag(true) => Ok(()),
-            _ => Err(Error::NotOwner {
-                name: self.name.as_str().to_owned(),
-            }),
-        }
+        let op = Op::Renew {
+            hold: self.hold(),
+            ttl,
+        };
+        self.inner.renewed(op, &self.name).await
     }
 
     async fn release(&self) -> Result<()> {
-        if self.released.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        match self.inner.run(Op::Release { hold: self.hold() }).await {
-            Ok(_) => {
-                // Wake this process's waiters (spuriously when a reentrant hold
-                // remains: they simply try again).
-                self.inner.changes.notify(&self.name);
-                Ok(())
-            }
-            Err(e) => {
-                // Let a later call try again.
-                self.released.store(false, Ordering::SeqCst);
-                Err(e)
-            }
-        }
+        // Wakes this process's waiters (spuriously when a reentrant hold remains:
+        // they simply try again).
+        let op = Op::Release { hold: self.hold() };
+        self.inner
+            .release_once(&self.released, op, &self.name)
+            .await
     }
 
     fn keeps_lock_delay(&self) -> bool {
@@ -742,39 +752,18 @@ impl HeldLock for SqliteSharedHeld {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        match self
-            .inner
-            .run(Op::RenewShared {
-                hold: self.hold(),
-                ttl,
-            })
-            .await?
-        {
-            Done::Flag(true) => Ok(()),
-            _ => Err(Error::NotOwner {
-                name: self.name.as_str().to_owned(),
-            }),
-        }
+        let op = Op::RenewShared {
+            hold: self.hold(),
+            ttl,
+        };
+        self.inner.renewed(op, &self.name).await
     }
 
     async fn release(&self) -> Result<()> {
-        if self.released.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        match self
-            .inner
-            .run(Op::ReleaseShared { hold: self.hold() })
+        let op = Op::ReleaseShared { hold: self.hold() };
+        self.inner
+            .release_once(&self.released, op, &self.name)
             .await
-        {
-            Ok(_) => {
-                self.inner.changes.notify(&self.name);
-                Ok(())
-            }
-            Err(e) => {
-                self.released.store(false, Ordering::SeqCst);
-                Err(e)
-            }
-        }
     }
 }
 
