@@ -346,6 +346,9 @@ pub struct RunArgs {
     /// runs meanwhile).
     #[arg(long, conflicts_with_all = ["also", "fair"])]
     pub write: bool,
+    /// Set by `dlock elect`: campaign with this value for the election NAME.
+    #[arg(skip)]
+    pub campaign: Option<String>,
     /// Run this shell command (`sh -c TEXT`) instead of CMD, as flock's `-c` does.
     #[arg(
         short = 'c',

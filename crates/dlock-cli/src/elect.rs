@@ -30,11 +30,12 @@ pub async fn elect(args: ElectArgs) -> Result<i32, Failure> {
         queue_entry_ttl: Duration::from_secs(5),
         owner: None,
         grace: args.grace,
-        note: Some(value),
+        note: Some(value.clone()),
         also: Vec::new(),
         permits: None,
         read: false,
         write: false,
+        campaign: Some(value),
         shell: args.shell,
         name: args.name,
         command: args.command,
@@ -65,12 +66,19 @@ fn describe(name: &str, leader: Option<&Leader>) -> String {
     line
 }
 
+/// `{"name": NAME, "leader": {value, term, owner, remaining_ms, metadata} | null}`.
 fn json(name: &str, leader: Option<&Leader>) -> Result<String, Failure> {
-    let value = match leader {
-        Some(l) => serde_json::to_value(l).map_err(|e| Failure::internal(e.to_string()))?,
-        None => serde_json::json!({ "name": name, "leader": null }),
+    let leader = match leader {
+        Some(l) => {
+            let mut v = serde_json::to_value(l).map_err(|e| Failure::internal(e.to_string()))?;
+            if let Some(fields) = v.as_object_mut() {
+                fields.remove("name");
+            }
+            v
+        }
+        None => serde_json::Value::Null,
     };
-    Ok(value.to_string())
+    Ok(serde_json::json!({ "name": name, "leader": leader }).to_string())
 }
 
 /// `dlock leader NAME`: exit 0 when there is a leader, 1 when there is none; with
@@ -82,7 +90,16 @@ pub async fn leader(args: LeaderArgs) -> Result<i32, Failure> {
     let locker = Locker::connect(&url).await?;
     let mut watch = locker.election(&args.name).watch(WATCH_EVERY);
     loop {
-        let now = watch.changed().await?;
+        let now = match watch.changed().await {
+            Ok(now) => now,
+            // Watching goes on through a passing error (said on stderr).
+            Err(e) if args.watch => {
+                crate::output::errln!("dlock: {}", dlock::url::redact_secrets(&e.to_string()));
+                tokio::time::sleep(WATCH_EVERY * 10).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if args.json {
             outln!("{}", json(&args.name, now.as_ref())?);
         } else {

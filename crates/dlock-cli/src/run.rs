@@ -76,7 +76,11 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         .collect::<Vec<_>>()
         .join(", ");
     let acquire = async {
-        if let Some(permits) = args.permits {
+        if let Some(value) = &args.campaign {
+            let election = locker.election(&args.name);
+            let leadership = election.campaign_with(value, &opts).await?;
+            Ok(dlock::MultiGuard::from(leadership.into_guard()))
+        } else if let Some(permits) = args.permits {
             let sem = locker.semaphore(&args.name, permits);
             sem.acquire_with(&opts).await.map(dlock::MultiGuard::from)
         } else if args.read {

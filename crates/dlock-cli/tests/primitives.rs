@@ -242,8 +242,8 @@ fn elect_hands_over_after_a_kill(url: &str, bound: Duration) {
         String::from_utf8_lossy(&out.stderr)
     );
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(shown["value"], "A");
-    assert_eq!(shown["term"], a_term);
+    assert_eq!(shown["leader"]["value"], "A", "{shown}");
+    assert_eq!(shown["leader"]["term"], a_term);
     let mut b = candidate("B");
     assert!(
         wait_file("B", Duration::from_millis(500)).is_none(),
@@ -290,7 +290,7 @@ fn elect_hands_over_after_a_kill(url: &str, bound: Duration) {
     let values: Vec<String> = String::from_utf8_lossy(&seen.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["value"].as_str().map(str::to_owned))
+        .filter_map(|v| v["leader"]["value"].as_str().map(str::to_owned))
         .collect();
     assert_eq!(values, ["A", "B"], "the watch saw {values:?}");
 }
@@ -312,10 +312,53 @@ fn elect_hands_over_on_redis_etcd_and_zookeeper() {
         return;
     };
     elect_hands_over_after_a_kill(&redis.url(), Duration::from_secs(1));
-    elect_hands_over_after_a_kill(
-        &format!("{}?session_ttl=2s", etcd.url()),
-        Duration::from_secs(2),
-    );
+    let etcd_url = format!("{}?session_ttl=2s&raw_names=true", etcd.url());
+    elect_hands_over_after_a_kill(&etcd_url, Duration::from_secs(2));
+    // etcd's own client sees dlock elect's leader and value (concurrency.Election).
+    let mut leader = Command::new(DLOCK)
+        .args([
+            "elect",
+            "--url",
+            &etcd_url,
+            "--value",
+            "seen-by-etcdctl",
+            "e:seen",
+        ])
+        .args(["--", "sleep", "30"])
+        .spawn()
+        .expect("dlock elect");
+    let mut observer = etcd
+        .etcdctl()
+        .args(["elect", "-l", "e:seen"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("etcdctl elect -l");
+    let out = observer.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut seen = false;
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) if line.trim() == "seen-by-etcdctl" => {
+                seen = true;
+                break;
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = observer.kill();
+    let _ = observer.wait();
+    let _ = leader.kill();
+    let _ = leader.wait();
+    assert!(seen, "etcdctl elect -l never showed dlock elect's value");
     elect_hands_over_after_a_kill(
         &format!("{}?session_timeout=2s", zk.url()),
         Duration::from_secs(2),

@@ -9,7 +9,9 @@
 //!
 //! An election and a lock of the same name are the same thing (as with etcd, where
 //! `etcdctl elect NAME` and `etcdctl lock NAME` share a key prefix): a lock holder of
-//! `NAME` is the leader, with no value.
+//! `NAME` is the leader, its note (if any) its value. On etcd a candidate's key holds
+//! its value alone; a value that is itself a JSON object with a string `owner` field
+//! is read back as dlock's lock record (avoid such values there).
 
 use std::time::Duration;
 
@@ -225,6 +227,12 @@ impl Leadership {
     /// The lock guard behind the leadership.
     pub fn guard(&self) -> &LockGuard {
         &self.guard
+    }
+
+    /// The lock guard behind the leadership, taken out of it (for code that handles
+    /// locks: a tool running a command under it).
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
     }
 
     /// Step down: the next candidate becomes leader at once.

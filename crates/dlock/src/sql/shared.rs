@@ -150,10 +150,20 @@ pub(crate) async fn acquire<D: Dialect>(
         Err(e) => {
             // The commit may have landed with its reply lost: undo whatever this
             // acquisition wrote (it ends with this error; nothing of it can follow).
-            let d = Arc::clone(d);
+            // Taking the name's gate first waits for that commit to finish (the
+            // attempt's transaction holds the gate until it does), so the removal sees
+            // its row if it landed.
+            let (d, hub) = (Arc::clone(d), Arc::clone(hub));
             tokio::spawn(async move {
-                for pause in [10u64, 100, 1000] {
-                    if d.shared_remove(&at, SharedRemove::Any).await.is_ok() {
+                for pause in [10u64, 100, 1000, 5000, 10_000] {
+                    let gated = match d.shared_begin(&at).await {
+                        Ok((tx, _)) => d.shared_commit(tx).await.is_ok(),
+                        Err(_) => false,
+                    };
+                    if gated && let Ok(removed) = d.shared_remove(&at, SharedRemove::Any).await {
+                        if removed {
+                            hub.wake(&at.key);
+                        }
                         return;
                     }
                     tokio::time::sleep(Duration::from_millis(pause)).await;

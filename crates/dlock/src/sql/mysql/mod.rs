@@ -42,7 +42,9 @@
 //! `inspect` asks the server what the acquire asks (`IS_USED_LOCK`): a named lock held
 //! outside dlock is reported held, with no token (0). Least privilege (tested): once the
 //! tables exist, `SELECT, INSERT, UPDATE` on them are enough (row-mode `inspect` also
-//! needs `PROCESS`). Not yet: fair (FIFO) mode, waiting by notification.
+//! needs `PROCESS`). Semaphores and read-write locks use two tables of their own
+//! (`<prefix>_shared_gate`, `<prefix>_shared`), made on first use: they also need
+//! `DELETE` on `<prefix>_shared`, and `CREATE` unless they exist already. Not yet: fair (FIFO) mode, waiting by notification.
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -50,7 +50,10 @@
 //! `advisory_key=number` only the canonical spelling of a number names its key (`42`,
 //! not `042` or `+42`): one lock, one name. Least privilege (tested): once the tables exist,
 //! `SELECT, INSERT, UPDATE` on them and `USAGE` on the sequence are enough in every mode;
-//! a user that cannot create the tables gets a clear permission error.
+//! a user that cannot create the tables gets a clear permission error. Semaphores and
+//! read-write locks use two tables of their own (`<prefix>_shared_gate`,
+//! `<prefix>_shared`), made on first use: they also need `DELETE` on `<prefix>_shared`,
+//! and `CREATE` unless they exist already.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -526,7 +529,12 @@ impl Dialect for Postgres {
     async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, Vec<SharedRow>)> {
         let sql = &self.sql.shared;
         let begin = async {
-            let mut tx = self.pool.begin().await?;
+            // READ COMMITTED whatever the server's default: the rows read after the gate
+            // lock must include those committed while it was awaited.
+            let mut tx = self
+                .pool
+                .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+                .await?;
             for statement in [&sql.gate, &sql.prune] {
                 sqlx::query(AssertSqlSafe(&**statement))
                     .bind(&at.key[..])
