@@ -72,8 +72,9 @@
 //! `dlock_semaphore_token:{NAME}` (`INCR`: fencing as the lock's), and publishes
 //! releases on `dlock_semaphore_channel:{NAME}` (one local waiter woken per message).
 //! A read-write lock uses the same keys with `dlock_rwlock`. One script decides each
-//! attempt; an attempt whose reply was lost is undone by its acquisition, so no permit
-//! outlives the failed call.
+//! attempt; an attempt whose reply was lost is undone by its acquisition in the
+//! background (not yet covered by a fault test: until then, at worst the permit's
+//! lease frees it).
 //!
 //! # Fencing
 //! Tokens come from an INCR counter beside the lock, bumped in the acquire script. They
@@ -559,11 +560,15 @@ fn handoff_nonce(attempt: &str) -> String {
 
 impl Inner {
     fn keys(&self, name: &LockName) -> Keys {
+        self.layout.keys(&self.prefixed(name))
+    }
+
+    /// `name` with the configured key prefix (borrowed when there is none: hot path).
+    fn prefixed<'a>(&self, name: &'a LockName) -> std::borrow::Cow<'a, str> {
         if self.prefix.is_empty() {
-            self.layout.keys(name.as_str())
+            std::borrow::Cow::Borrowed(name.as_str())
         } else {
-            self.layout
-                .keys(&format!("{}{}", self.prefix, name.as_str()))
+            std::borrow::Cow::Owned(format!("{}{}", self.prefix, name.as_str()))
         }
     }
 

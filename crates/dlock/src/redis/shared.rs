@@ -24,11 +24,7 @@ pub(super) struct SharedKeys {
 
 impl SharedKeys {
     pub(super) fn new(inner: &Inner, name: &LockName, primitive: Primitive) -> Self {
-        let base = if inner.prefix.is_empty() {
-            name.as_str().to_owned()
-        } else {
-            format!("{}{}", inner.prefix, name.as_str())
-        };
+        let base = inner.prefixed(name);
         let family = crate::shared_holds::family(primitive);
         SharedKeys {
             entries: suffixed(&format!("dlock_{family}"), &base),

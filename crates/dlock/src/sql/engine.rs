@@ -224,13 +224,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     }
 
     async fn holders(&self, name: &LockName, primitive: Primitive) -> Result<Vec<LockInfo>> {
-        let key = lock_key(name);
-        let at = super::shared::SharedKey {
-            key_hex: hex(&key),
-            key,
-            family: crate::shared_holds::family(primitive),
-            acquisition: 0,
-        };
+        let at = super::shared::SharedKey::named(name, primitive, 0);
         let rows = self.dialect.shared_holders(&at).await?;
         Ok(rows
             .into_iter()

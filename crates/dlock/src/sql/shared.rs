@@ -69,12 +69,22 @@ pub(crate) struct SharedKey {
 
 impl SharedKey {
     pub(crate) fn of(req: &AcquireRequest) -> Self {
-        let key = super::lock_key(&req.name);
+        let acquisition = i64::from_ne_bytes(req.acquisition.get().to_ne_bytes());
+        Self::named(&req.name, req.primitive, acquisition)
+    }
+
+    /// The rows of `name`'s `primitive` family (`acquisition` 0: no acquisition's).
+    pub(crate) fn named(
+        name: &crate::name::LockName,
+        primitive: crate::backend::Primitive,
+        acquisition: i64,
+    ) -> Self {
+        let key = super::lock_key(name);
         SharedKey {
             key_hex: super::hex(&key),
             key,
-            family: family(req.primitive),
-            acquisition: i64::from_ne_bytes(req.acquisition.get().to_ne_bytes()),
+            family: family(primitive),
+            acquisition,
         }
     }
 }
