@@ -43,6 +43,10 @@ pub(crate) enum EntryKind {
 )]
 impl EntryKind {
     /// The name stored in a row.
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             EntryKind::Permit => "permit",
