@@ -199,9 +199,12 @@ pub async fn ttl_expiry_frees(h: &Harness) {
         .await
         .expect("lease must free the lock");
     let took = start.elapsed();
+    // The holder stops trusting its lease a drift margin early and then releases it
+    // (owner-checked), so the earliest grant is at TTL minus that margin.
+    let earliest = ttl - crate::lease::drift_margin(ttl);
     assert!(
-        took + Duration::from_millis(5) >= ttl,
-        "granted before the lease ended: {took:?}"
+        took >= earliest,
+        "granted before the holder's lease ended ({earliest:?}): {took:?}"
     );
     assert!(took < ttl + Duration::from_millis(1500), "took {took:?}");
     g.release().await.expect("release");

@@ -206,9 +206,12 @@ pub async fn semaphore_admits_at_most_its_permits(h: &Harness) {
     let mut held_tokens: Vec<u64> = held.iter().map(LockGuard::fencing_token).collect();
     held_tokens.sort_unstable();
     assert_eq!(seen_tokens, held_tokens, "holders() shows other permits");
+    // A lease's time left is shown; a session-bound permit lasts while its session does.
+    let session_bound = a.capabilities().session_bound;
     assert!(
         seen.iter()
-            .all(|i| i.hold == Some(crate::HoldKind::Permit) && i.remaining.is_some()),
+            .all(|i| i.hold == Some(crate::HoldKind::Permit)
+                && (i.remaining.is_some() || session_bound)),
         "{seen:?}"
     );
     let mut tokens: Vec<u64> = held.iter().map(LockGuard::fencing_token).collect();

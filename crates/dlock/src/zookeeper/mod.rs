@@ -58,11 +58,15 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Waiter};
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Primitive, Waiter,
+};
 use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
 use crate::queue::StoredHolder;
 use crate::url::ConnectUrl;
+
+mod shared;
 
 const SCHEME: &str = "zk";
 
@@ -213,12 +217,11 @@ async fn watch_session(
     }
 }
 
-/// A contender queued in ZooKeeper (this backend's own).
 /// A contender's node, just created.
 struct Created {
     node: String,
     token: u64,
-    /// The lock's contenders listed right after the create (`None` if that listing
+    /// The parent's children listed right after the create (`None` if that listing
     /// failed or the node was found after a lost reply).
     children: Option<Vec<String>>,
 }
@@ -234,6 +237,27 @@ struct Queued {
     /// The predecessor's deletion was seen (its watch fired `NodeDeleted`, or it was
     /// already gone when the watch was set).
     predecessor_gone: bool,
+    /// A semaphore attempt that holds the semaphore's mutex (`node`): its lease node
+    /// and token, once created.
+    lease: Option<(String, u64)>,
+    /// A semaphore attempt waiting for a lease to be returned: the leases' parent and
+    /// how many children it had when last listed.
+    pool: Option<(String, usize)>,
+}
+
+impl Queued {
+    fn new(created: Created, session: Arc<Session>) -> Self {
+        Queued {
+            node: created.node,
+            token: created.token,
+            session,
+            predecessor: None,
+            behind_holder: false,
+            predecessor_gone: false,
+            lease: None,
+            pool: None,
+        }
+    }
 }
 
 struct Inner {
@@ -248,6 +272,9 @@ struct Inner {
     /// This backend's queued contenders, by lock and acquisition (never by owner: two
     /// waiting tasks of one owner each have a node of their own).
     queued: Mutex<BTreeMap<(String, u64), Queued>>,
+    /// The owner stored in read-write lock nodes already read (node names are never
+    /// reused, so an entry never goes stale); cleared when it grows large.
+    owners: Mutex<std::collections::HashMap<String, Option<Arc<str>>>>,
     shown: String,
 }
 
@@ -348,6 +375,7 @@ impl ZkBackend {
                 root,
                 session: tokio::sync::Mutex::new(None),
                 queued: Mutex::new(BTreeMap::new()),
+                owners: Mutex::new(std::collections::HashMap::new()),
                 shown: url.to_string(),
             }),
         };
@@ -360,6 +388,16 @@ impl ZkBackend {
 impl Inner {
     fn dir(&self, name: &LockName) -> String {
         format!("{}/{}", self.root, name.encoded())
+    }
+
+    /// The node an attempt's queue entry is kept under: the lock's node, a read-write
+    /// lock's node, or a semaphore's mutex.
+    fn slot_dir(&self, req: &AcquireRequest) -> String {
+        match req.primitive {
+            Primitive::Lock => self.dir(&req.name),
+            Primitive::Permit { .. } => shared::semaphore_paths(self, &req.name).locks,
+            _ => shared::rwlock_dir(self, &req.name),
+        }
     }
 
     fn queued(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u64), Queued>> {
@@ -477,8 +515,14 @@ impl Inner {
     /// it: every other contender would queue behind it for as long as the process
     /// lives. A background task deletes whatever carries the uuid once the server
     /// answers again.
-    async fn create(&self, session: &Arc<Session>, dir: &str, data: &[u8]) -> Result<Created> {
-        let prefix = format!("{dir}/_c_{}-lock-", uuid());
+    async fn create(
+        &self,
+        session: &Arc<Session>,
+        dir: &str,
+        base: &str,
+        data: &[u8],
+    ) -> Result<Created> {
+        let prefix = format!("{dir}/_c_{}-{base}", uuid());
         let mut maybe_created = false;
         let created = self
             .create_protected(session, dir, &prefix, data, &mut maybe_created)
@@ -519,7 +563,7 @@ impl Inner {
                     return Ok(Created {
                         node: format!("{prefix}{seq}"),
                         token: stat.czxid.unsigned_abs(),
-                        children: listing.await.ok().map(contenders),
+                        children: listing.await.ok(),
                     });
                 }
                 Err(zk::Error::NoNode) if round < 3 => {
@@ -569,12 +613,26 @@ impl Inner {
     }
 
     fn granted(self: &Arc<Self>, dir: &str, q: Queued) -> Attempt {
+        self.held(dir, q.node, q.token, q.session, true)
+    }
+
+    /// A grant of `node`; `mutex`: a lock's node, whose release may let a waiter of
+    /// this process queued right behind it in without listing the children.
+    fn held(
+        self: &Arc<Self>,
+        dir: &str,
+        node: String,
+        token: u64,
+        session: Arc<Session>,
+        mutex: bool,
+    ) -> Attempt {
         Attempt::Acquired(Box::new(ZkHeld {
             inner: Arc::clone(self),
             dir: dir.to_owned(),
-            node: q.node,
-            token: q.token,
-            session: q.session,
+            node,
+            token,
+            session,
+            mutex,
             released: AtomicBool::new(false),
         }))
     }
@@ -589,11 +647,18 @@ impl Backend for ZkBackend {
     fn capabilities(&self) -> Capabilities {
         // The server may have raised the timeout asked for (2 to 20 ticks).
         let negotiated = Duration::from_millis(self.inner.negotiated_ms.load(Ordering::Relaxed));
-        crate::queue::capabilities(self.inner.session_timeout.max(negotiated))
+        Self::capabilities_of(self.inner.session_timeout.max(negotiated))
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         let inner = &self.inner;
+        match req.primitive {
+            Primitive::Lock => {}
+            Primitive::Read | Primitive::Write => return shared::try_rwlock(inner, req).await,
+            Primitive::Permit { permits } => {
+                return shared::try_permit(inner, req, permits).await;
+            }
+        }
         let dir = inner.dir(&req.name);
         let slot = (dir.clone(), req.acquisition.get());
         let existing = inner.queued().remove(&slot);
@@ -623,18 +688,11 @@ impl Backend for ZkBackend {
                         retry_after: Some(RECHECK),
                     });
                 }
-                let created = inner
-                    .create(&session, &dir, &StoredHolder::encode(req))
+                let mut created = inner
+                    .create(&session, &dir, "lock-", &StoredHolder::encode(req))
                     .await?;
-                listed = created.children;
-                Queued {
-                    node: created.node,
-                    token: created.token,
-                    session,
-                    predecessor: None,
-                    behind_holder: false,
-                    predecessor_gone: false,
-                }
+                listed = created.children.take().map(contenders);
+                Queued::new(created, session)
             }
         };
         let mine = q.node.rsplit('/').next().unwrap_or_default();
@@ -684,16 +742,27 @@ impl Backend for ZkBackend {
     async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         Ok(Box::new(ZkWaiter {
             inner: Arc::clone(&self.inner),
-            slot: (self.inner.dir(&req.name), req.acquisition.get()),
+            slot: (self.inner.slot_dir(req), req.acquisition.get()),
         }))
     }
 
     async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
-        let slot = (self.inner.dir(&req.name), req.acquisition.get());
+        let slot = (self.inner.slot_dir(req), req.acquisition.get());
         let Some(q) = self.inner.queued().remove(&slot) else {
             return Ok(());
         };
+        // A semaphore attempt's lease first: whoever takes the mutex next must not
+        // count it.
+        if let Some((lease, _)) = &q.lease
+            && let Err(e) = delete_node(&q.session, lease).await
+        {
+            tracing::debug!(node = %lease, error = %e, "deleting a lease later");
+        }
         delete_node(&q.session, &q.node).await.map(drop)
+    }
+
+    async fn holders(&self, name: &LockName, primitive: Primitive) -> Result<Vec<LockInfo>> {
+        shared::holders(&self.inner, name, primitive).await
     }
 
     async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
@@ -744,7 +813,13 @@ impl ZkBackend {
     /// The capabilities with the default session timeout, as long as the server grants
     /// it (tokens are zxids: always durable).
     pub(crate) fn capabilities_with(_durable: bool) -> Capabilities {
-        crate::queue::capabilities(crate::queue::DEFAULT_SESSION_TIMEOUT)
+        Self::capabilities_of(crate::queue::DEFAULT_SESSION_TIMEOUT)
+    }
+
+    fn capabilities_of(session_timeout: Duration) -> Capabilities {
+        let mut caps = crate::queue::capabilities(session_timeout);
+        caps.primitives = crate::backend::Primitives::ALL;
+        caps
     }
 }
 
@@ -765,12 +840,33 @@ impl std::fmt::Debug for ZkWaiter {
 #[async_trait]
 impl Waiter for ZkWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
-        let ours = self
-            .inner
-            .queued()
-            .get(&self.slot)
-            .map(|q| (q.predecessor.clone(), Arc::clone(&q.session)));
-        let Some((Some(predecessor), session)) = ours else {
+        let ours = self.inner.queued().get(&self.slot).map(|q| {
+            (
+                q.predecessor.clone(),
+                q.pool.clone(),
+                Arc::clone(&q.session),
+            )
+        });
+        if let Some((_, Some((pool, seen)), session)) = &ours {
+            // A semaphore attempt holding the mutex: wait for a lease to come back.
+            let changed = async {
+                match session.client.list_and_watch_children(pool).await {
+                    Ok((children, watcher)) if children.len() == *seen => {
+                        watcher.changed().await;
+                    }
+                    _ => {}
+                }
+            };
+            return tokio::select! {
+                () = session.lost.cancelled() => Err(Error::connection(
+                    SCHEME,
+                    "the ZooKeeper session expired while waiting",
+                )),
+                () = tokio::time::sleep(max) => Ok(()),
+                () = changed => Ok(()),
+            };
+        }
+        let Some((Some(predecessor), _, session)) = ours else {
             // Not queued (yet): a first attempt found the lock busy; look again soon.
             tokio::time::sleep(max.min(Duration::from_millis(20))).await;
             return Ok(());
@@ -807,6 +903,8 @@ struct ZkHeld {
     node: String,
     token: u64,
     session: Arc<Session>,
+    /// A lock's node (not a permit's or a read-write lock's).
+    mutex: bool,
     released: AtomicBool,
 }
 
@@ -858,7 +956,9 @@ impl HeldLock for ZkHeld {
             .await;
             return Err(lost());
         }
-        self.inner.holder_leaving(&self.dir, &self.node);
+        if self.mutex {
+            self.inner.holder_leaving(&self.dir, &self.node);
+        }
         if delete_node(&self.session, &self.node).await? {
             Ok(())
         } else {
