@@ -136,6 +136,15 @@ fn permits_and_read_write_on_redis() {
     readers_together_writers_alone(&redis.url());
 }
 
+#[test]
+fn permits_and_read_write_on_zookeeper() {
+    let Some(zk) = dlock_testkit::ZkServer::start() else {
+        return;
+    };
+    permits_bound_the_commands(&zk.url());
+    readers_together_writers_alone(&zk.url());
+}
+
 /// A backend without the primitive refuses it as a usage error (2), before running
 /// anything; `--permits 0` and `--read` with `--also` are usage errors too.
 #[test]

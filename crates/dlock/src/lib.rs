@@ -38,7 +38,7 @@
 //! | `redis://[user:pass@]host:port[/db]`, `rediss://…?ca_file=PEM`, `redis+cluster://n1:p,n2:p`, `redis+sentinel://s1:p,s2:p/master` | Redis, Redisson-compatible | `redis` |
 //! | `redlock://a:p,b:p,c:p,d:p,e:p` | Redlock over independent Redis masters | `redis` |
 //! | `etcd://h1:p,h2:p[/prefix]`, `etcds://…` | etcd v3, `etcdctl lock` layout | `etcd` |
-//! | `zk://h1:p,h2:p[/root]` | ZooKeeper, Curator `InterProcessMutex` layout | `zookeeper` |
+//! | `zk://h1:p,h2:p[/root]` | ZooKeeper, Curator's layouts | `zookeeper` |
 //! | `postgres://user:pass@host:5432/db[?mode=lease\|advisory\|row]` | PostgreSQL | `postgres` |
 //! | `mysql://user:pass@host:3306/db[?mode=lease\|named\|row]`, `mariadb://…` | MySQL / MariaDB | `mysql` |
 //!

@@ -25,6 +25,37 @@
 //! - Lock nodes (and the root) are created as containers, which ZooKeeper deletes once
 //!   their last child is gone: no empty lock nodes pile up.
 //!
+//! # Semaphores and read-write locks
+//! Both in Curator's layouts, tested against the real Curator 5 jars
+//! (`tests/zookeeper_curator.rs`), and both session-bound like the lock: a holder that
+//! dies frees its permit or hold when its session expires.
+//!
+//! - **Semaphore** `NAME` of N permits = Curator's `new InterProcessSemaphoreV2(client,
+//!   "<root>/%semaphore/NAME", N)` (no lock name encodes to `%semaphore`). An acquirer
+//!   takes the mutex `…/locks` (an `InterProcessMutex`: FIFO, each waiter watching its
+//!   predecessor), creates its lease `…/leases/_c_<uuid>-lease-<sequence>`, and holds it
+//!   if there are at most N leases (its own counted, as Curator counts); else it keeps
+//!   the mutex and waits for a lease to be returned (a watch on the leases' children),
+//!   so the next permit goes to the earliest waiter. The token is the lease's `czxid`:
+//!   leases are created one at a time under the mutex, so tokens increase with every
+//!   grant. The permit count is the caller's, not stored (as in Curator):
+//!   acquirers must agree on it.
+//! - **Read-write lock** `NAME` = Curator's `new InterProcessReadWriteLock(client,
+//!   "<root>/%rwlock/NAME")`: one ephemeral sequential child per read
+//!   (`_c_<uuid>-__READ__<sequence>`) or write (`…-__WRIT__…`); kazoo's `__rlock__` and
+//!   `__lock__` children count as reads and writes too. **Order decides:** a read waits
+//!   for every earlier write, a write for every earlier node, so a waiting writer is
+//!   never starved and readers behind it wait for it. Owners refine the rule, never
+//!   loosen it across owners: a node waits only for other owners' nodes, and a read
+//!   passes its owner's earlier write only once that write is let in (a writer may read;
+//!   its read's token is then the higher). An owner that holds a read and no write is
+//!   refused a write ([`Error::UpgradeRefused`]). Unlike Curator, which lets a thread
+//!   holding the write read past another client's waiting writer (that writer is then
+//!   let in beside the read once the write is released), a read here waits for that
+//!   writer; a task that reads again while a writer waits therefore waits for that
+//!   writer too, even if its owner already reads. The token is the node's `czxid`:
+//!   grants to different owners come in token order.
+//!
 //! # Sessions
 //! One ZooKeeper session per backend (`session_timeout`, default 10 s). A holder that
 //! dies frees its locks when the server expires its session. While the process lives:
