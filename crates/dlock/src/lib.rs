@@ -89,6 +89,8 @@ mod rwlock;
 mod schemes;
 mod semaphore;
 mod shared_holds;
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+mod shared_order;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod sql;
 #[cfg(feature = "sqlite")]

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::queue::StoredHolder;
 use crate::shared_holds::EntryKind;
+use crate::shared_order::{Ordered, Side, Verdict, admitted, decide};
 
 /// The nodes of a semaphore (Curator's `InterProcessSemaphoreV2`).
 pub(super) struct SemaphorePaths {
@@ -37,13 +38,6 @@ pub(super) fn rwlock_dir(inner: &Inner, name: &LockName) -> String {
     format!("{}/%rwlock/{}", inner.root, name.encoded())
 }
 
-/// Which side of a read-write lock a node is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Read,
-    Write,
-}
-
 /// A read-write lock child's side and sequence: Curator's `__WRIT__`/`__READ__` names,
 /// or kazoo's `__lock__`/`__rlock__`; anything else is not a contender.
 fn rw_node(child: &str) -> Option<(Side, u64)> {
@@ -64,101 +58,22 @@ fn rw_node(child: &str) -> Option<(Side, u64)> {
     None
 }
 
-/// A contender of a read-write lock, as listed.
-#[derive(Debug, Clone)]
-struct RwEntry {
-    child: String,
-    side: Side,
-    seq: u64,
-    /// The dlock owner stored in the node; `None` for another client's node (never the
-    /// same owner as anyone).
-    owner: Option<Arc<str>>,
-}
-
 /// The contenders among `children`, lowest sequence first.
-fn rw_entries(children: Vec<String>) -> Vec<RwEntry> {
-    let mut entries: Vec<RwEntry> = children
+fn rw_entries(children: Vec<String>) -> Vec<Ordered> {
+    let mut entries: Vec<Ordered> = children
         .into_iter()
         .filter_map(|child| {
             let (side, seq) = rw_node(&child)?;
-            Some(RwEntry {
-                child,
+            Some(Ordered {
+                key: child,
                 side,
-                seq,
+                order: seq,
                 owner: None,
             })
         })
         .collect();
-    entries.sort_by_key(|e| e.seq);
+    entries.sort_by_key(|e| e.order);
     entries
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum RwVerdict {
-    Grant,
-    /// Wait for this child's deletion.
-    Wait(String),
-    UpgradeRefused,
-}
-
-fn same(a: Option<&Arc<str>>, b: Option<&Arc<str>>) -> bool {
-    matches!((a, b), (Some(a), Some(b)) if a == b)
-}
-
-/// Which of `entries` (in order) the rule lets in: a write when every node below it
-/// is its owner's; a read when every write below it is its owner's and let in.
-fn admitted(entries: &[RwEntry]) -> Vec<bool> {
-    let mut ok: Vec<bool> = Vec::with_capacity(entries.len());
-    for (i, e) in entries.iter().enumerate() {
-        let below = &entries[..i];
-        let mine = |j: usize| same(below[j].owner.as_ref(), e.owner.as_ref());
-        let let_in = match e.side {
-            Side::Write => (0..i).all(mine),
-            Side::Read => (0..i).all(|j| below[j].side == Side::Read || (mine(j) && ok[j])),
-        };
-        ok.push(let_in);
-    }
-    ok
-}
-
-/// The order rule (Curator's, with owners): a read waits for every earlier write
-/// of another owner, a write for every earlier node of another owner. A node is only
-/// ever let in past nodes of its own owner, so any two nodes let in at once are two
-/// reads or share an owner, whatever order they are decided in. A read is let in past
-/// its owner's write only once that write is let in (its token is then the higher),
-/// and an owner that holds a read and no write may not write (an upgrade).
-///
-/// `below`: the contenders below ours, lowest first, with owners.
-fn rw_decide(below: &[RwEntry], side: Side, owner: &Arc<str>) -> RwVerdict {
-    let ok = admitted(below);
-    let me = Some(owner);
-    let mine = |j: usize| same(below[j].owner.as_ref(), me);
-    match side {
-        Side::Write => {
-            let reads = (0..below.len()).any(|j| below[j].side == Side::Read && mine(j) && ok[j]);
-            let writes = (0..below.len()).any(|j| below[j].side == Side::Write && mine(j) && ok[j]);
-            if reads && !writes {
-                return RwVerdict::UpgradeRefused;
-            }
-            match (0..below.len()).rev().find(|&j| !mine(j)) {
-                Some(j) => RwVerdict::Wait(below[j].child.clone()),
-                None => RwVerdict::Grant,
-            }
-        }
-        Side::Read => {
-            let blocking =
-                (0..below.len()).find(|&j| below[j].side == Side::Write && !(mine(j) && ok[j]));
-            match blocking {
-                None => RwVerdict::Grant,
-                // Our owner's write, not let in yet: watch what holds it back.
-                Some(j) if mine(j) => {
-                    let k = (0..j).rev().find(|&k| !mine(k)).unwrap_or(j);
-                    RwVerdict::Wait(below[k].child.clone())
-                }
-                Some(j) => RwVerdict::Wait(below[j].child.clone()),
-            }
-        }
-    }
 }
 
 /// Fill in the owners of `entries` (from the cache, else read from their nodes, all
@@ -167,7 +82,7 @@ async fn fill_owners(
     inner: &Inner,
     session: &Session,
     dir: &str,
-    entries: &mut Vec<RwEntry>,
+    entries: &mut Vec<Ordered>,
 ) -> Result<()> {
     let mut gone = Vec::new();
     {
@@ -176,7 +91,7 @@ async fn fill_owners(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for e in entries.iter_mut() {
-            if let Some(o) = cache.get(&format!("{dir}/{}", e.child)) {
+            if let Some(o) = cache.get(&format!("{dir}/{}", e.key)) {
                 e.owner.clone_from(o);
             }
         }
@@ -185,7 +100,7 @@ async fn fill_owners(
         .iter()
         .enumerate()
         .filter(|(_, e)| e.owner.is_none())
-        .map(|(i, e)| (i, session.client.get_data(&format!("{dir}/{}", e.child))))
+        .map(|(i, e)| (i, session.client.get_data(&format!("{dir}/{}", e.key))))
         .collect();
     let mut learned = Vec::new();
     for (i, ask) in asks {
@@ -194,7 +109,7 @@ async fn fill_owners(
                 let owner: Option<Arc<str>> =
                     StoredHolder::decode(&data).map(|s| Arc::from(s.owner));
                 entries[i].owner.clone_from(&owner);
-                learned.push((format!("{dir}/{}", entries[i].child), owner));
+                learned.push((format!("{dir}/{}", entries[i].key), owner));
             }
             Err(zk::Error::NoNode) => gone.push(i),
             Err(e) => return Err(map_err(&e)),
@@ -226,21 +141,16 @@ async fn rw_verdict(
     mine: Option<u64>,
     side: Side,
     owner: &Arc<str>,
-) -> Result<RwVerdict> {
-    let mut below: Vec<RwEntry> = rw_entries(children)
+) -> Result<Verdict> {
+    let mut below: Vec<Ordered> = rw_entries(children)
         .into_iter()
-        .filter(|e| mine.is_none_or(|m| e.seq < m))
+        .filter(|e| mine.is_none_or(|m| e.order < m))
         .collect();
-    // Without reading any node: nothing below a write, no write below a read.
-    let clear = match side {
-        Side::Write => below.is_empty(),
-        Side::Read => below.iter().all(|e| e.side == Side::Read),
-    };
-    if clear {
-        return Ok(RwVerdict::Grant);
+    if crate::shared_order::clear_without_owners(&below, side) {
+        return Ok(Verdict::Grant);
     }
     fill_owners(inner, session, dir, &mut below).await?;
-    Ok(rw_decide(&below, side, owner))
+    Ok(decide(&below, side, owner))
 }
 
 async fn list(session: &Session, dir: &str) -> Result<Vec<String>> {
@@ -304,9 +214,9 @@ pub(super) async fn try_rwlock(inner: &Arc<Inner>, req: &AcquireRequest) -> Resu
                 // Look before writing anything.
                 let children = list(&session, &dir).await?;
                 match rw_verdict(inner, &session, &dir, children, None, side, &owner).await? {
-                    RwVerdict::Grant => {}
-                    RwVerdict::Wait(_) => return Ok(busy()),
-                    RwVerdict::UpgradeRefused => return Err(refused(req)),
+                    Verdict::Grant => {}
+                    Verdict::Wait(_) => return Ok(busy()),
+                    Verdict::UpgradeRefused => return Err(refused(req)),
                 }
             }
             let base = if side == Side::Write {
@@ -350,16 +260,16 @@ pub(super) async fn try_rwlock(inner: &Arc<Inner>, req: &AcquireRequest) -> Resu
         }
     };
     match verdict {
-        RwVerdict::Grant => Ok(inner.held(&dir, q.node, q.token, q.session, false)),
-        RwVerdict::UpgradeRefused => {
+        Verdict::Grant => Ok(inner.held(&dir, q.node, q.token, q.session, false)),
+        Verdict::UpgradeRefused => {
             abandon(&q.session, &q.node).await;
             Err(refused(req))
         }
-        RwVerdict::Wait(_) if !req.will_wait => {
+        Verdict::Wait(_) if !req.will_wait => {
             abandon(&q.session, &q.node).await;
             Ok(busy())
         }
-        RwVerdict::Wait(watch) => {
+        Verdict::Wait(watch) => {
             q.predecessor = Some(format!("{dir}/{watch}"));
             q.predecessor_gone = false;
             inner.queued().insert(slot, q);
@@ -533,7 +443,7 @@ pub(super) async fn holders(
                     } else {
                         EntryKind::Read
                     };
-                    (e.child, kind)
+                    (e.key, kind)
                 })
                 .collect();
             (dir, held)
@@ -582,16 +492,6 @@ pub(super) async fn holders(
 mod tests {
     use super::*;
 
-    fn entry(child: &str, owner: Option<&str>) -> RwEntry {
-        let (side, seq) = rw_node(child).expect("a contender");
-        RwEntry {
-            child: child.into(),
-            side,
-            seq,
-            owner: owner.map(Arc::from),
-        }
-    }
-
     #[test]
     fn curator_and_kazoo_names_are_contenders() {
         assert_eq!(rw_node("_c_1f-__WRIT__0000000004"), Some((Side::Write, 4)));
@@ -601,78 +501,5 @@ mod tests {
         assert_eq!(rw_node("_c_1f-lock-0000000003"), None, "a mutex's node");
         assert_eq!(rw_node("__READ__€"), None);
         assert_eq!(rw_node("junk"), None);
-    }
-
-    #[test]
-    fn reads_wait_for_earlier_writes_and_writes_for_everyone() {
-        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
-        let r1 = entry("_c_x-__READ__0000000001", Some("a"));
-        let w2 = entry("_c_y-__WRIT__0000000002", Some("b"));
-        assert_eq!(
-            rw_decide(std::slice::from_ref(&r1), Side::Read, &b),
-            RwVerdict::Grant
-        );
-        assert_eq!(
-            rw_decide(std::slice::from_ref(&r1), Side::Write, &b),
-            RwVerdict::Wait(r1.child.clone())
-        );
-        // A read queued behind a waiting writer waits, even if its owner reads already
-        // (letting it in would let that writer in beside it once the first read ends).
-        assert_eq!(
-            rw_decide(&[r1.clone(), w2.clone()], Side::Read, &a),
-            RwVerdict::Wait(w2.child.clone())
-        );
-        // An upgrade is refused; a writer reads; a reader of another client's node waits.
-        assert_eq!(
-            rw_decide(std::slice::from_ref(&r1), Side::Write, &a),
-            RwVerdict::UpgradeRefused
-        );
-        assert_eq!(
-            rw_decide(std::slice::from_ref(&w2), Side::Read, &b),
-            RwVerdict::Grant
-        );
-        let foreign = entry("9ab__lock__0000000001", None);
-        assert_eq!(
-            rw_decide(std::slice::from_ref(&foreign), Side::Read, &a),
-            RwVerdict::Wait(foreign.child.clone())
-        );
-        // Our owner's write that still waits for another's read: a read of ours waits
-        // too, watching that read.
-        assert_eq!(
-            rw_decide(&[r1.clone(), w2.clone()], Side::Read, &b),
-            RwVerdict::Wait(r1.child.clone())
-        );
-    }
-
-    #[test]
-    fn any_two_nodes_let_in_together_are_reads_or_share_an_owner() {
-        // Every order of up to 5 nodes over 2 owners and a foreign client, both sides.
-        let owners = [Some("a"), Some("b"), None];
-        for n in 1..=5u32 {
-            for code in 0..6u32.pow(n) {
-                let mut c = code;
-                let entries: Vec<RwEntry> = (0..n)
-                    .map(|i| {
-                        let (side, owner) = (c % 2, owners[(c / 2 % 3) as usize]);
-                        c /= 6;
-                        let marker = if side == 0 { "__READ__" } else { "__WRIT__" };
-                        entry(&format!("_c_{i}-{marker}{:010}", i + 1), owner)
-                    })
-                    .collect();
-                let ok = admitted(&entries);
-                for i in 0..entries.len() {
-                    for j in 0..i {
-                        if ok[i] && ok[j] {
-                            let (x, y) = (&entries[i], &entries[j]);
-                            assert!(
-                                (x.side == Side::Read && y.side == Side::Read)
-                                    || same(x.owner.as_ref(), y.owner.as_ref()),
-                                "{entries:?} lets in {x:?} and {y:?}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
     }
 }
