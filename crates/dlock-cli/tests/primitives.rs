@@ -137,12 +137,17 @@ fn permits_and_read_write_on_redis() {
 }
 
 #[test]
-fn permits_and_read_write_on_zookeeper() {
-    let Some(zk) = dlock_testkit::ZkServer::start() else {
+fn permits_and_read_write_on_zookeeper_and_etcd() {
+    let (Some(zk), Some(etcd)) = (
+        dlock_testkit::ZkServer::start(),
+        dlock_testkit::EtcdServer::start(),
+    ) else {
         return;
     };
-    permits_bound_the_commands(&zk.url());
-    readers_together_writers_alone(&zk.url());
+    for url in [zk.url(), etcd.url()] {
+        permits_bound_the_commands(&url);
+        readers_together_writers_alone(&url);
+    }
 }
 
 /// A backend without the primitive refuses it as a usage error (2), before running
@@ -167,14 +172,16 @@ fn primitives_a_backend_lacks_are_usage_errors() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(!String::from_utf8_lossy(&out.stdout).contains("RAN"));
     }
-    let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+    // Redlock offers no semaphore.
+    let Some(nodes) = dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default())
+    else {
         return;
     };
     let out = Command::new(DLOCK)
         .arg("run")
         .args([
             "--url",
-            &etcd.url(),
+            &nodes.url(),
             "--permits",
             "2",
             "x",

@@ -333,6 +333,28 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Watch every key from `key` to `range_end`, from `start_revision` on.
+    pub(crate) async fn watch_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        start_revision: i64,
+    ) -> Result<(Sender<proto::WatchRequest>, Streaming<proto::WatchResponse>), RpcError> {
+        let create = proto::WatchRequest {
+            request_union: Some(proto::WatchRequestUnion::Create(
+                proto::WatchCreateRequest {
+                    key: key.to_vec(),
+                    range_end: range_end.to_vec(),
+                    start_revision,
+                    ..proto::WatchCreateRequest::default()
+                },
+            )),
+        };
+        self.stream(WATCH, create).await
+    }
+}
+
 /// The innermost cause of a transport error, on one line.
 fn first_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cause: &(dyn std::error::Error + 'static) = e;

@@ -40,7 +40,29 @@
 //! key holds dlock's JSON record). With `raw_names=true`, `etcdctl elect NAME VALUE`
 //! and dlock exclude each other on the same name, each sees the other's leader and
 //! value, and `etcdctl elect -l NAME` observes dlock's leader (tested against the
-//! real etcdctl). Semaphores and read-write locks are not offered on etcd yet.
+//! real etcdctl).
+//!
+//! # Semaphores and read-write locks
+//! dlock's own layout (etcd has no recipe for either): a semaphore `NAME` is the
+//! directory `<prefix>%semaphore/<NAME>/` and a read-write lock `<prefix>%rwlock/<NAME>/`
+//! (no encoded lock name begins with `%` and a letter; with `raw_names=true`, avoid lock
+//! names beginning with `%semaphore/` or `%rwlock/`). Each acquisition puts its own key
+//! (`<session lease>-<acquisition>`, with `read-`/`write-` in front on a read-write
+//! lock) attached to the session lease, holding dlock's JSON record; order is the
+//! create revision, which is also the token.
+//!
+//! - A permit is held by the N oldest keys: first come, first served, and tokens
+//!   increase with every grant.
+//! - A read-write lock follows the order rule ZooKeeper's does (Curator's): a read
+//!   waits for every earlier write of another owner, a write for every earlier key of
+//!   another owner, so a waiting writer is never starved; a read passes its owner's
+//!   earlier write once that write is let in, and an owner that holds a read and no
+//!   write is refused a write ([`Error::UpgradeRefused`]).
+//! - A waiter watches the directory for a deletion after its listing: each release
+//!   wakes every waiter of that name (each lists once), not only the next.
+//! - The key is put before the listing that decides (a `try_` attempt lists first and
+//!   writes nothing when it would not be let in); a key whose put's reply was lost is
+//!   deleted when the attempt ends, and a dead holder's keys go with its session.
 //!
 //! # Loss and TTLs
 //! The session is the lease on the server: a holder that dies frees its locks when the
@@ -75,7 +97,9 @@ use proto::{Request, RequestOp, Response, SortOrder, SortTarget};
 use tokio::sync::Notify;
 
 use crate::backend::AcquisitionId;
-use crate::backend::{AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Waiter};
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Primitive, Waiter,
+};
 use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
 use crate::queue::StoredHolder;
@@ -84,6 +108,7 @@ use crate::url::ConnectUrl;
 mod client;
 mod proto;
 mod session;
+mod shared;
 
 use session::Session;
 
@@ -150,6 +175,9 @@ struct Inner {
     /// using, in arrival order, each with its own wake-up. Lock order: `slots`, then
     /// `local`.
     local: Mutex<HashMap<String, VecDeque<LocalWaiter>>>,
+    /// Waiting attempts at semaphores and read-write locks, by directory and
+    /// acquisition.
+    shared: Mutex<HashMap<(String, u64), shared::SharedWait>>,
     shown: String,
 }
 
@@ -281,6 +309,7 @@ impl EtcdBackend {
                 alive: Arc::new(()),
                 slots: Mutex::new(HashMap::new()),
                 local: Mutex::new(HashMap::new()),
+                shared: Mutex::new(HashMap::new()),
                 shown: url.to_string(),
             }),
         }))
@@ -294,6 +323,12 @@ impl Inner {
         } else {
             format!("{}{}/", self.prefix, name.encoded())
         }
+    }
+
+    fn shared(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64), shared::SharedWait>> {
+        self.shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
@@ -690,11 +725,14 @@ impl Backend for EtcdBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        crate::queue::capabilities(self.inner.session_ttl)
+        Self::capabilities_of(self.inner.session_ttl)
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         let inner = &self.inner;
+        if req.primitive != Primitive::Lock {
+            return shared::try_acquire(inner, req).await;
+        }
         let dir = inner.dir(&req.name);
         let Some((session, key)) = inner.claim_slot(&dir, req.acquisition).await? else {
             return Ok(Attempt::Busy { retry_after: None });
@@ -722,6 +760,15 @@ impl Backend for EtcdBackend {
     }
 
     async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
+        if req.primitive != Primitive::Lock {
+            return Ok(Box::new(shared::SharedWaiter {
+                inner: Arc::clone(&self.inner),
+                slot: (
+                    shared::dir(&self.inner, &req.name, req.primitive),
+                    req.acquisition.get(),
+                ),
+            }));
+        }
         let dir = self.inner.dir(&req.name);
         Ok(Box::new(EtcdWaiter {
             wake: Arc::new(Notify::new()),
@@ -733,6 +780,9 @@ impl Backend for EtcdBackend {
 
     async fn leave_queue(&self, req: &AcquireRequest) -> Result<()> {
         let inner = &self.inner;
+        if req.primitive != Primitive::Lock {
+            return shared::leave_queue(inner, req).await;
+        }
         let dir = inner.dir(&req.name);
         let slot = {
             let mut slots = inner.slots();
@@ -799,7 +849,10 @@ impl Backend for EtcdBackend {
                 let rest = kv.key.get(base.len()..)?;
                 let rest = std::str::from_utf8(rest).ok()?;
                 let (dir, _) = rest.rsplit_once('/')?;
-                if self.inner.raw_names {
+                if shared::is_shared_dir(dir) {
+                    // A semaphore's or read-write lock's key.
+                    None
+                } else if self.inner.raw_names {
                     Some(dir.to_owned())
                 } else {
                     crate::name::decode(dir)
@@ -811,6 +864,10 @@ impl Backend for EtcdBackend {
         names.dedup();
         names.truncate(limit);
         Ok(names)
+    }
+
+    async fn holders(&self, name: &LockName, primitive: Primitive) -> Result<Vec<LockInfo>> {
+        shared::holders(&self.inner, name, primitive).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
@@ -986,7 +1043,13 @@ impl EtcdBackend {
     /// The capabilities with the default session TTL (tokens are revisions: always
     /// durable).
     pub(crate) fn capabilities_with(_durable: bool) -> Capabilities {
-        crate::queue::capabilities(crate::queue::DEFAULT_SESSION_TIMEOUT)
+        Self::capabilities_of(crate::queue::DEFAULT_SESSION_TIMEOUT)
+    }
+
+    fn capabilities_of(session_ttl: Duration) -> Capabilities {
+        let mut caps = crate::queue::capabilities(session_ttl);
+        caps.primitives = crate::backend::Primitives::ALL;
+        caps
     }
 }
 
