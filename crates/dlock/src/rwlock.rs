@@ -12,21 +12,24 @@ use crate::options::{LockOptions, Wait};
 /// writer alone. Made by [`Locker::rwlock`]; cheap to clone.
 ///
 /// A read or write hold is a [`LockGuard`] (fencing token, renewal, `lost()`,
-/// `release`, a lease that frees it when its holder dies). Tokens are strictly
-/// increasing over every grant of the lock, read or write, so a fenced resource can
-/// refuse a writer whose lock was taken over.
+/// `release`, a lease that frees it when its holder dies). A write's token is above
+/// every token granted before it to another owner, read or write, so a fenced resource
+/// can refuse a writer whose lock was taken over.
 ///
 /// **A waiting writer goes first:** while a writer waits, new readers wait behind it,
 /// so a stream of readers — each with its own owner, the default — cannot starve it.
-/// A reader whose owner already holds the lock is let in all the same (it could
-/// otherwise wait on itself): readers that share one owner and keep overlapping can
-/// keep a writer waiting for as long as they overlap. With the default owners, a task
+/// Where the backend decides by counting holds (memory, SQLite, Redis, SQL), a reader
+/// whose owner already holds the lock is let in all the same (it could otherwise wait
+/// on itself): readers that share one owner and keep overlapping can keep a writer
+/// waiting for as long as they overlap. Where it decides by order (etcd, ZooKeeper,
+/// the backend's documentation says how), a reader waits for every earlier writer of
+/// another owner, even one whose owner reads or writes already. With the default owners, a task
 /// that takes a second read while it holds one waits behind a waiting writer — and
 /// forever, if it waits for that read before releasing the first: do not nest reads
 /// without sharing an owner. Writers among themselves are not ordered. An owner
 /// holding a read that asks to write gets [`crate::Error::UpgradeRefused`] (two readers
 /// upgrading at once would wait for each other forever); an owner holding the write may
-/// also read.
+/// also read (on etcd and ZooKeeper, only while no writer of another owner waits).
 ///
 /// Tokens order every grant; what a fenced store should check is a writer's: a read
 /// taken under its owner's own write gets a token above the write's, and readers are

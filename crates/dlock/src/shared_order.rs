@@ -65,12 +65,19 @@ pub(crate) fn admitted(entries: &[Ordered]) -> Vec<bool> {
         let below = &entries[..i];
         let mine = |j: usize| same(below[j].owner.as_ref(), e.owner.as_ref());
         let let_in = match e.side {
-            Side::Write => (0..i).all(mine),
+            Side::Write => (0..i).all(mine) && !upgrade(below, &ok, mine),
             Side::Read => (0..i).all(|j| below[j].side == Side::Read || (mine(j) && ok[j])),
         };
         ok.push(let_in);
     }
     ok
+}
+
+/// Whether an owner (`mine`) holds a read and no write among `below` (let in: `ok`):
+/// its write would be an upgrade.
+fn upgrade(below: &[Ordered], ok: &[bool], mine: impl Fn(usize) -> bool) -> bool {
+    let holds = |side: Side| (0..below.len()).any(|j| below[j].side == side && mine(j) && ok[j]);
+    holds(Side::Read) && !holds(Side::Write)
 }
 
 /// The verdict for a `side` of `owner` whose earlier contenders are `below` (lowest
@@ -81,9 +88,7 @@ pub(crate) fn decide(below: &[Ordered], side: Side, owner: &Arc<str>) -> Verdict
     let mine = |j: usize| same(below[j].owner.as_ref(), me);
     match side {
         Side::Write => {
-            let reads = (0..below.len()).any(|j| below[j].side == Side::Read && mine(j) && ok[j]);
-            let writes = (0..below.len()).any(|j| below[j].side == Side::Write && mine(j) && ok[j]);
-            if reads && !writes {
+            if upgrade(below, &ok, mine) {
                 return Verdict::UpgradeRefused;
             }
             match (0..below.len()).rev().find(|&j| !mine(j)) {
@@ -96,11 +101,8 @@ pub(crate) fn decide(below: &[Ordered], side: Side, owner: &Arc<str>) -> Verdict
                 (0..below.len()).find(|&j| below[j].side == Side::Write && !(mine(j) && ok[j]));
             match blocking {
                 None => Verdict::Grant,
-                // Our owner's write, not let in yet: watch what holds it back.
-                Some(j) if mine(j) => {
-                    let k = (0..j).rev().find(|&k| !mine(k)).unwrap_or(j);
-                    Verdict::Wait(below[k].key.clone())
-                }
+                // Our owner's write, not let in yet: watch it (gone: look again; let in:
+                // the grant wakes its owner's other waiters of the name).
                 Some(j) => Verdict::Wait(below[j].key.clone()),
             }
         }
@@ -164,10 +166,16 @@ mod tests {
             Verdict::Wait(foreign.key.clone())
         );
         // Our owner's write that still waits for another's read: a read of ours waits
-        // too, watching that read.
+        // too, watching that write (its deletion or its grant wakes the read).
         assert_eq!(
             decide(&[r1.clone(), w2.clone()], Side::Read, &b),
-            Verdict::Wait(r1.key.clone())
+            Verdict::Wait(w2.key.clone())
+        );
+        // A write that is about to be refused (an upgrade) lets no second write in.
+        let w3 = entry("W-3", Some("a"));
+        assert_eq!(
+            admitted(&[r1.clone(), entry("W-2", Some("a")), w3]),
+            [true, false, false]
         );
     }
 

@@ -42,8 +42,10 @@
 //!   acquirers must agree on it.
 //! - **Read-write lock** `NAME` = Curator's `new InterProcessReadWriteLock(client,
 //!   "<root>/%rwlock/NAME")`: one ephemeral sequential child per read
-//!   (`_c_<uuid>-__READ__<sequence>`) or write (`…-__WRIT__…`); kazoo's `__rlock__` and
-//!   `__lock__` children count as reads and writes too. **Order decides:** a read waits
+//!   (`_c_<uuid>-__READ__<sequence>`) or write (`…-__WRIT__…`). kazoo's `__rlock__` and
+//!   `__lock__` children count as reads and writes too; kazoo sees dlock's (and
+//!   Curator's) only when given `extra_lock_patterns=["__WRIT__"]` (a `ReadLock`) or
+//!   `["__WRIT__", "__READ__"]` (a `WriteLock`). **Order decides:** a read waits
 //!   for every earlier write, a write for every earlier node, so a waiting writer is
 //!   never starved and readers behind it wait for it. Owners refine the rule, never
 //!   loosen it across owners: a node waits only for other owners' nodes, and a read
@@ -53,8 +55,10 @@
 //!   holding the write read past another client's waiting writer (that writer is then
 //!   let in beside the read once the write is released), a read here waits for that
 //!   writer; a task that reads again while a writer waits therefore waits for that
-//!   writer too, even if its owner already reads. The token is the node's `czxid`:
-//!   grants to different owners come in token order.
+//!   writer too, even if its owner already reads or writes (and forever, if it holds
+//!   what that writer waits for). The token is the node's `czxid`: a write's is above
+//!   every token granted before it to another owner (a read passing its owner's write
+//!   may hold a token above a later read of another owner).
 //!
 //! # Sessions
 //! One ZooKeeper session per backend (`session_timeout`, default 10 s). A holder that
