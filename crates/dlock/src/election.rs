@@ -10,8 +10,9 @@
 //! An election and a lock of the same name are the same thing (as with etcd, where
 //! `etcdctl elect NAME` and `etcdctl lock NAME` share a key prefix): a lock holder of
 //! `NAME` is the leader, its note (if any) its value. On etcd a candidate's key holds
-//! its value alone; a value that is itself a JSON object with a string `owner` field
-//! is read back as dlock's lock record (avoid such values there).
+//! its value alone (etcd's `concurrency.Election`), and on ZooKeeper its node does
+//! (Curator's `LeaderLatch`); there, a value that is itself a JSON object with a string
+//! `owner` field is read back as dlock's lock record (avoid such values).
 
 use std::time::Duration;
 

@@ -272,3 +272,37 @@ async fn curator_semaphore_and_dlock_share_its_permits() {
     waiting.expect("released", T);
     third.release().await.expect("release");
 }
+
+#[tokio::test]
+async fn curator_leader_latch_and_dlock_elect_one_leader_and_see_each_other() {
+    let (Some(c), Some(zk)) = (curator(), ZkServer::start()) else {
+        return;
+    };
+    let locker = Locker::connect(&format!("{}/locks", zk.url()))
+        .await
+        .expect("connect");
+    let election = locker.election("cron");
+    let path = "/locks/cron";
+    // A Curator LeaderLatch leads: dlock sees its id and waits for it.
+    let latch = Peer::start(&c, &zk, "latch", path, 1, Duration::from_millis(1500));
+    latch.expect("held", T);
+    let held_at = Instant::now();
+    let seen = election.leader().await.expect("leader").expect("a leader");
+    assert_eq!(seen.value, "curator-peer");
+    let lead = tokio::time::timeout(T, election.campaign("dlock-leader"))
+        .await
+        .expect("led within 5 s")
+        .expect("campaign");
+    assert!(
+        held_at.elapsed() > Duration::from_millis(1000),
+        "led beside Curator's leader ({:?})",
+        held_at.elapsed()
+    );
+    assert!(lead.term() > seen.term, "the term went down");
+    latch.expect("released", T);
+    // dlock leads: Curator sees its value, and a Curator latch waits for it.
+    let observer = Peer::start(&c, &zk, "leader", path, 1, Duration::ZERO);
+    observer.expect("leader dlock-leader", T);
+    let waiting = Peer::start(&c, &zk, "latch", path, 1, Duration::ZERO);
+    waits_until(&waiting, async { lead.resign().await.expect("resign") }).await;
+}

@@ -25,6 +25,14 @@
 //! - Lock nodes (and the root) are created as containers, which ZooKeeper deletes once
 //!   their last child is gone: no empty lock nodes pile up.
 //!
+//! # Elections
+//! [`Locker::election`](crate::Locker::election) keeps Curator's `LeaderLatch` layout:
+//! a candidate's node is `_c_<uuid>-latch-<sequence>` under the name's node, holding
+//! its value alone (the latch's participant id), and the lowest node leads. A
+//! `new LeaderLatch(client, "<root>/NAME", id)` and dlock's candidates are one queue:
+//! each waits for the other's leader, and each sees the other's value (tested against
+//! the real Curator jars).
+//!
 //! # Semaphores and read-write locks
 //! Both in Curator's layouts, tested against the real Curator 5 jars
 //! (`tests/zookeeper_curator.rs`), and both session-bound like the lock: a holder that
@@ -723,9 +731,12 @@ impl Backend for ZkBackend {
                         retry_after: Some(RECHECK),
                     });
                 }
-                let mut created = inner
-                    .create(&session, &dir, "lock-", &StoredHolder::encode(req))
-                    .await?;
+                // A candidate's node is a `LeaderLatch` participant holding its value.
+                let (base, data) = match &req.campaign {
+                    Some(value) => ("latch-", value.as_bytes().to_vec()),
+                    None => ("lock-", StoredHolder::encode(req)),
+                };
+                let mut created = inner.create(&session, &dir, base, &data).await?;
                 listed = created.children.take().map(contenders);
                 Queued::new(created, session)
             }
@@ -834,8 +845,13 @@ impl Backend for ZkBackend {
                 .as_ref()
                 .map_or_else(|| child.clone(), |s| s.owner.clone());
             let mut info = LockInfo::new(name, owner, 1, stat.czxid.unsigned_abs());
-            if let Some(s) = stored {
-                info.metadata = s.metadata;
+            match stored {
+                Some(s) => info.metadata = s.metadata,
+                // A `LeaderLatch` participant's id, or another client's data: the note.
+                None if !data.is_empty() => {
+                    info.metadata.note = Some(String::from_utf8_lossy(&data).into_owned());
+                }
+                None => {}
             }
             info.waiters = Some(children.len() - i - 1);
             return Ok(Some(info));

@@ -2,13 +2,17 @@
 //
 // java Peer CONNECT KIND PATH PERMITS HOLD_MS
 //   KIND: mutex (InterProcessMutex), read / write (InterProcessReadWriteLock),
-//         semaphore (InterProcessSemaphoreV2 with PERMITS leases)
+//         semaphore (InterProcessSemaphoreV2 with PERMITS leases),
+//         latch (a LeaderLatch with the id "curator-peer"; "held" = leader),
+//         leader (prints "leader ID" of the current leader, or "leader none", and exits)
 // Prints "ready" once connected, "held" once it holds, "released" after HOLD_MS, and
 // "timeout" (exit 3) when it could not acquire within 30 s.
 import java.util.concurrent.TimeUnit;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.InterProcessLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
@@ -36,7 +40,23 @@ public class Peer {
             System.exit(4);
         }
         say("ready");
-        if (kind.equals("semaphore")) {
+        if (kind.equals("leader")) {
+            Participant leader = new LeaderLatch(client, path, "observer").getLeader();
+            say("leader " + (leader.isLeader() ? leader.getId() : "none"));
+            client.close();
+            return;
+        }
+        if (kind.equals("latch")) {
+            LeaderLatch latch = new LeaderLatch(client, path, "curator-peer");
+            latch.start();
+            if (!latch.await(30, TimeUnit.SECONDS)) {
+                say("timeout");
+                System.exit(3);
+            }
+            say("held");
+            Thread.sleep(holdMs);
+            latch.close();
+        } else if (kind.equals("semaphore")) {
             InterProcessSemaphoreV2 semaphore = new InterProcessSemaphoreV2(client, path, permits);
             Lease lease = semaphore.acquire(30, TimeUnit.SECONDS);
             if (lease == null) {
