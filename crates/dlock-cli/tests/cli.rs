@@ -1545,18 +1545,16 @@ fn list_shows_every_held_lock() {
     }
 }
 
-/// `dlock break NAME`: shows the holder, refuses off a terminal without `--yes`, ends
-/// the hold (the holder's command is stopped at its next renewal: exit 76) and the
-/// next holder gets a higher token; a free lock has nothing to break (1).
-#[test]
-fn break_ends_a_stuck_hold() {
-    let env = Env::new();
-    let mut holder = env.spawn(&["run", "--ttl", "2s", "stuck", "sleep", "30"]);
-    env.wait_held("stuck");
-    let out = env.run(&["break", "stuck"]);
+/// `dlock break NAME` on `url`: shows the holder, refuses off a terminal without
+/// `--yes`, ends the hold (the holder's command is stopped at its next renewal: exit
+/// 76) and the next holder gets a higher token; a free lock has nothing to break (1).
+fn break_ends_a_stuck_hold_at(env: &Env, url: &str) {
+    let mut holder = env.spawn(&["run", "--url", url, "--ttl", "2s", "stuck", "sleep", "30"]);
+    wait_held_at(env, url, "stuck");
+    let out = env.run(&["break", "--url", url, "stuck"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    let out = env.run(&["break", "--yes", "stuck"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = env.run(&["break", "--url", url, "--yes", "stuck"]);
+    assert_eq!(out.status.code(), Some(0), "{url}: {}", text(&out.stderr));
     let said = text(&out.stdout);
     assert!(
         said.contains("held by") && said.contains("broken"),
@@ -1569,18 +1567,43 @@ fn break_ends_a_stuck_hold() {
         .and_then(|t| t.parse().ok())
         .expect("the old token");
     let status = wait_timeout(&mut holder, Duration::from_secs(10));
-    assert_eq!(status.code(), Some(76), "{}", stderr_of(&mut holder));
+    assert_eq!(status.code(), Some(76), "{url}: {}", stderr_of(&mut holder));
     let out = env.run(&[
         "run",
+        "--url",
+        url,
         "--no-wait",
         "stuck",
         "sh",
         "-c",
         "echo $DLOCK_FENCING_TOKEN",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{url}: {}", text(&out.stderr));
     let new: u64 = text(&out.stdout).trim().parse().expect("token");
-    assert!(new > old, "{new} after {old}");
-    let out = env.run(&["break", "--yes", "stuck"]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(new > old, "{url}: {new} after {old}");
+    let out = env.run(&["break", "--url", url, "--yes", "stuck"]);
+    assert_eq!(out.status.code(), Some(1), "{url}: {}", text(&out.stdout));
+}
+
+#[test]
+fn break_ends_a_stuck_hold() {
+    let env = Env::new();
+    break_ends_a_stuck_hold_at(&env, &env.url());
+}
+
+/// The same on the backends whose holders learn of a break only by looking at their
+/// key or node (etcd, ZooKeeper) or at a majority of nodes (Redlock).
+#[test]
+fn break_ends_a_stuck_hold_on_etcd_zookeeper_and_redlock() {
+    let (Some(etcd), Some(zk), Some(nodes)) = (
+        dlock_testkit::EtcdServer::start(),
+        dlock_testkit::ZkServer::start(),
+        dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default()),
+    ) else {
+        return;
+    };
+    let env = Env::new();
+    for url in [etcd.url(), zk.url(), nodes.url()] {
+        break_ends_a_stuck_hold_at(&env, &url);
+    }
 }

@@ -185,12 +185,14 @@ impl Locker {
     /// over): nothing was broken. Logged at WARN.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] where a hold cannot be ended from outside (Redlock,
-    /// etcd, ZooKeeper and the SQL session modes for now) and for token 0 (a holder
-    /// outside dlock); [`Error::InvalidName`]; connection or server errors.
+    /// [`Error::Unsupported`] where a hold cannot be ended from outside (the SQL
+    /// session modes) and for token 0 (a holder outside dlock); [`Error::InvalidName`];
+    /// connection or server errors.
     ///
     /// # Cancel safety
-    /// Cancel safe: the break is one statement, done or not; look again to know.
+    /// Cancel safe: the break ends the hold or not (on Redlock, a break cut off after
+    /// some nodes leaves the holder its majority, and its renewal puts the lock back
+    /// where it went); look again to know.
     #[tracing::instrument(level = "debug", name = "break", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn break_lock(&self, name: &str, fencing_token: u64) -> Result<bool> {
         let lock = LockName::new(name)?;

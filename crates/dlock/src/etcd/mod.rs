@@ -46,13 +46,14 @@
 //! dlock's own layout (etcd has no recipe for either): a semaphore `NAME` is the
 //! directory `<prefix>%semaphore/<NAME>/` and a read-write lock `<prefix>%rwlock/<NAME>/`
 //! (no encoded lock name begins with `%` and a letter; with `raw_names=true`, avoid lock
-//! names beginning with `%semaphore/` or `%rwlock/`). Each acquisition puts its own key
-//! (`<session lease>-<acquisition>`, with `read-`/`write-` in front on a read-write
-//! lock) attached to the session lease, holding dlock's JSON record; order is the
-//! create revision, which is also the token.
+//! names `%semaphore` and `%rwlock` and names beginning with them). Each attempt puts
+//! its own key (`<session lease>-<acquisition>-<nonce>`, with `read-`/`write-` in front
+//! on a read-write lock) attached to the session lease, holding dlock's JSON record;
+//! order is the create revision, which is also the token.
 //!
-//! - A permit is held by the N oldest keys: first come, first served, and tokens
-//!   increase with every grant.
+//! - A permit is held by the N oldest keys: first come, first served. Tokens are
+//!   unique, and above those of every permit released before the key was put (two
+//!   waiters let in by one release may be told in either order).
 //! - A read-write lock follows the order rule ZooKeeper's does (Curator's): a read
 //!   waits for every earlier write of another owner, a write for every earlier key of
 //!   another owner, so a waiting writer is never starved; a read passes its owner's
@@ -62,7 +63,13 @@
 //!   wakes every waiter of that name (each lists once), not only the next.
 //! - The key is put before the listing that decides (a `try_` attempt lists first and
 //!   writes nothing when it would not be let in); a key whose put's reply was lost is
-//!   deleted when the attempt ends, and a dead holder's keys go with its session.
+//!   deleted when the attempt ends, and once more 10 s later (etcd may still apply a
+//!   put the client gave up on); a dead holder's keys go with its session.
+//!
+//! # Breaking a lock
+//! [`Locker::break_lock`](crate::Locker::break_lock) deletes the holder's key if its
+//! create revision is the token shown; later keys have higher revisions. A holder
+//! checks its key at each renewal (one range request), so its `lost()` fires then.
 //!
 //! # Loss and TTLs
 //! The session is the lease on the server: a holder that dies frees its locks when the
@@ -870,6 +877,37 @@ impl Backend for EtcdBackend {
         shared::holders(&self.inner, name, primitive).await
     }
 
+    async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
+        // The holder's key (the first created), deleted only while its create revision
+        // is the token shown. Later keys have higher revisions, and the holder's next
+        // renewal finds its key gone.
+        let dir = self.inner.dir(name);
+        let Ok(rev) = i64::try_from(fence) else {
+            return Ok(false);
+        };
+        let first = self
+            .inner
+            .client
+            .range(proto::RangeRequest {
+                key: dir.as_bytes().to_vec(),
+                range_end: prefix_end(dir.as_bytes()),
+                sort_target: SortTarget::Create as i32,
+                sort_order: SortOrder::Ascend as i32,
+                limit: 1,
+                keys_only: true,
+                ..proto::RangeRequest::default()
+            })
+            .await
+            .map_err(|e| map_err(&e))?;
+        let Some(kv) = first.kvs.first().filter(|kv| kv.create_revision == rev) else {
+            return Ok(false);
+        };
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        Inner::delete_key(&self.inner.client, &key, Some(rev))
+            .await
+            .map_err(|e| map_err(&e))
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let dir = self.inner.dir(name);
         let resp = self
@@ -1164,6 +1202,28 @@ impl Waiter for EtcdWaiter {
     }
 }
 
+/// Whether `key` still exists with create revision `revision` (`true` when etcd does
+/// not answer: the session's keep-alive decides then).
+async fn still_there(client: &Client, key: &str, revision: i64) -> bool {
+    let got = client
+        .range(proto::RangeRequest {
+            key: key.as_bytes().to_vec(),
+            keys_only: true,
+            ..proto::RangeRequest::default()
+        })
+        .await;
+    match got {
+        Ok(r) => r
+            .kvs
+            .first()
+            .is_some_and(|kv| kv.create_revision == revision),
+        Err(e) => {
+            tracing::debug!(%key, error = %e, "etcd renewal check unanswered");
+            true
+        }
+    }
+}
+
 struct EtcdHeld {
     inner: Arc<Inner>,
     dir: String,
@@ -1192,10 +1252,16 @@ impl HeldLock for EtcdHeld {
     }
 
     async fn renew(&self, _ttl: Duration) -> Result<()> {
-        // The session's keep-alive is the renewal; this only reports whether it holds.
-        self.session.check().map_err(|_| Error::NotOwner {
+        // The session's keep-alive is the renewal; this reports whether it holds, and
+        // whether the key is still the grant's (an operator's `break_lock` deletes it).
+        let not_owner = || Error::NotOwner {
             name: self.dir.clone(),
-        })
+        };
+        self.session.check().map_err(|_| not_owner())?;
+        still_there(&self.inner.client, &self.key, self.revision)
+            .await
+            .then_some(())
+            .ok_or_else(not_owner)
     }
 
     async fn release(&self) -> Result<()> {

@@ -27,8 +27,15 @@ use crate::shared_order::{Ordered, Side, Verdict, admitted, clear_without_owners
 pub(super) struct SharedWait {
     key: String,
     session: Arc<Session>,
+    /// 0 until the attempt has listed and waits.
     watch_from: i64,
+    /// etcd answered the put (else the key may or may not exist, or appear later).
+    put_confirmed: bool,
 }
+
+/// How long after an unanswered put its key is deleted once more: a put that timed out
+/// on the client may still be applied by etcd (twice the default request timeout).
+const LATE_PUT: Duration = Duration::from_secs(10);
 
 /// The directory of a semaphore or read-write lock: `<prefix>%semaphore/<NAME>/` or
 /// `<prefix>%rwlock/<NAME>/` (no encoded name begins with `%` and a letter).
@@ -71,12 +78,21 @@ async fn listing(client: &Client, dir: &str) -> Result<(Vec<Ordered>, Vec<Vec<u8
         })
         .await
         .map_err(|e| map_err(&e))?;
-    let entries = resp
+    // Only keys right under the directory: with raw names, `x/y`'s keys are below `x/`.
+    let ours: Vec<&proto::KeyValue> = resp
         .kvs
+        .iter()
+        .filter(|kv| {
+            kv.key
+                .get(dir.len()..)
+                .is_some_and(|rest| !rest.contains(&b'/'))
+        })
+        .collect();
+    let entries = ours
         .iter()
         .map(|kv| {
             let key = String::from_utf8_lossy(&kv.key).into_owned();
-            let side = if key[dir.len().min(key.len())..].starts_with("write-") {
+            let side = if kv.key[dir.len()..].starts_with(b"write-") {
                 Side::Write
             } else {
                 Side::Read
@@ -89,7 +105,7 @@ async fn listing(client: &Client, dir: &str) -> Result<(Vec<Ordered>, Vec<Vec<u8
             }
         })
         .collect();
-    let values = resp.kvs.iter().map(|kv| kv.value.clone()).collect();
+    let values = ours.iter().map(|kv| kv.value.clone()).collect();
     Ok((entries, values, revision(resp.header.as_ref())))
 }
 
@@ -151,13 +167,13 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
     let dir = dir(inner, &req.name, req.primitive);
     let slot = (dir.clone(), req.acquisition.get());
     let existing = inner.shared().remove(&slot);
-    let (key, session) = match existing {
+    let (key, session, confirmed) = match existing {
         Some(w) => {
             if let Err(e) = w.session.check() {
                 inner.shared().insert(slot, w);
                 return Err(e);
             }
-            (w.key, w.session)
+            (w.key, w.session, w.put_confirmed)
         }
         None => {
             let session = inner.session().await?;
@@ -175,13 +191,22 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
                 Primitive::Read => "read-",
                 _ => "",
             };
-            let key = format!("{dir}{side}{:x}-{:x}", session.id, req.acquisition.get());
+            // A fresh key per put (the nonce): a grant given back (it came too late) is
+            // deleted in the background while the acquisition tries again, and that
+            // delete must never meet the new attempt's key.
+            let key = format!(
+                "{dir}{side}{:x}-{:x}-{:x}",
+                session.id,
+                req.acquisition.get(),
+                fastrand::u64(..)
+            );
             inner.shared().insert(
                 slot.clone(),
                 SharedWait {
                     key: key.clone(),
                     session: Arc::clone(&session),
                     watch_from: 0,
+                    put_confirmed: false,
                 },
             );
             let value = StoredHolder::encode(req);
@@ -194,7 +219,7 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
             // On an error the entry stays: `leave_queue` deletes the key.
             inner.client.put(put).await.map_err(|e| map_err(&e))?;
             inner.shared().remove(&slot);
-            (key, session)
+            (key, session, true)
         }
     };
     let (entries, _, at) = match listing(&inner.client, &dir).await {
@@ -206,13 +231,21 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
                     key,
                     session,
                     watch_from: 0,
+                    put_confirmed: confirmed,
                 },
             );
             return Err(e);
         }
     };
     let Some(mine) = entries.iter().position(|e| e.key == key) else {
-        // Our key went with the session lease.
+        if !confirmed {
+            // Its put was never answered: nothing says the session ended.
+            return Err(Error::connection(
+                SCHEME,
+                "this attempt's put was not applied",
+            ));
+        }
+        // Our key (its put answered) went with the session lease.
         session.lost.cancel();
         return Err(Error::connection(
             SCHEME,
@@ -244,6 +277,7 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
                     key,
                     session,
                     watch_from: at + 1,
+                    put_confirmed: true,
                 },
             );
             Ok(busy())
@@ -257,6 +291,19 @@ pub(super) async fn leave_queue(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
     let Some(w) = inner.shared().remove(&slot) else {
         return Ok(());
     };
+    if !w.put_confirmed {
+        // The put may still be applied after this delete: delete once more later (the
+        // key is this attempt's alone, so nothing else can be hit).
+        let (client, session, key) = (inner.client.clone(), Arc::clone(&w.session), w.key.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = session.lost.cancelled() => {}
+                () = tokio::time::sleep(LATE_PUT) => {
+                    let _ = delete(&client, &session, &key).await;
+                }
+            }
+        });
+    }
     delete(&inner.client, &w.session, &w.key).await
 }
 
@@ -332,11 +379,15 @@ impl Waiter for SharedWaiter {
                 .await
                 .map_err(|s| super::client::RpcError::Status(s.code(), s.message().to_owned()))?
             {
-                if resp.canceled
-                    || resp
-                        .events
-                        .iter()
-                        .any(|e| e.r#type == proto::EventType::Delete as i32)
+                if resp.canceled {
+                    // Refused or compacted: look again, but not in a tight loop.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    break;
+                }
+                if resp
+                    .events
+                    .iter()
+                    .any(|e| e.r#type == proto::EventType::Delete as i32)
                 {
                     break;
                 }

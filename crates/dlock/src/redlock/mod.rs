@@ -39,6 +39,12 @@
 //! and the clean-up of a failed round act on that grant only, never on another task's
 //! grant of the same owner. A renewal never shortens a lease.
 //!
+//! # Breaking a lock
+//! [`Locker::break_lock`](crate::Locker::break_lock) finds the grant that carries the
+//! token shown (its owner and its metadata, which holds the grant's nonce), deletes
+//! that grant wherever a node holds it, and raises every answering node's counter to
+//! the token; the holder's next renewal finds a majority without it.
+//!
 //! # Not guaranteed
 //! Redlock assumes bounded clock drift and bounded pauses; a holder paused past its
 //! validity is exactly the case fencing tokens exist for. No FIFO order, no unlock
@@ -93,6 +99,8 @@ static RENEW: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
 static RESEED: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(include_str!("scripts/reseed.lua")));
+static BREAK: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(include_str!("scripts/break.lua")));
 static RELEASE: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
 
@@ -545,6 +553,60 @@ impl Backend for RedlockBackend {
         Ok(Box::new(PollingWaiter {
             interval: self.inner.poll,
         }))
+    }
+
+    async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
+        // Which grant carries `fence`: the owner and metadata (with its nonce) that the
+        // nodes recording that token name. It is deleted wherever that very grant is
+        // found; the holder's next renewal then finds a majority without it.
+        let inner = &self.inner;
+        let keys = inner.keys(name);
+        let mut pipe = redis::pipe();
+        pipe.get(&keys.lock).get(&keys.token).get(&keys.meta);
+        type Row = (Option<String>, Option<u64>, Option<String>);
+        let timeout = inner.call_timeout().max(Duration::from_millis(200));
+        let rows: Vec<Row> = inner
+            .fan_out::<Row>(&inner.all(), timeout, Job::Pipe(pipe), |_| true, usize::MAX)
+            .await
+            .into_iter()
+            .filter_map(|a| a.and_then(Result::ok))
+            .collect();
+        if rows.len() < inner.quorum {
+            return Err(Error::NoQuorum {
+                granted: rows.len(),
+                needed: inner.quorum,
+                unreachable: inner.nodes.len() - rows.len(),
+            });
+        }
+        let Some((owner, meta)) = rows.iter().find_map(|r| match r {
+            (Some(owner), Some(t), Some(meta)) if *t == fence => {
+                Some((owner.clone(), meta.clone()))
+            }
+            _ => None,
+        }) else {
+            return Ok(false);
+        };
+        let mut inv = BREAK.prepare_invoke();
+        inv.key(&keys.lock)
+            .key(&keys.meta)
+            .key(&keys.token)
+            .key(&keys.counter)
+            .arg(&owner)
+            .arg(&meta)
+            .arg(fence);
+        let broke = inner
+            .fan_out::<i64>(
+                &inner.all(),
+                timeout,
+                Job::Script(inv),
+                |_| true,
+                usize::MAX,
+            )
+            .await
+            .into_iter()
+            .filter(|a| matches!(a, Some(Ok(1))))
+            .count();
+        Ok(broke > 0)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

@@ -68,6 +68,11 @@
 //!   every token granted before it to another owner (a read passing its owner's write
 //!   may hold a token above a later read of another owner).
 //!
+//! # Breaking a lock
+//! [`Locker::break_lock`](crate::Locker::break_lock) deletes the holder's node if its
+//! `czxid` is the token shown; later nodes have higher zxids. A holder checks its node
+//! at each renewal (one `exists`), so its `lost()` fires then.
+//!
 //! # Sessions
 //! One ZooKeeper session per backend (`session_timeout`, default 10 s). A holder that
 //! dies frees its locks when the server expires its session. While the process lives:
@@ -811,6 +816,31 @@ impl Backend for ZkBackend {
         shared::holders(&self.inner, name, primitive).await
     }
 
+    async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
+        // The holder's node, deleted only if its czxid is the token shown. The next
+        // node created gets a higher zxid, and the holder's next renewal finds its node
+        // gone.
+        let session = self.inner.session().await?;
+        let dir = self.inner.dir(name);
+        let Some(first) = Inner::children(&session, &dir).await?.into_iter().next() else {
+            return Ok(false);
+        };
+        let node = format!("{dir}/{first}");
+        let stat = match session.client.check_stat(&node).await {
+            Ok(Some(stat)) => stat,
+            Ok(None) => return Ok(false),
+            Err(e) => return Err(map_err(&e)),
+        };
+        if stat.czxid.unsigned_abs() != fence {
+            return Ok(false);
+        }
+        match session.client.delete(&node, None).await {
+            Ok(()) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(map_err(&e)),
+        }
+    }
+
     async fn names(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
         // Every lock is a node `<root>/<encoded name>` (kept after release).
         let session = self.inner.session().await?;
@@ -975,16 +1005,27 @@ impl HeldLock for ZkHeld {
     }
 
     async fn renew(&self, _ttl: Duration) -> Result<()> {
-        // The session is the lease; this only reports whether it still holds.
+        // The session is the lease; this reports whether it still holds, and whether
+        // the node is still there (an operator's `break_lock` deletes it).
+        let not_owner = || Error::NotOwner {
+            name: self.dir.clone(),
+        };
         if self.session.check().is_err() {
-            return Err(Error::NotOwner {
-                name: self.dir.clone(),
-            });
+            return Err(not_owner());
         }
         if self.session.suspect.load(Ordering::SeqCst) {
             tracing::warn!(node = %self.node, "ZooKeeper disconnected: lock suspect");
+            return Ok(());
         }
-        Ok(())
+        match self.session.client.check_stat(&self.node).await {
+            Ok(None) => Err(not_owner()),
+            Ok(Some(_)) => Ok(()),
+            // Unanswered: the session's watcher decides whether the hold is lost.
+            Err(e) => {
+                tracing::debug!(node = %self.node, error = %e, "ZooKeeper renewal check unanswered");
+                Ok(())
+            }
+        }
     }
 
     async fn release(&self) -> Result<()> {
