@@ -1606,4 +1606,20 @@ fn break_ends_a_stuck_hold_on_etcd_zookeeper_and_redlock() {
     for url in [etcd.url(), zk.url(), nodes.url()] {
         break_ends_a_stuck_hold_at(&env, &url);
     }
+    // A holder that keeps no dlock record (here an election's candidate, whose key or
+    // node holds its value alone, as etcdctl's and Curator's do) would never notice a
+    // break: refused.
+    for url in [etcd.url(), zk.url()] {
+        let mut leader = env.spawn(&["elect", "--url", &url, "--value", "v", "e:x", "sleep", "30"]);
+        wait_held_at(&env, &url, "e:x");
+        let out = env.run(&["break", "--url", &url, "--yes", "e:x"]);
+        assert_eq!(out.status.code(), Some(2), "{url}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("never notice"),
+            "{}",
+            text(&out.stderr)
+        );
+        kill_group(&leader, nix::sys::signal::Signal::SIGTERM);
+        let _ = wait_timeout(&mut leader, Duration::from_secs(10));
+    }
 }

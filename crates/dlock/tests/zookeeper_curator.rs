@@ -163,6 +163,19 @@ async fn curator_mutex_and_dlock_exclude_each_other() {
     peer.expect("held", T);
     let held_at = Instant::now();
     assert!(locker.try_lock("orders").await.expect("try").is_none());
+    // Curator would never notice a break: refused.
+    let shown = locker
+        .inspect("orders")
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert!(
+        matches!(
+            locker.break_lock("orders", shown.fencing_token).await,
+            Err(dlock::Error::Unsupported(_))
+        ),
+        "a break of Curator's hold was not refused"
+    );
     let g = locker
         .lock_timeout("orders", T)
         .await

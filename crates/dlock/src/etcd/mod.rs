@@ -69,7 +69,9 @@
 //! # Breaking a lock
 //! [`Locker::break_lock`](crate::Locker::break_lock) deletes the holder's key if its
 //! create revision is the token shown; later keys have higher revisions. A holder
-//! checks its key at each renewal (one range request), so its `lost()` fires then.
+//! checks its key at each renewal (one range request), so its `lost()` fires then. A
+//! holder whose key keeps no dlock record (etcdctl, an election's candidate) is
+//! refused: it would never notice.
 //!
 //! # Loss and TTLs
 //! The session is the lease on the server: a holder that dies frees its locks when the
@@ -894,7 +896,6 @@ impl Backend for EtcdBackend {
                 sort_target: SortTarget::Create as i32,
                 sort_order: SortOrder::Ascend as i32,
                 limit: 1,
-                keys_only: true,
                 ..proto::RangeRequest::default()
             })
             .await
@@ -902,6 +903,15 @@ impl Backend for EtcdBackend {
         let Some(kv) = first.kvs.first().filter(|kv| kv.create_revision == rev) else {
             return Ok(false);
         };
+        if StoredHolder::decode(&kv.value).is_none() {
+            // etcdctl, or an election's candidate (its key holds its value alone): it
+            // never looks at its key, so it would never hear of the break.
+            return Err(Error::Unsupported(
+                "the holder is not a dlock lock holder (its key keeps no dlock record): it \
+                 would never notice a break"
+                    .into(),
+            ));
+        }
         let key = String::from_utf8_lossy(&kv.key).into_owned();
         Inner::delete_key(&self.inner.client, &key, Some(rev))
             .await
@@ -1251,28 +1261,32 @@ impl HeldLock for EtcdHeld {
         self.token
     }
 
-    async fn renew(&self, _ttl: Duration) -> Result<()> {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
         // The session's keep-alive is the renewal; this reports whether it holds, and
         // whether the key is still the grant's (an operator's `break_lock` deletes it).
         let not_owner = || Error::NotOwner {
             name: self.dir.clone(),
         };
         self.session.check().map_err(|_| not_owner())?;
-        still_there(&self.inner.client, &self.key, self.revision)
-            .await
-            .then_some(())
-            .ok_or_else(not_owner)
+        // Bounded well inside the renewal's budget: a slow answer is no loss.
+        let check = still_there(&self.inner.client, &self.key, self.revision);
+        match tokio::time::timeout(ttl / 4, check).await {
+            Ok(false) => Err(not_owner()),
+            Ok(true) | Err(_) => Ok(()),
+        }
     }
 
     async fn release(&self) -> Result<()> {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let lost = || Error::LockLost {
+        let lost = || {
+            Error::LockLost {
             name: self.dir.clone(),
             reason: LossReason::SessionLost(
-                "the etcd session (and the lock's key) expired before the release".into(),
+                "the lock's key was gone before the release (the etcd session expired, or the lock was broken)".into(),
             ),
+        }
         };
         if self.session.check().is_err() {
             // The key went (or goes) with the lease; nothing of ours is left to delete.
@@ -1292,8 +1306,9 @@ impl HeldLock for EtcdHeld {
         if deleted {
             Ok(())
         } else {
-            // Our key was gone: the session expired without this process seeing it.
-            self.session.lost.cancel();
+            // Our key was gone: the session expired (then its other holds end now), or
+            // an operator broke this lock (which must not end them).
+            session::confirm(&self.inner.client, &self.session).await;
             Err(lost())
         }
     }

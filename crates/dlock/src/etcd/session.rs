@@ -77,6 +77,25 @@ impl Session {
     }
 }
 
+/// Ask etcd now whether the session's lease still lives (one keep-alive); when etcd
+/// says it is gone, the session is marked lost at once. Used when a key of the session
+/// was found missing: an expiry must end the session's other holds now, a key deleted
+/// by an operator's break must not.
+pub(crate) async fn confirm(client: &Client, session: &Session) {
+    let Ok((_requests, mut responses)) = client.lease_keep_alive(session.id).await else {
+        return;
+    };
+    if let Ok(Some(resp)) = responses.message().await
+        && resp.ttl <= 0
+    {
+        tracing::warn!(
+            lease = session.id,
+            "etcd session lost: the lease is gone on the server"
+        );
+        session.lost.cancel();
+    }
+}
+
 /// Keep the lease alive every third of its TTL; declare it lost when a keep-alive
 /// says it is gone or none succeeds before the known expiry.
 async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive: Weak<()>) {

@@ -457,8 +457,9 @@ impl HeldLock for SharedHeld {
         }
         match Inner::delete_key(&self.client, &self.key, Some(self.revision)).await {
             Ok(true) => Ok(()),
+            // Gone: did the session expire (then its other holds end now)?
             Ok(false) => {
-                self.session.lost.cancel();
+                super::session::confirm(&self.client, &self.session).await;
                 Err(lost())
             }
             Err(e) => {

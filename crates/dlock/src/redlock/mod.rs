@@ -40,10 +40,12 @@
 //! grant of the same owner. A renewal never shortens a lease.
 //!
 //! # Breaking a lock
-//! [`Locker::break_lock`](crate::Locker::break_lock) finds the grant that carries the
-//! token shown (its owner and its metadata, which holds the grant's nonce), deletes
-//! that grant wherever a node holds it, and raises every answering node's counter to
-//! the token; the holder's next renewal finds a majority without it.
+//! [`Locker::break_lock`](crate::Locker::break_lock) finds the grant inspect shows
+//! with that token (held by a majority: its owner and its metadata, which holds the
+//! grant's nonce), deletes that grant wherever a node holds it, and raises every
+//! answering node's counter to the token; the holder's next renewal finds a majority
+//! without it. It succeeds only once a majority is without the grant (else
+//! [`Error::NoQuorum`]: the holder's renewal would put it back on the others).
 //!
 //! # Not guaranteed
 //! Redlock assumes bounded clock drift and bounded pauses; a holder paused past its
@@ -578,14 +580,38 @@ impl Backend for RedlockBackend {
                 unreachable: inner.nodes.len() - rows.len(),
             });
         }
-        let Some((owner, meta)) = rows.iter().find_map(|r| match r {
-            (Some(owner), Some(t), Some(meta)) if *t == fence => {
-                Some((owner.clone(), meta.clone()))
+        // The grant inspect shows: held (owner and metadata, which carries its nonce)
+        // by a majority, its token the one most of those nodes record. A node that
+        // records `fence` for a later grant (its counter lagged) must not pick that one.
+        let mut grants: Vec<(&str, &str, Vec<u64>)> = Vec::new();
+        for (owner, token, meta) in &rows {
+            let (Some(owner), Some(meta)) = (owner, meta) else {
+                continue;
+            };
+            match grants.iter_mut().find(|(o, m, _)| o == owner && m == meta) {
+                Some((_, _, tokens)) => tokens.extend(*token),
+                None => grants.push((owner, meta, token.iter().copied().collect())),
             }
-            _ => None,
-        }) else {
+        }
+        let shown = |tokens: &[u64]| {
+            tokens
+                .iter()
+                .copied()
+                .max_by_key(|t| (tokens.iter().filter(|x| *x == t).count(), *t))
+        };
+        let held_by = |owner: &str, meta: &str| {
+            rows.iter()
+                .filter(|r| r.0.as_deref() == Some(owner) && r.2.as_deref() == Some(meta))
+                .count()
+        };
+        let Some((owner, meta, _)) = grants
+            .iter()
+            .find(|(o, m, tokens)| held_by(o, m) >= inner.quorum && shown(tokens) == Some(fence))
+        else {
             return Ok(false);
         };
+        let (owner, meta) = ((*owner).to_owned(), (*meta).to_owned());
+        let without = rows.len() - held_by(&owner, &meta);
         let mut inv = BREAK.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.meta)
@@ -606,7 +632,18 @@ impl Backend for RedlockBackend {
             .into_iter()
             .filter(|a| matches!(a, Some(Ok(1))))
             .count();
-        Ok(broke > 0)
+        // Broken only once a majority is without it; otherwise the holder's renewal
+        // would put it back where it went.
+        let n = inner.nodes.len();
+        if without + broke > n - inner.quorum {
+            Ok(true)
+        } else {
+            Err(Error::NoQuorum {
+                granted: without + broke,
+                needed: n - inner.quorum + 1,
+                unreachable: n - (without + broke),
+            })
+        }
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

@@ -71,7 +71,9 @@
 //! # Breaking a lock
 //! [`Locker::break_lock`](crate::Locker::break_lock) deletes the holder's node if its
 //! `czxid` is the token shown; later nodes have higher zxids. A holder checks its node
-//! at each renewal (one `exists`), so its `lost()` fires then.
+//! at each renewal (one `exists`), so its `lost()` fires then. A holder whose node
+//! keeps no dlock record (Curator, kazoo, an election's candidate) is refused: it
+//! would never notice.
 //!
 //! # Sessions
 //! One ZooKeeper session per backend (`session_timeout`, default 10 s). A holder that
@@ -826,13 +828,16 @@ impl Backend for ZkBackend {
             return Ok(false);
         };
         let node = format!("{dir}/{first}");
-        let stat = match session.client.check_stat(&node).await {
-            Ok(Some(stat)) => stat,
-            Ok(None) => return Ok(false),
+        let (data, stat) = match session.client.get_data(&node).await {
+            Ok(d) => d,
+            Err(zk::Error::NoNode) => return Ok(false),
             Err(e) => return Err(map_err(&e)),
         };
         if stat.czxid.unsigned_abs() != fence {
             return Ok(false);
+        }
+        if StoredHolder::decode(&data).is_none() {
+            return Err(not_ours());
         }
         match session.client.delete(&node, None).await {
             Ok(()) => Ok(true),
@@ -902,6 +907,16 @@ impl ZkBackend {
         caps.primitives = crate::backend::Primitives::ALL;
         caps
     }
+}
+
+/// A break refused: the holder keeps no dlock record (Curator, kazoo, or a candidate of
+/// an election, whose node holds its value alone), so it would never hear of it.
+fn not_ours() -> Error {
+    Error::Unsupported(
+        "the holder is not a dlock lock holder (its node keeps no dlock record): it would \
+         never notice a break"
+            .into(),
+    )
 }
 
 /// Waits for the predecessor's deletion.
@@ -1004,7 +1019,7 @@ impl HeldLock for ZkHeld {
         self.token
     }
 
-    async fn renew(&self, _ttl: Duration) -> Result<()> {
+    async fn renew(&self, ttl: Duration) -> Result<()> {
         // The session is the lease; this reports whether it still holds, and whether
         // the node is still there (an operator's `break_lock` deletes it).
         let not_owner = || Error::NotOwner {
@@ -1017,14 +1032,17 @@ impl HeldLock for ZkHeld {
             tracing::warn!(node = %self.node, "ZooKeeper disconnected: lock suspect");
             return Ok(());
         }
-        match self.session.client.check_stat(&self.node).await {
-            Ok(None) => Err(not_owner()),
-            Ok(Some(_)) => Ok(()),
+        // Bounded well inside the renewal's budget: a slow answer is no loss.
+        let check = self.session.client.check_stat(&self.node);
+        match tokio::time::timeout(ttl / 4, check).await {
+            Ok(Ok(None)) => Err(not_owner()),
+            Ok(Ok(Some(_))) => Ok(()),
             // Unanswered: the session's watcher decides whether the hold is lost.
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::debug!(node = %self.node, error = %e, "ZooKeeper renewal check unanswered");
                 Ok(())
             }
+            Err(_) => Ok(()),
         }
     }
 
