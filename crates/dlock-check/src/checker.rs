@@ -47,6 +47,48 @@ impl Findings {
 /// (lock, worker, token) of a critical section.
 type SectionKey<'a> = (&'a str, u32, u64);
 
+/// How many critical sections of one semaphore were open at once: `(most, over)`, where
+/// `over` counts the section starts at which more than `permits` were open. A section
+/// is a worker's accepted operations under one token (on the store's clock); sections
+/// whose lock is `<group>` or begins with `<group>#` belong to the semaphore `group` (a
+/// worker of a semaphore keeps its own cell `<group>#<worker>`).
+#[must_use]
+pub fn concurrency(store: &[StoreOp], group: &str, permits: u64) -> (u64, u64) {
+    let mine = |lock: &str| {
+        lock == group
+            || lock
+                .strip_prefix(group)
+                .is_some_and(|rest| rest.starts_with('#'))
+    };
+    let mut spans: HashMap<(u32, u64), (u64, u64)> = HashMap::new();
+    for op in store.iter().filter(|o| o.accepted && mine(&o.lock)) {
+        let span = spans
+            .entry((op.worker, op.token))
+            .or_insert((op.at_ns, op.at_ns));
+        span.0 = span.0.min(op.at_ns);
+        span.1 = span.1.max(op.at_ns);
+    }
+    // Starts before ends at one instant: touching sections count as overlapping.
+    let mut events: Vec<(u64, i8)> = spans
+        .values()
+        .flat_map(|&(s, e)| [(s, -1), (e, 1)])
+        .collect();
+    events.sort_unstable();
+    let (mut open, mut most, mut over) = (0u64, 0u64, 0u64);
+    for (_, kind) in events {
+        if kind < 0 {
+            open += 1;
+            most = most.max(open);
+            if open > permits {
+                over += 1;
+            }
+        } else {
+            open = open.saturating_sub(1);
+        }
+    }
+    (most, over)
+}
+
 /// Check grants and the store log.
 #[must_use]
 pub fn check(grants: &[Grant], store: &[StoreOp]) -> Findings {
@@ -114,4 +156,48 @@ pub fn check(grants: &[Grant], store: &[StoreOp]) -> Findings {
         }
     }
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(worker: u32, token: u64, at_ns: u64, lock: &str) -> StoreOp {
+        StoreOp {
+            at_ns,
+            worker,
+            lock: lock.into(),
+            token,
+            write: at_ns % 2 == 1,
+            version_read: 0,
+            stale: false,
+            accepted: true,
+            lost_update: false,
+        }
+    }
+
+    #[test]
+    fn concurrency_counts_sections_open_together() {
+        // Workers 1 and 2 overlap (10..20 and 15..30); 3 starts as 2 ends (30..40),
+        // which counts as overlapping.
+        let log = [
+            op(1, 5, 10, "s#1"),
+            op(1, 5, 20, "s#1"),
+            op(2, 6, 15, "s#2"),
+            op(2, 6, 30, "s#2"),
+            op(3, 7, 30, "s#3"),
+            op(3, 7, 40, "s#3"),
+            op(4, 8, 12, "other#4"),
+            op(4, 8, 18, "other#4"),
+        ];
+        assert_eq!(concurrency(&log, "s", 2), (2, 0));
+        assert_eq!(concurrency(&log, "s", 1), (2, 2));
+        assert_eq!(concurrency(&log, "s", 3), (2, 0));
+        assert_eq!(concurrency(&log, "other", 1), (1, 0));
+        assert_eq!(
+            concurrency(&log, "s#", 1),
+            (0, 0),
+            "a group is a whole name"
+        );
+    }
 }

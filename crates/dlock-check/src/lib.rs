@@ -5,7 +5,8 @@
 //!   token) or not, with a log of every operation on its own clock;
 //! - [`check`]: the offline checker of a history (grants as the collector saw them, and
 //!   the store's log): overlapping critical sections, stale operations accepted and
-//!   rejected, duplicate and inverted tokens, lost updates;
+//!   rejected, duplicate and inverted tokens, lost updates; [`concurrency`]: how many
+//!   holders of a semaphore were inside at once;
 //! - [`FaultProxy`]: a loopback TCP proxy that delays, blackholes, drops replies or
 //!   resets connections between a client and its server.
 //!
@@ -15,6 +16,6 @@ mod checker;
 mod fenced;
 mod proxy;
 
-pub use checker::{Findings, Grant, check};
+pub use checker::{Findings, Grant, check, concurrency};
 pub use fenced::{FencedStore, StoreClient, StoreOp, StoreReply};
 pub use proxy::{Fault, FaultProxy};

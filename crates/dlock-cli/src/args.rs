@@ -169,6 +169,28 @@ pub enum CheckWorkload {
     Crowd,
 }
 
+/// What `dlock check` workers take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CheckPrimitive {
+    /// The lock.
+    Lock,
+    /// Leadership (`Election::campaign`, resigned after each critical section).
+    Election,
+    /// A permit of a semaphore of `--permits`: at most that many inside at once.
+    Semaphore,
+}
+
+impl CheckPrimitive {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckPrimitive::Lock => "lock",
+            CheckPrimitive::Election => "election",
+            CheckPrimitive::Semaphore => "semaphore",
+        }
+    }
+}
+
 impl CheckWorkload {
     /// The name on the command line.
     pub fn name(self) -> &'static str {
@@ -213,6 +235,12 @@ pub struct CheckArgs {
     /// What each worker process does.
     #[arg(long, value_enum, default_value = "single")]
     pub workload: CheckWorkload,
+    /// What the workers take (`--workload single` only for anything but the lock).
+    #[arg(long, value_enum, default_value = "lock")]
+    pub primitive: CheckPrimitive,
+    /// The semaphore's permits (`--primitive semaphore`).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub permits: u32,
     /// Tasks per worker process (`--workload crowd`).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=63))]
     pub tasks: u32,
@@ -283,6 +311,12 @@ pub struct CheckWorkerArgs {
     /// Seed of the crowd's random choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// What to take.
+    #[arg(long, value_enum, default_value = "lock")]
+    pub primitive: CheckPrimitive,
+    /// The semaphore's permits.
+    #[arg(long, default_value_t = 3)]
+    pub permits: u32,
 }
 
 /// Where the locks live.

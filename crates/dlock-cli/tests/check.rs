@@ -289,3 +289,56 @@ fn lock_delay_narrows_but_does_not_close_the_unfenced_window() {
     assert_eq!(run(delayed.clone(), "1500ms"), 0, "lock_delay=2s covers it");
     assert!(run(delayed, "4s") > 0, "a pause longer than lease + delay");
 }
+
+/// `--primitive semaphore`: with a holder SIGKILLed, never more than the permits inside
+/// at once (counted over every worker's cell on the store's clock), the permits all in
+/// use at some point, and nothing left held; `--primitive election`: one leader at a
+/// time. On SQLite, Redis, etcd and ZooKeeper (short sessions, so a dead holder's
+/// permit frees within the run).
+#[test]
+fn semaphore_and_election_checks() {
+    let (Some(redis), Some(etcd), Some(zk)) = (
+        dlock_testkit::RedisServer::start(),
+        dlock_testkit::EtcdServer::start(),
+        dlock_testkit::ZkServer::start(),
+    ) else {
+        return;
+    };
+    let urls = [
+        None,
+        Some(redis.url()),
+        Some(format!("{}?session_ttl=2s", etcd.url())),
+        Some(format!("{}?session_timeout=2s", zk.url())),
+    ];
+    for url in &urls {
+        for (primitive, fault) in [("semaphore", "kill-holder"), ("election", "none")] {
+            let mut cmd = std::process::Command::new(dlock());
+            cmd.args([
+                "check",
+                "--json",
+                "--primitive",
+                primitive,
+                "--permits",
+                "2",
+            ])
+            .args(["--workers", "5", "--ops", "150", "--ttl", "1s"])
+            .args(["--fault", fault, "--faults", "1"]);
+            if let Some(u) = url {
+                cmd.args(["--url", u]);
+            }
+            let out = cmd.output().expect("dlock check");
+            let r: Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+            println!("figure: check {primitive} {fault} {url:?}: {r}");
+            assert_eq!(out.status.code(), Some(0), "{url:?} {primitive}: {r}");
+            assert_eq!(r["overlaps"], 0, "{url:?} {primitive}: {r}");
+            assert_eq!(r["orphans"], 0, "{url:?} {primitive}: {r}");
+            // (a killed worker does not finish its share)
+            assert!(r["ops"].as_u64() >= Some(100), "{url:?} {primitive}: {r}");
+            if primitive == "semaphore" {
+                assert_eq!(r["most_at_once"], 2, "{url:?}: {r}");
+                assert_eq!(r["faults_injected"], 1, "{url:?}: {r}");
+            }
+        }
+    }
+}

@@ -18,7 +18,7 @@ use dlock::{LockOptions, Locker, Wait};
 use dlock_check::{Fault, FaultProxy, FencedStore, Findings, Grant, StoreClient, StoreReply};
 use serde_json::{Value, json};
 
-use crate::args::{CheckArgs, CheckFault, CheckWorkerArgs, CheckWorkload};
+use crate::args::{CheckArgs, CheckFault, CheckPrimitive, CheckWorkerArgs, CheckWorkload};
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit};
 use crate::output::outln;
@@ -29,6 +29,10 @@ struct Report {
     backend: String,
     fault: &'static str,
     workload: &'static str,
+    primitive: &'static str,
+    /// A semaphore's permits, and the most of its holders inside at once.
+    permits: Option<u32>,
+    most_at_once: Option<u64>,
     fenced: bool,
     /// The backend's fencing capability: `durable` or `best-effort`.
     fencing: &'static str,
@@ -205,6 +209,12 @@ fn release_bound(locker: &Locker, ttl: Duration) -> Duration {
 }
 
 pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
+    if args.primitive != CheckPrimitive::Lock && args.workload != CheckWorkload::Single {
+        return Err(Failure::new(
+            crate::exit::USAGE,
+            "--primitive election|semaphore runs with --workload single",
+        ));
+    }
     let dir = tempfile::tempdir().map_err(|e| Failure::internal(e.to_string()))?;
     let url = crate::exit::scratch_url(args.url.as_deref(), dir.path(), "check.db");
     let locker = Locker::connect(&url).await?;
@@ -258,6 +268,10 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
             tasks.to_string(),
             "--seed".to_owned(),
             args.seed.wrapping_add(u64::from(w)).to_string(),
+            "--primitive".to_owned(),
+            args.primitive.name().to_owned(),
+            "--permits".to_owned(),
+            args.permits.to_string(),
         ];
         if w < faults {
             // Spread the faults over the run, deterministically from the seed.
@@ -416,34 +430,60 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     // A backend that cannot answer (e.g. Redlock without a quorum) cannot have handed
     // the lock to anyone either; say that the check could not run.
     // A connection broken by the fault may fail the first command: try a few times.
-    let mut inspected = locker.inspect(&lock_name).await;
+    let semaphore = (args.primitive == CheckPrimitive::Semaphore)
+        .then(|| locker.semaphore(&lock_name, args.permits));
+    let left = async || match &semaphore {
+        Some(s) => s.holders().await.map(|h| h.len() as u64),
+        None => locker
+            .inspect(&lock_name)
+            .await
+            .map(|held| u64::from(held.is_some())),
+    };
+    let mut inspected = left().await;
     for _ in 0..5 {
         if inspected.is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        inspected = locker.inspect(&lock_name).await;
+        inspected = left().await;
     }
     let (orphans, orphan_check) = match inspected {
-        Ok(held) => (u64::from(held.is_some()), "done".to_owned()),
+        Ok(held) => (held, "done".to_owned()),
         Err(e) => (0, format!("not possible: {e}")),
     };
     let log = store.log();
-    let findings = dlock_check::check(&grants, &log);
-    let (final_value, _, _) = store.cell(&lock_name);
+    let mut findings = dlock_check::check(&grants, &log);
+    // A semaphore's holders each keep a cell of their own: inside together is allowed
+    // up to the permits, and the overlaps are the entries beyond them.
+    let most_at_once = semaphore.as_ref().map(|_| {
+        let (most, over) = dlock_check::concurrency(&log, &lock_name, u64::from(args.permits));
+        findings.overlaps = over;
+        most
+    });
+    let final_value = match &semaphore {
+        Some(_) => (0..args.workers)
+            .map(|w| store.cell(&format!("{lock_name}#{w}")).0)
+            .sum(),
+        None => store.cell(&lock_name).0,
+    };
     let accepted_writes = log.iter().filter(|o| o.write && o.accepted).count() as u64;
     let durable = locker.capabilities().fencing == dlock::Fencing::Durable;
     // A token source that is not durable may repeat or go back after a server restart:
     // its capabilities say so, and the check reports it without calling it broken.
     let broken = (findings.duplicate_tokens > 0 && (durable || args.fault == CheckFault::None))
         || orphans > 0
-        || (durable && findings.token_inversions > 0)
+        // Permits granted together may be reported in either order (their tokens are
+        // unique, and not ordered among holders inside together).
+        || (durable && findings.token_inversions > 0 && semaphore.is_none())
         || (fenced && durable && (findings.stale_accepted > 0 || findings.lost_updates > 0))
         || (args.fault == CheckFault::None && findings.overlaps > 0);
     let report = Report {
         backend: locker.url().to_owned(),
         fault: args.fault.name(),
         workload: args.workload.name(),
+        primitive: args.primitive.name(),
+        permits: semaphore.is_some().then_some(args.permits),
+        most_at_once,
         fenced,
         fencing: if durable { "durable" } else { "best-effort" },
         workers: args.workers,
@@ -475,10 +515,13 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
 fn print_report(r: &Report) {
     let opt = |v: Option<u64>| v.map_or("-".to_owned(), |v| format!("{v} ms"));
     outln!(
-        "dlock check: {} · fault {} · workload {} · {} · {} workers",
+        "dlock check: {} · fault {} · workload {} · {}{} · {} · {} workers",
         r.backend,
         r.fault,
         r.workload,
+        r.primitive,
+        r.permits
+            .map_or(String::new(), |n| format!(" of {n} permits")),
         if r.fenced {
             "fenced store"
         } else {
@@ -491,7 +534,18 @@ fn print_report(r: &Report) {
         ("grants (ops)", r.ops.to_string()),
         ("failed acquires", r.failed_acquires.to_string()),
         ("faults injected", r.faults_injected.to_string()),
-        ("overlapping critical sections", f.overlaps.to_string()),
+        (
+            if r.permits.is_some() {
+                "entries beyond the permits"
+            } else {
+                "overlapping critical sections"
+            },
+            f.overlaps.to_string(),
+        ),
+        (
+            "most inside at once",
+            r.most_at_once.map_or("-".to_owned(), |m| m.to_string()),
+        ),
         ("stale operations accepted", f.stale_accepted.to_string()),
         (
             "stale operations rejected (fence)",
@@ -541,8 +595,24 @@ pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
         .ttl(args.ttl)
         .wait(Wait::Timeout(Duration::from_secs(30)));
     let io = |e: std::io::Error| Failure::internal(format!("store: {e}"));
+    // A semaphore's holders are inside together: each keeps its own cell.
+    let cell = match args.primitive {
+        CheckPrimitive::Semaphore => format!("{}#{}", args.lock_name, args.worker),
+        _ => args.lock_name.clone(),
+    };
+    let semaphore = locker.semaphore(&args.lock_name, args.permits);
+    let election = locker.election(&args.lock_name);
+    let value = format!("worker {}", args.worker);
     for i in 0..args.ops {
-        let guard = match locker.lock_with(&args.lock_name, &opts).await {
+        let taken = match args.primitive {
+            CheckPrimitive::Lock => locker.lock_with(&args.lock_name, &opts).await,
+            CheckPrimitive::Semaphore => semaphore.acquire_with(&opts).await,
+            CheckPrimitive::Election => election
+                .campaign_with(&value, &opts)
+                .await
+                .map(dlock::Leadership::into_guard),
+        };
+        let guard = match taken {
             Ok(g) => g,
             Err(e) => {
                 emit(&json!({"t": "fail", "error": e.to_string()}));
@@ -567,14 +637,14 @@ pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
             }
         }
-        let read = store.read(&args.lock_name, token).await.map_err(io)?;
+        let read = store.read(&cell, token).await.map_err(io)?;
         emit(&json!({"t": "read", "stale": matches!(read, StoreReply::Stale { .. })}));
         if let StoreReply::Ok { value, version } = read {
             if !args.think.is_zero() {
                 tokio::time::sleep(args.think).await;
             }
             let wrote = store
-                .write(&args.lock_name, token, version, value + 1)
+                .write(&cell, token, version, value + 1)
                 .await
                 .map_err(io)?;
             emit(&json!({"t": "write", "stale": matches!(wrote, StoreReply::Stale { .. })}));
