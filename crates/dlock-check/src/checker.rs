@@ -89,6 +89,48 @@ pub fn concurrency(store: &[StoreOp], group: &str, permits: u64) -> (u64, u64) {
     (most, over)
 }
 
+/// Writers of one read-write lock that overlapped anyone: sections (a worker's
+/// accepted operations under one token, on the store's clock) whose lock is `group`
+/// itself are writes, those of `<group>#<worker>` reads; the count is of the writes
+/// that overlap another section of the group, read or write.
+#[must_use]
+pub fn writer_overlaps(store: &[StoreOp], group: &str) -> u64 {
+    let mut spans: HashMap<(u32, u64, bool), (u64, u64)> = HashMap::new();
+    for op in store.iter().filter(|o| o.accepted) {
+        let write = op.lock == group;
+        let read = op
+            .lock
+            .strip_prefix(group)
+            .is_some_and(|rest| rest.starts_with('#'));
+        if !(write || read) {
+            continue;
+        }
+        let span = spans
+            .entry((op.worker, op.token, write))
+            .or_insert((op.at_ns, op.at_ns));
+        span.0 = span.0.min(op.at_ns);
+        span.1 = span.1.max(op.at_ns);
+    }
+    // By start: a write overlaps an earlier-starting section still open at its start,
+    // or the next section starting before its end.
+    let mut list: Vec<(u64, u64, bool)> = spans
+        .iter()
+        .map(|((_, _, write), (s, e))| (*s, *e, *write))
+        .collect();
+    list.sort_unstable();
+    let mut max_end: Option<u64> = None;
+    let mut count = 0;
+    for (i, &(start, end, write)) in list.iter().enumerate() {
+        let before = max_end.is_some_and(|m| m >= start);
+        let after = list.get(i + 1).is_some_and(|n| n.0 <= end);
+        if write && (before || after) {
+            count += 1;
+        }
+        max_end = Some(max_end.map_or(end, |m| m.max(end)));
+    }
+    count
+}
+
 /// Check grants and the store log.
 #[must_use]
 pub fn check(grants: &[Grant], store: &[StoreOp]) -> Findings {
@@ -198,6 +240,36 @@ mod tests {
             concurrency(&log, "s#", 1),
             (0, 0),
             "a group is a whole name"
+        );
+    }
+
+    #[test]
+    fn writer_overlaps_count_writes_beside_anyone() {
+        // Reads 1 and 2 together (10..20, 15..25); write 3 alone (30..40); write 4
+        // (45..55) overlaps read 5 (50..60) that starts inside it; write 6 (70..80)
+        // starts inside read 7 (65..75).
+        let log = [
+            op(1, 1, 10, "rw#1"),
+            op(1, 1, 20, "rw#1"),
+            op(2, 2, 15, "rw#2"),
+            op(2, 2, 25, "rw#2"),
+            op(3, 3, 30, "rw"),
+            op(3, 3, 40, "rw"),
+            op(4, 4, 45, "rw"),
+            op(4, 4, 55, "rw"),
+            op(5, 5, 50, "rw#5"),
+            op(5, 5, 60, "rw#5"),
+            op(7, 7, 65, "rw#7"),
+            op(7, 7, 75, "rw#7"),
+            op(6, 6, 70, "rw"),
+            op(6, 6, 80, "rw"),
+            op(8, 8, 31, "other"),
+        ];
+        assert_eq!(writer_overlaps(&log, "rw"), 2);
+        assert_eq!(
+            writer_overlaps(&log[..6], "rw"),
+            0,
+            "readers together are fine"
         );
     }
 }

@@ -6,7 +6,8 @@
 //! - [`check`]: the offline checker of a history (grants as the collector saw them, and
 //!   the store's log): overlapping critical sections, stale operations accepted and
 //!   rejected, duplicate and inverted tokens, lost updates; [`concurrency`]: how many
-//!   holders of a semaphore were inside at once;
+//!   holders of a semaphore were inside at once; [`writer_overlaps`]: writers of a
+//!   read-write lock beside anyone;
 //! - [`FaultProxy`]: a loopback TCP proxy that delays, blackholes, drops replies or
 //!   resets connections between a client and its server.
 //!
@@ -16,6 +17,6 @@ mod checker;
 mod fenced;
 mod proxy;
 
-pub use checker::{Findings, Grant, check, concurrency};
+pub use checker::{Findings, Grant, check, concurrency, writer_overlaps};
 pub use fenced::{FencedStore, StoreClient, StoreOp, StoreReply};
 pub use proxy::{Fault, FaultProxy};

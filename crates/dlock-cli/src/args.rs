@@ -178,6 +178,8 @@ pub enum CheckPrimitive {
     Election,
     /// A permit of a semaphore of `--permits`: at most that many inside at once.
     Semaphore,
+    /// A read (two in three) or a write of a read-write lock: writers alone.
+    Rwlock,
 }
 
 impl CheckPrimitive {
@@ -187,6 +189,7 @@ impl CheckPrimitive {
             CheckPrimitive::Lock => "lock",
             CheckPrimitive::Election => "election",
             CheckPrimitive::Semaphore => "semaphore",
+            CheckPrimitive::Rwlock => "rwlock",
         }
     }
 }

@@ -292,7 +292,8 @@ fn lock_delay_narrows_but_does_not_close_the_unfenced_window() {
 
 /// `--primitive semaphore`: with a holder SIGKILLed, never more than the permits inside
 /// at once (counted over every worker's cell on the store's clock), the permits all in
-/// use at some point, and nothing left held; `--primitive election`: one leader at a
+/// use at some point, and nothing left held; `--primitive rwlock` (a holder SIGKILLed):
+/// no writer beside anyone, readers together; `--primitive election`: one leader at a
 /// time. On SQLite, Redis, etcd and ZooKeeper (short sessions, so a dead holder's
 /// permit frees within the run).
 #[test]
@@ -311,7 +312,11 @@ fn semaphore_and_election_checks() {
         Some(format!("{}?session_timeout=2s", zk.url())),
     ];
     for url in &urls {
-        for (primitive, fault) in [("semaphore", "kill-holder"), ("election", "none")] {
+        for (primitive, fault) in [
+            ("semaphore", "kill-holder"),
+            ("rwlock", "kill-holder"),
+            ("election", "none"),
+        ] {
             let mut cmd = std::process::Command::new(dlock());
             cmd.args([
                 "check",
@@ -337,6 +342,14 @@ fn semaphore_and_election_checks() {
             assert!(r["ops"].as_u64() >= Some(100), "{url:?} {primitive}: {r}");
             if primitive == "semaphore" {
                 assert_eq!(r["most_at_once"], 2, "{url:?}: {r}");
+            }
+            if primitive == "rwlock" {
+                assert!(
+                    r["most_at_once"].as_u64() >= Some(2),
+                    "readers never together: {r}"
+                );
+            }
+            if fault != "none" {
                 assert_eq!(r["faults_injected"], 1, "{url:?}: {r}");
             }
         }

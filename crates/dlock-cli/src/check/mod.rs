@@ -212,7 +212,7 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     if args.primitive != CheckPrimitive::Lock && args.workload != CheckWorkload::Single {
         return Err(Failure::new(
             crate::exit::USAGE,
-            "--primitive election|semaphore runs with --workload single",
+            "--primitive election|semaphore|rwlock runs with --workload single",
         ));
     }
     let dir = tempfile::tempdir().map_err(|e| Failure::internal(e.to_string()))?;
@@ -432,9 +432,11 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     // A connection broken by the fault may fail the first command: try a few times.
     let semaphore = (args.primitive == CheckPrimitive::Semaphore)
         .then(|| locker.semaphore(&lock_name, args.permits));
-    let left = async || match &semaphore {
-        Some(s) => s.holders().await.map(|h| h.len() as u64),
-        None => locker
+    let rwlock = (args.primitive == CheckPrimitive::Rwlock).then(|| locker.rwlock(&lock_name));
+    let left = async || match (&semaphore, &rwlock) {
+        (Some(s), _) => s.holders().await.map(|h| h.len() as u64),
+        (_, Some(rw)) => rw.holders().await.map(|h| h.len() as u64),
+        _ => locker
             .inspect(&lock_name)
             .await
             .map(|held| u64::from(held.is_some())),
@@ -455,11 +457,18 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     let mut findings = dlock_check::check(&grants, &log);
     // A semaphore's holders each keep a cell of their own: inside together is allowed
     // up to the permits, and the overlaps are the entries beyond them.
-    let most_at_once = semaphore.as_ref().map(|_| {
+    let most_at_once = if semaphore.is_some() {
         let (most, over) = dlock_check::concurrency(&log, &lock_name, u64::from(args.permits));
         findings.overlaps = over;
-        most
-    });
+        Some(most)
+    } else if rwlock.is_some() {
+        // Readers keep cells of their own, writers the lock's: a writer beside anyone
+        // is an overlap.
+        findings.overlaps = dlock_check::writer_overlaps(&log, &lock_name);
+        Some(dlock_check::concurrency(&log, &lock_name, u64::MAX).0)
+    } else {
+        None
+    };
     let final_value = match &semaphore {
         Some(_) => (0..args.workers)
             .map(|w| store.cell(&format!("{lock_name}#{w}")).0)
@@ -472,9 +481,9 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     // its capabilities say so, and the check reports it without calling it broken.
     let broken = (findings.duplicate_tokens > 0 && (durable || args.fault == CheckFault::None))
         || orphans > 0
-        // Permits granted together may be reported in either order (their tokens are
-        // unique, and not ordered among holders inside together).
-        || (durable && findings.token_inversions > 0 && semaphore.is_none())
+        // Permits (and reads) granted together may be reported in either order (their
+        // tokens are unique, and not ordered among holders inside together).
+        || (durable && findings.token_inversions > 0 && semaphore.is_none() && rwlock.is_none())
         || (fenced && durable && (findings.stale_accepted > 0 || findings.lost_updates > 0))
         || (args.fault == CheckFault::None && findings.overlaps > 0);
     let report = Report {
@@ -602,11 +611,18 @@ pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
     };
     let semaphore = locker.semaphore(&args.lock_name, args.permits);
     let election = locker.election(&args.lock_name);
+    let rwlock = locker.rwlock(&args.lock_name);
     let value = format!("worker {}", args.worker);
+    let mut rng = fastrand::Rng::with_seed(args.seed);
+    let reader_cell = format!("{}#{}", args.lock_name, args.worker);
     for i in 0..args.ops {
+        // A read-write lock's reader reads its own cell (twice: its section's span).
+        let reads = args.primitive == CheckPrimitive::Rwlock && rng.u8(0..3) > 0;
         let taken = match args.primitive {
             CheckPrimitive::Lock => locker.lock_with(&args.lock_name, &opts).await,
             CheckPrimitive::Semaphore => semaphore.acquire_with(&opts).await,
+            CheckPrimitive::Rwlock if reads => rwlock.read_with(&opts).await,
+            CheckPrimitive::Rwlock => rwlock.write_with(&opts).await,
             CheckPrimitive::Election => election
                 .campaign_with(&value, &opts)
                 .await
@@ -636,6 +652,18 @@ pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
                 emit(&json!({"t": "pausing"}));
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
             }
+        }
+        if reads {
+            let read = store.read(&reader_cell, token).await.map_err(io)?;
+            emit(&json!({"t": "read", "stale": matches!(read, StoreReply::Stale { .. })}));
+            if !args.think.is_zero() {
+                tokio::time::sleep(args.think).await;
+            }
+            let _ = store.read(&reader_cell, token).await.map_err(io)?;
+            let released = guard.release().await.is_ok();
+            watcher.abort();
+            emit(&json!({"t": "release", "ok": released}));
+            continue;
         }
         let read = store.read(&cell, token).await.map_err(io)?;
         emit(&json!({"t": "read", "stale": matches!(read, StoreReply::Stale { .. })}));
