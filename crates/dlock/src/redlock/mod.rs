@@ -296,6 +296,29 @@ impl Inner {
         }
     }
 
+    /// `pipe` on every node: the answers, or `NoQuorum` when fewer than a majority
+    /// answered.
+    async fn read_majority<T: FromRedisValue + Send + 'static>(
+        &self,
+        pipe: redis::Pipeline,
+        timeout: Duration,
+    ) -> Result<Vec<T>> {
+        let rows: Vec<T> = self
+            .fan_out::<T>(&self.all(), timeout, Job::Pipe(pipe), |_| true, usize::MAX)
+            .await
+            .into_iter()
+            .filter_map(|a| a.and_then(Result::ok))
+            .collect();
+        if rows.len() < self.quorum {
+            return Err(Error::NoQuorum {
+                granted: rows.len(),
+                needed: self.quorum,
+                unreachable: self.nodes.len() - rows.len(),
+            });
+        }
+        Ok(rows)
+    }
+
     fn drift(&self, ttl: Duration) -> Duration {
         ttl.mul_f64(self.drift_factor) + Duration::from_millis(2)
     }
@@ -567,19 +590,7 @@ impl Backend for RedlockBackend {
         pipe.get(&keys.lock).get(&keys.token).get(&keys.meta);
         type Row = (Option<String>, Option<u64>, Option<String>);
         let timeout = inner.call_timeout().max(Duration::from_millis(200));
-        let rows: Vec<Row> = inner
-            .fan_out::<Row>(&inner.all(), timeout, Job::Pipe(pipe), |_| true, usize::MAX)
-            .await
-            .into_iter()
-            .filter_map(|a| a.and_then(Result::ok))
-            .collect();
-        if rows.len() < inner.quorum {
-            return Err(Error::NoQuorum {
-                granted: rows.len(),
-                needed: inner.quorum,
-                unreachable: inner.nodes.len() - rows.len(),
-            });
-        }
+        let rows: Vec<Row> = inner.read_majority(pipe, timeout).await?;
         // The grant inspect shows: held (owner and metadata, which carries its nonce)
         // by a majority, its token the one most of those nodes record. A node that
         // records `fence` for a later grant (its counter lagged) must not pick that one.
@@ -656,19 +667,7 @@ impl Backend for RedlockBackend {
             .get(&keys.meta);
         type Row = (Option<String>, i64, Option<u64>, Option<String>);
         let timeout = inner.call_timeout().max(Duration::from_millis(200));
-        let rows: Vec<Row> = inner
-            .fan_out::<Row>(&inner.all(), timeout, Job::Pipe(pipe), |_| true, usize::MAX)
-            .await
-            .into_iter()
-            .filter_map(|a| a.and_then(Result::ok))
-            .collect();
-        if rows.len() < inner.quorum {
-            return Err(Error::NoQuorum {
-                granted: rows.len(),
-                needed: inner.quorum,
-                unreachable: inner.nodes.len() - rows.len(),
-            });
-        }
+        let rows: Vec<Row> = inner.read_majority(pipe, timeout).await?;
         // The holder is the owner a majority of nodes name.
         let Some(owner) = rows
             .iter()
