@@ -303,6 +303,8 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     let mut fleet = Fleet::spawn(arg_lists)?;
     let pids: Vec<Option<u32>> = (0..args.workers as usize).map(|i| fleet.pid(i)).collect();
     let mut grants = Vec::new();
+    // Whether each grant was a write (a read-write lock's reads excepted, all are).
+    let mut writes: Vec<bool> = Vec::new();
     let mut failed = 0u64;
     let mut injected = 0u64;
     // The fault being recovered from: (worker, at), and its recovery once another
@@ -338,6 +340,7 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
         match event["t"].as_str() {
             Some("grant") => {
                 let token = event["token"].as_u64().unwrap_or(0);
+                writes.push(event["write"].as_bool().unwrap_or(true));
                 grants.push(Grant {
                     at_ns,
                     worker: u32::try_from(w).unwrap_or(u32::MAX),
@@ -463,8 +466,10 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
         Some(most)
     } else if rwlock.is_some() {
         // Readers keep cells of their own, writers the lock's: a writer beside anyone
-        // is an overlap.
+        // is an overlap. Reads granted together may be told in either order; a write's
+        // token must be above every token granted before it.
         findings.overlaps = dlock_check::writer_overlaps(&log, &lock_name);
+        findings.token_inversions = write_inversions(&grants, &writes);
         Some(dlock_check::concurrency(&log, &lock_name, u64::MAX).0)
     } else {
         None
@@ -481,9 +486,9 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
     // its capabilities say so, and the check reports it without calling it broken.
     let broken = (findings.duplicate_tokens > 0 && (durable || args.fault == CheckFault::None))
         || orphans > 0
-        // Permits (and reads) granted together may be reported in either order (their
-        // tokens are unique, and not ordered among holders inside together).
-        || (durable && findings.token_inversions > 0 && semaphore.is_none() && rwlock.is_none())
+        // Permits granted together may be reported in either order (their tokens are
+        // unique, and not ordered among holders inside together).
+        || (durable && findings.token_inversions > 0 && semaphore.is_none())
         || (fenced && durable && (findings.stale_accepted > 0 || findings.lost_updates > 0))
         || (args.fault == CheckFault::None && findings.overlaps > 0);
     let report = Report {
@@ -519,6 +524,22 @@ pub async fn check(args: CheckArgs) -> Result<i32, Failure> {
         print_report(&report);
     }
     Ok(i32::from(broken))
+}
+
+/// Write grants (in the collector's time order) whose token is below an earlier
+/// grant's, read or write.
+fn write_inversions(grants: &[Grant], writes: &[bool]) -> u64 {
+    let mut order: Vec<usize> = (0..grants.len()).collect();
+    order.sort_by_key(|&i| (grants[i].at_ns, grants[i].token));
+    let mut highest = 0;
+    let mut inversions = 0;
+    for i in order {
+        if writes.get(i).copied().unwrap_or(true) && grants[i].token < highest {
+            inversions += 1;
+        }
+        highest = highest.max(grants[i].token);
+    }
+    inversions
 }
 
 fn print_report(r: &Report) {
@@ -617,7 +638,10 @@ pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
     let reader_cell = format!("{}#{}", args.lock_name, args.worker);
     for i in 0..args.ops {
         // A read-write lock's reader reads its own cell (twice: its section's span).
-        let reads = args.primitive == CheckPrimitive::Rwlock && rng.u8(0..3) > 0;
+        // The holder a fault falls on is a writer: others must wait out its hold.
+        let reads = args.primitive == CheckPrimitive::Rwlock
+            && rng.u8(0..3) > 0
+            && args.fault_at != Some(u64::from(i));
         let taken = match args.primitive {
             CheckPrimitive::Lock => locker.lock_with(&args.lock_name, &opts).await,
             CheckPrimitive::Semaphore => semaphore.acquire_with(&opts).await,
@@ -638,7 +662,7 @@ pub async fn worker(args: CheckWorkerArgs) -> Result<i32, Failure> {
             }
         };
         let token = guard.fencing_token();
-        emit(&json!({"t": "grant", "token": token}));
+        emit(&json!({"t": "grant", "token": token, "write": !reads}));
         let lost = guard.lost_token();
         let watcher = tokio::spawn(async move {
             lost.cancelled().await;
