@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{AcquireRequest, Capabilities, Fencing};
+use crate::error::Error;
 use crate::options::Metadata;
 
 /// The session timeout etcd and ZooKeeper backends use unless the URL says otherwise.
@@ -24,6 +25,17 @@ pub(crate) fn capabilities(session_timeout: Duration) -> Capabilities {
     caps.queued_waiting = true;
     caps.session_timeout = Some(session_timeout);
     caps
+}
+
+/// A break refused on etcd or ZooKeeper: the holder's key or node keeps no dlock record
+/// (etcdctl, Curator, kazoo, or an election's candidate, which stores its value alone),
+/// so it never looks at it and would never hear of the break.
+pub(crate) fn break_unnoticed() -> Error {
+    Error::Unsupported(
+        "the holder is not a dlock lock holder (it keeps no dlock record): it would never \
+         notice a break"
+            .into(),
+    )
 }
 
 /// After a release that could not reach the server, keep trying in the background

@@ -36,6 +36,13 @@ pub(crate) struct Ordered {
     pub owner: Option<Arc<str>>,
 }
 
+/// The error for [`Verdict::UpgradeRefused`].
+pub(crate) fn refused(req: &crate::backend::AcquireRequest) -> crate::error::Error {
+    crate::error::Error::UpgradeRefused {
+        name: req.name.as_str().to_owned(),
+    }
+}
+
 /// Whether the contenders `below` ours (lowest first) let a `side` in without knowing
 /// their owners: nothing below a write, no write below a read.
 pub(crate) fn clear_without_owners(below: &[Ordered], side: Side) -> bool {

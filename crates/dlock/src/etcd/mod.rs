@@ -496,14 +496,19 @@ impl Inner {
 
     /// The key created first under `dir` (the holder).
     fn first_created(dir: &str) -> RequestOp {
-        op(Request::Range(proto::RangeRequest {
+        op(Request::Range(Self::first_created_range(dir)))
+    }
+
+    /// The range that reads the key created first under `dir` (with its value).
+    fn first_created_range(dir: &str) -> proto::RangeRequest {
+        proto::RangeRequest {
             key: dir.as_bytes().to_vec(),
             range_end: prefix_end(dir.as_bytes()),
             sort_target: SortTarget::Create as i32,
             sort_order: SortOrder::Ascend as i32,
             limit: 1,
             ..proto::RangeRequest::default()
-        }))
+        }
     }
 
     /// Take the local slot for `dir` for `acquisition` (and note that its key is
@@ -890,27 +895,14 @@ impl Backend for EtcdBackend {
         let first = self
             .inner
             .client
-            .range(proto::RangeRequest {
-                key: dir.as_bytes().to_vec(),
-                range_end: prefix_end(dir.as_bytes()),
-                sort_target: SortTarget::Create as i32,
-                sort_order: SortOrder::Ascend as i32,
-                limit: 1,
-                ..proto::RangeRequest::default()
-            })
+            .range(Inner::first_created_range(&dir))
             .await
             .map_err(|e| map_err(&e))?;
         let Some(kv) = first.kvs.first().filter(|kv| kv.create_revision == rev) else {
             return Ok(false);
         };
         if StoredHolder::decode(&kv.value).is_none() {
-            // etcdctl, or an election's candidate (its key holds its value alone): it
-            // never looks at its key, so it would never hear of the break.
-            return Err(Error::Unsupported(
-                "the holder is not a dlock lock holder (its key keeps no dlock record): it \
-                 would never notice a break"
-                    .into(),
-            ));
+            return Err(crate::queue::break_unnoticed());
         }
         let key = String::from_utf8_lossy(&kv.key).into_owned();
         Inner::delete_key(&self.inner.client, &key, Some(rev))

@@ -20,7 +20,9 @@ use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
 use crate::queue::StoredHolder;
 use crate::shared_holds::EntryKind;
-use crate::shared_order::{Ordered, Side, Verdict, admitted, clear_without_owners, decide};
+use crate::shared_order::{
+    Ordered, Side, Verdict, admitted, clear_without_owners, decide, refused,
+};
 
 /// A waiting attempt: its key, the session it is attached to, and the revision from
 /// which a deletion under the name may let it in.
@@ -133,12 +135,6 @@ fn verdict(req: &AcquireRequest, below: &[Ordered]) -> Verdict {
 fn busy() -> Attempt {
     Attempt::Busy {
         retry_after: Some(RECHECK),
-    }
-}
-
-fn refused(req: &AcquireRequest) -> Error {
-    Error::UpgradeRefused {
-        name: req.name.as_str().to_owned(),
     }
 }
 

@@ -837,7 +837,7 @@ impl Backend for ZkBackend {
             return Ok(false);
         }
         if StoredHolder::decode(&data).is_none() {
-            return Err(not_ours());
+            return Err(crate::queue::break_unnoticed());
         }
         match session.client.delete(&node, None).await {
             Ok(()) => Ok(true),
@@ -907,16 +907,6 @@ impl ZkBackend {
         caps.primitives = crate::backend::Primitives::ALL;
         caps
     }
-}
-
-/// A break refused: the holder keeps no dlock record (Curator, kazoo, or a candidate of
-/// an election, whose node holds its value alone), so it would never hear of it.
-fn not_ours() -> Error {
-    Error::Unsupported(
-        "the holder is not a dlock lock holder (its node keeps no dlock record): it would \
-         never notice a break"
-            .into(),
-    )
 }
 
 /// Waits for the predecessor's deletion.

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::queue::StoredHolder;
 use crate::shared_holds::EntryKind;
-use crate::shared_order::{Ordered, Side, Verdict, admitted, decide};
+use crate::shared_order::{Ordered, Side, Verdict, admitted, decide, refused};
 
 /// The nodes of a semaphore (Curator's `InterProcessSemaphoreV2`).
 pub(super) struct SemaphorePaths {
@@ -164,12 +164,6 @@ async fn list(session: &Session, dir: &str) -> Result<Vec<String>> {
 fn busy() -> Attempt {
     Attempt::Busy {
         retry_after: Some(RECHECK),
-    }
-}
-
-fn refused(req: &AcquireRequest) -> Error {
-    Error::UpgradeRefused {
-        name: req.name.as_str().to_owned(),
     }
 }
 
