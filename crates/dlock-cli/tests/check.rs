@@ -341,7 +341,10 @@ fn semaphore_and_election_checks() {
             // (a killed worker does not finish its share)
             assert!(r["ops"].as_u64() >= Some(100), "{url:?} {primitive}: {r}");
             if primitive == "semaphore" {
-                assert_eq!(r["most_at_once"], 2, "{url:?}: {r}");
+                // Never beyond the permits; whether two store spans meet is timing (on
+                // ZooKeeper, grants pass one at a time through the semaphore's mutex).
+                let most = r["most_at_once"].as_u64().unwrap_or(0);
+                assert!((1..=2).contains(&most), "{url:?}: {r}");
             }
             if primitive == "rwlock" {
                 assert!(
