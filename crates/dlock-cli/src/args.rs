@@ -634,9 +634,44 @@ pub struct BenchArgs {
     /// Take every lock in fair (first come, first served) mode.
     #[arg(long)]
     pub fair: bool,
+    /// What each cycle takes and gives back: the lock, or (uncontended and contended
+    /// scenarios only) a permit, a read, a write or leadership.
+    #[arg(long, value_enum, default_value = "lock", value_name = "PRIMITIVE")]
+    pub primitive: BenchPrimitive,
+    /// The semaphore's permits with `--primitive semaphore`.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub permits: u32,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// What a `dlock bench` cycle takes and gives back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchPrimitive {
+    /// The lock (`lock` + `release`).
+    Lock,
+    /// A permit of a semaphore of `--permits` (`acquire` + `release`).
+    Semaphore,
+    /// A read of a read-write lock.
+    Read,
+    /// A write of a read-write lock.
+    Write,
+    /// Leadership (`campaign` + `resign`).
+    Election,
+}
+
+impl BenchPrimitive {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchPrimitive::Lock => "lock",
+            BenchPrimitive::Semaphore => "semaphore",
+            BenchPrimitive::Read => "read",
+            BenchPrimitive::Write => "write",
+            BenchPrimitive::Election => "election",
+        }
+    }
 }
 
 /// A `dlock bench` scenario.
@@ -670,4 +705,8 @@ pub struct BenchWorkerArgs {
     pub max_cycles: u64,
     #[arg(long, value_parser = ttl, default_value = "30s")]
     pub ttl: Duration,
+    #[arg(long, value_enum, default_value = "lock")]
+    pub primitive: BenchPrimitive,
+    #[arg(long, default_value_t = 3)]
+    pub permits: u32,
 }

@@ -9,6 +9,13 @@
 //! - ZooKeeper: create an ephemeral node + delete it.
 //! - PostgreSQL / MySQL: the bare statements of the URL's mode (see `raw_sql`).
 //!
+//! A counted grant (a permit, a read, a write: [`Shape::Counted`]) needs one more
+//! thing: to see the others. Its floor is, on SQLite and SQL, a row inserted while
+//! fewer than the limit are there (one statement) and deleted; on Redis, the npm
+//! `redis-semaphore` package's acquire script (`ZREMRANGEBYSCORE`, `ZCARD`, `ZADD`) and
+//! a `ZREM`; on etcd, put-with-lease, a range of the limit's oldest keys, delete; on
+//! ZooKeeper, create an ephemeral sequential node, list its siblings, delete.
+//!
 //! [`measure`] alternates dlock's cycles and the floor's in rounds, so a change in the
 //! machine's speed during the run (CPU frequency, other processes) lands on both sides.
 
@@ -20,6 +27,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use zookeeper_client as zk;
 
 use crate::bench::stats::{Latency, micros};
+use crate::bench::take::{Shape, Take};
 use crate::exit::Failure;
 
 /// Rounds the measurement alternates dlock and the floor in.
@@ -48,6 +56,8 @@ pub enum Floor {
     Zk {
         client: zk::Client,
         node: String,
+        /// The parent of the counted cycles' sequential nodes (made on first use).
+        parent: Option<String>,
     },
     Sql(crate::bench::raw_sql::SqlFloor),
 }
@@ -81,8 +91,100 @@ impl Floor {
             .map(Floor::Sql))
     }
 
-    /// One bare lock cycle (`i` distinguishes cycles where a backend needs it).
-    pub async fn cycle(&mut self, i: i64) -> Result<(), Failure> {
+    /// One bare cycle of `shape` (`i` distinguishes cycles where a backend needs it).
+    pub async fn cycle(&mut self, i: i64, shape: Shape) -> Result<(), Failure> {
+        match shape {
+            Shape::Exclusive => self.exclusive(i).await,
+            Shape::Counted(limit) => self.counted(i, limit).await,
+        }
+    }
+
+    /// One bare counted grant and its release (module docs).
+    async fn counted(&mut self, i: i64, limit: u32) -> Result<(), Failure> {
+        match self {
+            Floor::Sqlite { conn, owner } => {
+                let db = |e: sqlx::Error| Failure::internal(format!("floor: {e}"));
+                sqlx::query(
+                    "INSERT INTO dlock_bench_floor_counted (name, owner, expires) \
+                     SELECT 'floor', ?1, ?2 \
+                     WHERE (SELECT count(*) FROM dlock_bench_floor_counted WHERE name = 'floor') < ?3",
+                )
+                .bind(owner.as_str())
+                .bind(i)
+                .bind(i64::from(limit))
+                .execute(&mut **conn)
+                .await
+                .map_err(db)?;
+                sqlx::query(
+                    "DELETE FROM dlock_bench_floor_counted WHERE name = 'floor' AND owner = ?1",
+                )
+                .bind(owner.as_str())
+                .execute(&mut **conn)
+                .await
+                .map_err(db)?;
+                Ok(())
+            }
+            Floor::Redis {
+                conn, key, owner, ..
+            } => {
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+                crate::bench::raw_redis::counted_cycle(
+                    conn,
+                    &format!("{key}:counted"),
+                    owner.as_str(),
+                    now_ms,
+                    limit,
+                )
+                .await
+                .map_err(crate::bench::raw_redis::err)
+            }
+            Floor::Etcd { client, key, lease } => {
+                let dir = format!("{key}/counted/");
+                let mine = format!("{dir}{i}");
+                client.put(&mine, b"", *lease).await.map_err(etcd_err)?;
+                client.oldest(&dir, limit).await.map_err(etcd_err)?;
+                client.delete(&mine).await.map_err(etcd_err)?;
+                Ok(())
+            }
+            Floor::Zk {
+                client,
+                node,
+                parent,
+            } => {
+                let dir = match parent {
+                    Some(p) => p.clone(),
+                    None => {
+                        let p = format!("{node}-counted");
+                        let persistent =
+                            zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                        match client.create(&p, b"", &persistent).await {
+                            Ok(_) | Err(zk::Error::NodeExists) => {}
+                            Err(e) => return Err(zk_err(e)),
+                        }
+                        parent.insert(p).clone()
+                    }
+                };
+                let sequential =
+                    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+                let (_, seq) = client
+                    .create(&format!("{dir}/c-"), b"", &sequential)
+                    .await
+                    .map_err(zk_err)?;
+                client.list_children(&dir).await.map_err(zk_err)?;
+                client
+                    .delete(&format!("{dir}/c-{seq}"), None)
+                    .await
+                    .map_err(zk_err)?;
+                Ok(())
+            }
+            Floor::Sql(f) => f.cycle(i, Shape::Counted(limit)).await,
+        }
+    }
+
+    /// One bare lock cycle.
+    async fn exclusive(&mut self, i: i64) -> Result<(), Failure> {
         match self {
             Floor::Sqlite { conn, owner } => {
                 let db = |e: sqlx::Error| Failure::internal(format!("floor: {e}"));
@@ -111,13 +213,13 @@ impl Floor {
                 client.delete(key).await.map_err(etcd_err)?;
                 Ok(())
             }
-            Floor::Zk { client, node } => {
+            Floor::Zk { client, node, .. } => {
                 let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
                 client.create(node, b"", &ephemeral).await.map_err(zk_err)?;
                 client.delete(node, None).await.map_err(zk_err)?;
                 Ok(())
             }
-            Floor::Sql(f) => f.cycle(i).await,
+            Floor::Sql(f) => f.cycle(i, Shape::Exclusive).await,
         }
     }
 
@@ -127,13 +229,13 @@ impl Floor {
     pub async fn requests_per_cycle(
         &mut self,
         locker: &Locker,
-        name: &str,
+        (name, take): (&str, Take),
         opts: &LockOptions,
         cycles: u32,
     ) -> Result<Option<f64>, Failure> {
         let work = async || -> Result<(), Failure> {
             for _ in 0..cycles {
-                dlock_cycle(locker, name, opts).await?;
+                take.cycle(locker, name, opts).await?;
             }
             Ok(())
         };
@@ -154,18 +256,23 @@ impl Floor {
         }
     }
 
-    /// Give back what the floor holds on the server (the etcd lease).
+    /// Give back what the floor holds on the server (the etcd lease, the ZooKeeper
+    /// parent node).
     pub async fn close(self) {
-        if let Floor::Etcd { client, lease, .. } = self {
-            let _ = client.lease_revoke(lease).await;
+        match self {
+            Floor::Etcd { client, lease, .. } => {
+                let _ = client.lease_revoke(lease).await;
+            }
+            Floor::Zk {
+                client,
+                parent: Some(p),
+                ..
+            } => {
+                let _ = client.delete(&p, None).await;
+            }
+            _ => {}
         }
     }
-}
-
-/// One uncontended dlock cycle: acquire, then release.
-async fn dlock_cycle(locker: &Locker, name: &str, opts: &LockOptions) -> Result<(), Failure> {
-    locker.lock_with(name, opts).await?.release().await?;
-    Ok(())
 }
 
 /// One side of a measurement: cycles per second and per-cycle latency.
@@ -214,11 +321,11 @@ impl Samples {
     }
 }
 
-/// `cycles` uncontended dlock cycles on `name` and, with a floor, as many bare cycles,
-/// alternating in [`ROUNDS`] rounds.
+/// `cycles` uncontended dlock cycles of `take` on `name` and, with a floor, as many
+/// bare cycles of its shape, alternating in [`ROUNDS`] rounds.
 pub async fn measure(
     locker: &Locker,
-    name: &str,
+    (name, take): (&str, Take),
     opts: &LockOptions,
     mut floor: Option<&mut Floor>,
     cycles: u32,
@@ -226,10 +333,10 @@ pub async fn measure(
     let has_floor = floor.is_some();
     let (mut ours, mut bare) = (Samples::default(), Samples::default());
     let mut next = 0i64;
-    let mut dlock_cycle = async || dlock_cycle(locker, name, opts).await;
+    let mut dlock_cycle = async || take.cycle(locker, name, opts).await;
     let mut floor_cycle = async || -> Result<(), Failure> {
         if let Some(f) = floor.as_deref_mut() {
-            f.cycle(next).await?;
+            f.cycle(next, take.shape()).await?;
             next += 1;
         }
         Ok(())
@@ -268,6 +375,14 @@ async fn sqlite(url: &str) -> Result<Option<Floor>, Failure> {
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS dlock_bench_floor \
          (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires INTEGER NOT NULL) WITHOUT ROWID",
+    )
+    .execute(&pool)
+    .await
+    .map_err(db)?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS dlock_bench_floor_counted \
+         (name TEXT NOT NULL, owner TEXT NOT NULL, expires INTEGER NOT NULL, \
+         PRIMARY KEY (name, owner)) WITHOUT ROWID",
     )
     .execute(&pool)
     .await
@@ -328,5 +443,6 @@ async fn zookeeper(url: &str) -> Result<Option<Floor>, Failure> {
     Ok(Some(Floor::Zk {
         client,
         node: format!("/dlock-bench-floor-{}", dlock::Owner::random()),
+        parent: None,
     }))
 }

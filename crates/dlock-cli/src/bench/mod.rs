@@ -12,6 +12,7 @@ mod parallel;
 mod raw_redis;
 pub(crate) mod raw_sql;
 pub(crate) mod stats;
+mod take;
 
 use std::time::{Duration, Instant};
 
@@ -20,9 +21,10 @@ use dlock::{LockOptions, Locker};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::args::{BenchArgs, BenchWorkerArgs, Scenario};
+use crate::args::{BenchArgs, BenchPrimitive, BenchWorkerArgs, Scenario};
 use crate::bench::handoff::Waiting;
 use crate::bench::stats::{Latency, Percentiles, jain, micros, show_us};
+use crate::bench::take::Take;
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit, numbers};
 use crate::output::outln;
@@ -76,6 +78,10 @@ struct ScenarioRow {
 #[derive(Debug, Serialize)]
 struct Report {
     url: String,
+    /// What each cycle took: `lock`, `semaphore`, `read`, `write` or `election`.
+    primitive: &'static str,
+    /// The semaphore's permits (`--primitive semaphore` only).
+    permits: Option<u32>,
     /// Every scenario that ran, flat: what BENCHMARKS.md and scripts read.
     scenarios: Vec<ScenarioRow>,
     uncontended: Option<Uncontended>,
@@ -124,10 +130,26 @@ fn chosen(args: &BenchArgs) -> Result<Vec<Scenario>, Failure> {
         (Scenario::Polling, "--waiters", u64::from(args.waiters)),
         (Scenario::Hold, "--hold", args.hold),
     ];
+    // Beyond the lock, the uncontended and contended runs only.
+    let offered = |s: Scenario| {
+        args.primitive == BenchPrimitive::Lock
+            || matches!(s, Scenario::Uncontended | Scenario::Contended)
+    };
+    if let Some(s) = args.scenario.iter().find(|s| !offered(**s)) {
+        return Err(Failure::new(
+            crate::exit::USAGE,
+            format!(
+                "--scenario {} runs with --primitive lock only (other primitives: uncontended, contended)",
+                s.to_possible_value()
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default()
+            ),
+        ));
+    }
     if args.scenario.is_empty() {
         return Ok(counts
             .iter()
-            .filter(|(_, _, n)| *n > 0)
+            .filter(|(s, _, n)| *n > 0 && offered(*s))
             .map(|(s, _, _)| *s)
             .collect());
     }
@@ -156,17 +178,26 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     let locker = Locker::connect(&url).await?;
     let name = format!("bench:{}", dlock::Owner::random());
     let opts = LockOptions::new().ttl(args.ttl).fair(args.fair);
+    let take = Take {
+        primitive: args.primitive,
+        permits: args.permits,
+    };
     let mut uncontended = None;
     let mut single_node = None;
     if runs(Scenario::Uncontended) {
         let mut floor = crate::bench::floor::Floor::connect(&url).await?;
-        let (ours, bare) =
-            crate::bench::floor::measure(&locker, &name, &opts, floor.as_mut(), args.cycles)
-                .await?;
+        let (ours, bare) = crate::bench::floor::measure(
+            &locker,
+            (&name, take),
+            &opts,
+            floor.as_mut(),
+            args.cycles,
+        )
+        .await?;
         let mut requests_per_cycle = None;
         if let Some(mut f) = floor {
             requests_per_cycle = f
-                .requests_per_cycle(&locker, &name, &opts, counted_cycles(args.cycles))
+                .requests_per_cycle(&locker, (&name, take), &opts, counted_cycles(args.cycles))
                 .await?;
             f.close().await;
         }
@@ -174,7 +205,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
             let one = Locker::connect(&single).await?;
             let (side, _) = crate::bench::floor::measure(
                 &one,
-                &format!("{name}:single"),
+                (&format!("{name}:single"), take),
                 &opts,
                 None,
                 args.cycles,
@@ -253,6 +284,8 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
         None
     };
     let mut report = Report {
+        primitive: args.primitive.name(),
+        permits: (args.primitive == BenchPrimitive::Semaphore).then_some(args.permits),
         scenarios: Vec::new(),
         parallel,
         single_node,
@@ -380,7 +413,7 @@ fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
         (u.floor_cycles_per_sec, u.floor_latency, u.ratio_to_floor)
     {
         outln!(
-            "  floor (the bare commands of a lock cycle, same client, same run, alternating): \
+            "  floor (the bare commands of one cycle, same client, same run, alternating): \
              {f:.0} cycles/s, p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
             show_us(fl.p50_us),
             show_us(fl.p99_us)
@@ -406,6 +439,15 @@ fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
 
 fn print_report(r: &Report) {
     outln!("backend: {}", r.url);
+    if r.primitive != "lock" {
+        outln!(
+            "each cycle takes and gives back: {}{}",
+            r.primitive,
+            r.permits
+                .map(|p| format!(" (a permit of {p})"))
+                .unwrap_or_default()
+        );
+    }
     if let Some(u) = &r.uncontended {
         print_uncontended(u, r.single_node.as_ref());
     }
@@ -425,7 +467,7 @@ fn print_report(r: &Report) {
     }
     if let Some(c) = &r.contended {
         outln!(
-            "contended, {} processes on one lock for {:.1}s: {} acquisitions, {:.0}/s; wait p50 {}, p99 {}; \
+            "contended, {} processes on one name for {:.1}s: {} acquisitions, {:.0}/s; wait p50 {}, p99 {}; \
              fairness (Jain) {:.3}; per process {:?}",
             c.processes,
             c.seconds,
@@ -497,6 +539,10 @@ async fn contended(url: &str, name: &str, args: &BenchArgs) -> Result<Contended,
                 "1000000".to_owned(),
                 "--ttl".to_owned(),
                 format!("{}ms", args.ttl.as_millis()),
+                "--primitive".to_owned(),
+                args.primitive.name().to_owned(),
+                "--permits".to_owned(),
+                args.permits.to_string(),
             ]
         })
         .collect();
@@ -537,9 +583,13 @@ pub async fn worker(args: BenchWorkerArgs) -> Result<i32, Failure> {
     let mut waits = Vec::new();
     let start = Instant::now();
     let mut cycles = 0u64;
+    let take = Take {
+        primitive: args.primitive,
+        permits: args.permits,
+    };
     while start.elapsed() < args.duration && cycles < args.max_cycles {
         let t = Instant::now();
-        let g = locker.lock_with(&args.lock_name, &opts).await?;
+        let g = take.take(&locker, &args.lock_name, &opts).await?;
         if waits.len() < 200_000 {
             waits.push(micros(t.elapsed()));
         }

@@ -52,6 +52,43 @@ pub async fn floor_cycle(
     Ok(())
 }
 
+/// A counted grant in one script, the shape of the npm `redis-semaphore` package's
+/// acquire: drop members whose lease ran out, add this one while fewer than the limit
+/// are there.
+static COUNTED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "redis.call('zremrangebyscore', KEYS[1], '-inf', ARGV[2] - ARGV[3]) \
+         if redis.call('zcard', KEYS[1]) < tonumber(ARGV[4]) then \
+         redis.call('zadd', KEYS[1], ARGV[2], ARGV[1]) \
+         redis.call('pexpire', KEYS[1], ARGV[3]) return 1 end return 0",
+    )
+});
+
+/// One bare counted grant (a permit, a read, a write): `EVALSHA` of the script above,
+/// then `ZREM`.
+pub async fn counted_cycle(
+    conn: &mut ConnectionManager,
+    key: &str,
+    owner: &str,
+    now_ms: i64,
+    limit: u32,
+) -> redis::RedisResult<()> {
+    let _: i64 = COUNTED_ACQUIRE
+        .key(key)
+        .arg(owner)
+        .arg(now_ms)
+        .arg(30_000)
+        .arg(limit)
+        .invoke_async(conn)
+        .await?;
+    let _: i64 = redis::cmd("ZREM")
+        .arg(key)
+        .arg(owner)
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
 /// Commands clients sent the server while `work` ran, read from a MONITOR connection:
 /// the calls scripts make (`[db lua]` lines) are left out. Counting stops at a marker
 /// `ECHO` sent, once `work` is done, on a connection opened before MONITOR started.

@@ -7,6 +7,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, Executor};
 
+use crate::bench::take::Shape;
 use crate::exit::Failure;
 
 /// A bare connection to the database a dlock SQL URL names.
@@ -105,25 +106,24 @@ impl SqlConn {
         }
     }
 
-    /// Run `sql` with two i64 binds; the number of rows it changed.
+    /// Run `sql` with i64 binds; the number of rows it changed.
     pub async fn change(
         &mut self,
         pg: &'static str,
         my: &'static str,
-        a: i64,
-        b: i64,
+        binds: &[i64],
     ) -> Result<u64, Failure> {
         match self {
-            SqlConn::Pg(c) => sqlx::query(pg)
-                .bind(a)
-                .bind(b)
+            SqlConn::Pg(c) => binds
+                .iter()
+                .fold(sqlx::query(pg), |q, v| q.bind(*v))
                 .execute(&mut *c)
                 .await
                 .map(|r| r.rows_affected())
                 .map_err(err),
-            SqlConn::My(c) => sqlx::query(my)
-                .bind(a)
-                .bind(b)
+            SqlConn::My(c) => binds
+                .iter()
+                .fold(sqlx::query(my), |q, v| q.bind(*v))
                 .execute(&mut *c)
                 .await
                 .map(|r| r.rows_affected())
@@ -161,15 +161,13 @@ async fn floor_cycle(conn: &mut SqlConn, mode: &str, i: i64) -> Result<(), Failu
             conn.change(
                 "INSERT INTO dlock_bench_floor (id, expires) VALUES ($1, $2)",
                 "INSERT INTO dlock_bench_floor (id, expires) VALUES (?, ?)",
-                1,
-                i,
+                &[1, i],
             )
             .await?;
             conn.change(
                 "DELETE FROM dlock_bench_floor WHERE id = $1 AND expires = $2",
                 "DELETE FROM dlock_bench_floor WHERE id = ? AND expires = ?",
-                1,
-                i,
+                &[1, i],
             )
             .await?;
         }
@@ -177,10 +175,33 @@ async fn floor_cycle(conn: &mut SqlConn, mode: &str, i: i64) -> Result<(), Failu
     Ok(())
 }
 
+/// One bare counted grant and its release, in every mode (dlock's semaphores and
+/// read-write locks keep rows in every mode): insert a row only while fewer than
+/// `limit` rows are there, in one statement, then delete it.
+async fn counted_cycle(conn: &mut SqlConn, i: i64, limit: u32) -> Result<(), Failure> {
+    conn.change(
+        "INSERT INTO dlock_bench_floor_counted (id, expires) SELECT $1::int8, $2::int8 \
+         WHERE (SELECT count(*) FROM dlock_bench_floor_counted) < $3",
+        "INSERT INTO dlock_bench_floor_counted (id, expires) SELECT ?, ? FROM DUAL \
+         WHERE (SELECT COUNT(*) FROM dlock_bench_floor_counted) < ?",
+        &[i, i, i64::from(limit)],
+    )
+    .await?;
+    conn.change(
+        "DELETE FROM dlock_bench_floor_counted WHERE id = $1 AND expires = $2",
+        "DELETE FROM dlock_bench_floor_counted WHERE id = ? AND expires = ?",
+        &[i, i],
+    )
+    .await?;
+    Ok(())
+}
+
 /// The bare-statement floor for a SQL URL in its mode (`None` for other backends):
 /// lease → insert + owner-checked delete of a row; advisory → `pg_try_advisory_lock` +
 /// `pg_advisory_unlock`; named → `GET_LOCK` + `RELEASE_LOCK`; row → `BEGIN`,
-/// `SELECT … FOR UPDATE NOWAIT`, `COMMIT`. Tables made, cycles not yet run.
+/// `SELECT … FOR UPDATE NOWAIT`, `COMMIT`; a counted grant (a permit, a read, a
+/// write) → a row inserted while fewer than the limit are there, then deleted. Tables
+/// made, cycles not yet run.
 pub struct SqlFloor {
     conn: SqlConn,
     mode: String,
@@ -196,15 +217,21 @@ impl SqlFloor {
             .await?;
         conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor_row (id BIGINT PRIMARY KEY)")
             .await?;
+        conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor_counted (id BIGINT PRIMARY KEY, expires BIGINT NOT NULL)")
+            .await?;
         conn.exec("DELETE FROM dlock_bench_floor").await?;
+        conn.exec("DELETE FROM dlock_bench_floor_counted").await?;
         conn.exec("DELETE FROM dlock_bench_floor_row").await?;
         conn.exec("INSERT INTO dlock_bench_floor_row (id) VALUES (1)")
             .await?;
         Ok(Some(SqlFloor { conn, mode }))
     }
 
-    /// One bare cycle, `i` distinguishing cycles.
-    pub async fn cycle(&mut self, i: i64) -> Result<(), Failure> {
-        floor_cycle(&mut self.conn, &self.mode, i).await
+    /// One bare cycle of `shape`, `i` distinguishing cycles.
+    pub async fn cycle(&mut self, i: i64, shape: Shape) -> Result<(), Failure> {
+        match shape {
+            Shape::Exclusive => floor_cycle(&mut self.conn, &self.mode, i).await,
+            Shape::Counted(limit) => counted_cycle(&mut self.conn, i, limit).await,
+        }
     }
 }

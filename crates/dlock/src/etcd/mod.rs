@@ -1077,6 +1077,34 @@ impl RawClient {
             .map_err(|e| map_err(&e))?;
         Ok(revision(r.header.as_ref()))
     }
+
+    /// The keys under `prefix` with the `limit` oldest create revisions, keys only:
+    /// what a counted grant reads to learn whether its key is among the first `limit`.
+    ///
+    /// # Errors
+    /// Connection or server errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    pub async fn oldest(&self, prefix: &str, limit: u32) -> Result<Vec<String>> {
+        let r = self
+            .client
+            .range(proto::RangeRequest {
+                key: prefix.as_bytes().to_vec(),
+                range_end: prefix_end(prefix.as_bytes()),
+                limit: i64::from(limit),
+                sort_target: SortTarget::Create as i32,
+                sort_order: SortOrder::Ascend as i32,
+                keys_only: true,
+                ..proto::RangeRequest::default()
+            })
+            .await
+            .map_err(|e| map_err(&e))?;
+        Ok(r.kvs
+            .into_iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .collect())
+    }
 }
 
 impl EtcdBackend {
@@ -1088,7 +1116,12 @@ impl EtcdBackend {
 
     fn capabilities_of(session_ttl: Duration) -> Capabilities {
         let mut caps = crate::queue::capabilities(session_ttl);
-        caps.primitives = crate::backend::Primitives::ALL;
+        caps.primitives = crate::backend::Primitives {
+            // Contenders are ordered by arrival (shared_order): a read after a
+            // waiting writer of another owner queues behind it.
+            downgrade_while_a_writer_waits: false,
+            ..crate::backend::Primitives::ALL
+        };
         caps
     }
 }

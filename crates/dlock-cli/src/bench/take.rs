@@ -1,0 +1,70 @@
+//! What one bench cycle takes and gives back: the lock, a permit, a read, a write or
+//! leadership, through the same `Locker`.
+
+use dlock::{LockGuard, LockOptions, Locker};
+
+use crate::args::BenchPrimitive;
+use crate::exit::Failure;
+
+/// The primitive a cycle takes and, for a semaphore, its permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Take {
+    pub primitive: BenchPrimitive,
+    pub permits: u32,
+}
+
+/// The shape of a floor's bare cycle: one holder at most (a lock, leadership), or a
+/// grant counted against a limit (a permit, a read, a write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Exclusive,
+    Counted(u32),
+}
+
+impl Take {
+    /// Take it on `name`, waiting as `opts` says.
+    pub async fn take(
+        self,
+        locker: &Locker,
+        name: &str,
+        opts: &LockOptions,
+    ) -> Result<LockGuard, Failure> {
+        Ok(match self.primitive {
+            BenchPrimitive::Lock => locker.lock_with(name, opts).await?,
+            BenchPrimitive::Semaphore => {
+                locker
+                    .semaphore(name, self.permits)
+                    .acquire_with(opts)
+                    .await?
+            }
+            BenchPrimitive::Read => locker.rwlock(name).read_with(opts).await?,
+            BenchPrimitive::Write => locker.rwlock(name).write_with(opts).await?,
+            BenchPrimitive::Election => locker
+                .election(name)
+                .campaign_with("bench", opts)
+                .await?
+                .into_guard(),
+        })
+    }
+
+    /// One cycle: take it, give it back.
+    pub async fn cycle(
+        self,
+        locker: &Locker,
+        name: &str,
+        opts: &LockOptions,
+    ) -> Result<(), Failure> {
+        self.take(locker, name, opts).await?.release().await?;
+        Ok(())
+    }
+
+    /// The floor's shape for this primitive: a lock's and leadership's floor is the
+    /// lock's; a permit, a read and a write need a grant counted against a limit.
+    pub fn shape(self) -> Shape {
+        match self.primitive {
+            BenchPrimitive::Lock | BenchPrimitive::Election => Shape::Exclusive,
+            BenchPrimitive::Semaphore => Shape::Counted(self.permits),
+            BenchPrimitive::Read | BenchPrimitive::Write => Shape::Counted(1),
+        }
+    }
+}
