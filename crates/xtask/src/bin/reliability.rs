@@ -1,7 +1,9 @@
 //! Writes RELIABILITY.md: `dlock check` on every backend (servers started here, on
 //! loopback) in every scenario, measured now. Run through `scripts/reliability`.
 //!
-//! Usage: `reliability DLOCK_BINARY OPS OUTPUT.md`
+//! Usage: `reliability DLOCK_BINARY OPS OUTPUT.md [--only-primitives]`; with
+//! `--only-primitives`, only the last section (the primitives beyond the mutex) is
+//! measured again and replaces that section of OUTPUT.md.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -23,9 +25,23 @@ fn main() {
         eprintln!("a server is missing (scripts/install-servers)");
         std::process::exit(1);
     };
+    if args.get(4).map(String::as_str) == Some("--only-primitives") {
+        let old = std::fs::read_to_string(out).unwrap_or_default();
+        let kept = old
+            .find(PRIMITIVES_HEADING)
+            .map_or(old.as_str(), |at| &old[..at]);
+        let doc = format!("{kept}{}", primitive_section(&dlock, &matrix, ops / 2));
+        if let Err(e) = std::fs::write(out, doc) {
+            eprintln!("cannot write {out}: {e}");
+            std::process::exit(1);
+        }
+        eprintln!("reliability: wrote the primitives section of {out}");
+        return;
+    }
     let rows = scenario_rows(&dlock, &matrix, ops, "single");
     let crowd_rows = scenario_rows(&dlock, &matrix, ops / 2, "crowd");
     let delay_rows = lock_delay_rows(&dlock, &matrix, ops);
+    let primitives = primitive_section(&dlock, &matrix, ops / 2);
     let machine = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -88,7 +104,7 @@ fn main() {
          pause brings the stale operations back: the delay narrows the window, only \
          fencing closes it.\n\n\
          | backend | lock_delay | pause | ops | overlaps | stale acc. | recovery p50 / p99 ms | verdict |\n\
-         |---|---|---|---|---|---|---|---|\n{delay_rows}"
+         |---|---|---|---|---|---|---|---|\n{delay_rows}\n{primitives}"
     );
     if let Err(e) = std::fs::write(out, doc) {
         eprintln!("cannot write {out}: {e}");
@@ -132,6 +148,92 @@ fn scenario_rows(dlock: &std::path::Path, matrix: &Matrix, ops: u32, workload: &
         }
     }
     rows
+}
+
+/// The heading of the last section: from it to the end of the file.
+const PRIMITIVES_HEADING: &str = "## Semaphores, read-write locks and elections";
+
+/// The backends the primitives are checked on: the SQL modes share one implementation
+/// of them (rows in every mode), so one mode each; Redlock offers elections only.
+const PRIMITIVE_BACKENDS: [&str; 7] = [
+    "sqlite",
+    "redis (no persistence)",
+    "etcd",
+    "zookeeper",
+    "postgres lease",
+    "mariadb lease",
+    "redlock (5 nodes)",
+];
+
+/// `dlock check --primitive` on every backend that offers the primitive, with a holder
+/// SIGKILLed and with a holder paused past its lease, `ops` critical sections each.
+fn primitive_section(dlock: &std::path::Path, matrix: &Matrix, ops: u32) -> String {
+    let mut rows = String::new();
+    for t in matrix
+        .targets
+        .iter()
+        .filter(|t| PRIMITIVE_BACKENDS.contains(&t.label.as_str()))
+    {
+        for primitive in ["semaphore", "rwlock", "election"] {
+            if t.label.starts_with("redlock") && primitive != "election" {
+                continue;
+            }
+            for fault in ["kill-holder", "pause-holder"] {
+                let s = Scenario {
+                    fault,
+                    fenced: true,
+                };
+                eprintln!("reliability: {} · {primitive} · {fault}", t.label);
+                let (code, r) = run_check(
+                    dlock,
+                    t,
+                    s,
+                    ops,
+                    &["--primitive", primitive, "--permits", "2"],
+                );
+                let ms = |k: &str| r[k].as_i64().map_or("–".to_owned(), |v| v.to_string());
+                let _ = writeln!(
+                    rows,
+                    "| {} | {primitive} | {fault} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+                    t.label,
+                    r["ops"],
+                    r["failed_acquires"],
+                    r["overlaps"],
+                    r["most_at_once"]
+                        .as_u64()
+                        .map_or("–".to_owned(), |n| n.to_string()),
+                    r["stale_accepted"],
+                    r["stale_rejected"],
+                    r["token_inversions"],
+                    ms("recovery_ms_p50"),
+                    ms("recovery_ms_p99"),
+                    r["orphans"],
+                    if code == 0 { "ok" } else { "**broken**" },
+                );
+            }
+        }
+    }
+    format!(
+        "{PRIMITIVES_HEADING}\n\n\
+         `dlock check --primitive semaphore|rwlock|election --permits 2` on every backend \
+         that offers the primitive (SQL backends keep the primitives' rows the same way in \
+         every mode, so one mode each; Redlock offers elections only), fenced store, \
+         {ops} critical sections per run, the other settings as above. A semaphore's \
+         workers each update a store cell of their own, and the check counts how many \
+         were inside at once; a read-write lock's readers (two grants in three) read \
+         cells of their own twice and its writers update the lock's cell; an election's \
+         workers campaign and resign after each critical section. The fault falls on a \
+         holder (a writer for the read-write lock).\n\n\
+         - **overlaps**: for a semaphore, entries while 2 others were inside; for a \
+           read-write lock, a writer inside beside anyone; for an election, two leaders.\n\
+         - **at once**: the most holders inside at once: a semaphore's (never above 2; \
+           that two spans meet at all is timing), a read-write lock's readers.\n\
+         - **inversions**: a grant whose token is below an earlier grant's (for a \
+           read-write lock, a write's). Permits of a semaphore granted together may be \
+           reported in either order: their inversions are counted and break nothing.\n\n\
+         | backend | primitive | fault | ops | failed | overlaps | at once | stale acc. | stale rej. | inversions | recovery p50 / p99 ms | orphans | verdict |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n{rows}"
+    )
 }
 
 /// The lock-delay table: pause-holder against the unfenced store on the lease-table
