@@ -76,6 +76,12 @@ pub struct Primitives {
     pub semaphore: bool,
     /// Read-write locks ([`crate::Locker::rwlock`]).
     pub rwlock: bool,
+    /// A read-write lock's write can always be downgraded to a read
+    /// ([`crate::RwLock::downgrade`]): the backend counts holds, and lets in a read
+    /// whose owner holds the write. Where `false` (etcd, ZooKeeper: contenders are
+    /// ordered by arrival), a downgrade is refused while a writer of another owner
+    /// waits.
+    pub downgrade_while_a_writer_waits: bool,
 }
 
 impl Primitives {
@@ -83,11 +89,13 @@ impl Primitives {
     pub const ALL: Primitives = Primitives {
         semaphore: true,
         rwlock: true,
+        downgrade_while_a_writer_waits: true,
     };
     /// None beside the lock.
     pub const NONE: Primitives = Primitives {
         semaphore: false,
         rwlock: false,
+        downgrade_while_a_writer_waits: false,
     };
 
     /// Whether `p` is offered (the lock always is).

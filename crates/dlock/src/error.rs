@@ -122,6 +122,17 @@ pub enum Error {
         /// The read-write lock's name.
         name: String,
     },
+    /// A downgrade of a write hold ([`crate::RwLock::downgrade`]) whose read could not
+    /// be let in at once: on a backend that orders a read-write lock's contenders by
+    /// arrival (etcd, ZooKeeper), a writer of another owner waits, and a read now would
+    /// queue behind it. The write is kept as it was.
+    #[error(
+        "read-write lock {name:?}: the downgrade's read cannot be let in at once (a writer of another owner waits, and this backend orders contenders by arrival); the write is kept"
+    )]
+    DowngradeRefused {
+        /// The read-write lock's name.
+        name: String,
+    },
     /// The backend cannot do what was asked.
     #[error("unsupported: {0}")]
     Unsupported(String),

@@ -62,6 +62,11 @@ impl LockGuard {
         self.hold.token
     }
 
+    /// The hold behind this guard.
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
+    }
+
     /// Who holds the lock.
     #[must_use]
     pub fn owner(&self) -> &Owner {

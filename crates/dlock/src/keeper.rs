@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::HeldLock;
+use crate::backend::{HeldLock, Primitive};
 use crate::error::{Error, LossReason, Result};
 use crate::lease::drift_margin;
 use crate::name::LockName;
@@ -45,6 +45,8 @@ pub(crate) struct KeeperPlan {
     pub max_hold: Option<Duration>,
     /// When the acquire request was sent (before the server could start the lease).
     pub sent_at: Instant,
+    /// What was granted (a lock, a permit, a read, a write).
+    pub primitive: Primitive,
 }
 
 /// The timers of every lock one locker holds, and the task that serves them.
@@ -181,6 +183,8 @@ pub(crate) struct Hold {
     pub name: LockName,
     pub owner: Owner,
     pub token: u64,
+    /// What was granted.
+    pub primitive: Primitive,
     lost: AtomicBool,
     /// Made on first demand ([`Hold::lost_token`]): most holders never ask.
     lost_token: OnceLock<CancellationToken>,
@@ -238,6 +242,7 @@ impl Hold {
             name,
             owner,
             token: held.fencing_token(),
+            primitive: plan.primitive,
             lost: AtomicBool::new(false),
             lost_token: OnceLock::new(),
             reason: OnceLock::new(),
@@ -511,6 +516,16 @@ impl Hold {
     }
 
     /// Set the lease to `ttl` from now; later renewals use it too.
+    /// The lease asked for at the last grant or extension.
+    pub(crate) async fn ttl(&self) -> Duration {
+        self.keep.lock().await.ttl
+    }
+
+    /// Whether `keepers` keeps this hold (it belongs to their locker).
+    pub(crate) fn kept_by(&self, keepers: &Arc<Keepers>) -> bool {
+        Arc::ptr_eq(&self.keepers, keepers)
+    }
+
     pub(crate) async fn extend(self: &Arc<Self>, ttl: Duration) -> Result<()> {
         let mut keep = self.keep.lock().await;
         if keep.held.is_none() {
@@ -611,6 +626,7 @@ mod tests {
             renew_every,
             max_hold,
             sent_at: Instant::now(),
+            primitive: Primitive::Lock,
         }
     }
 
@@ -723,6 +739,7 @@ mod tests {
             renew_every: Some(Duration::from_secs(1)),
             max_hold: None,
             sent_at: Instant::now(),
+            primitive: Primitive::Lock,
         };
         let holds: Vec<_> = (0..3)
             .map(|i| {

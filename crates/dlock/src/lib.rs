@@ -112,7 +112,7 @@ pub use options::{
     DEFAULT_QUEUE_ENTRY_TTL, DEFAULT_TTL, LockOptions, MAX_TTL, MIN_TTL, Metadata, Owner, Renewal,
     Wait,
 };
-pub use rwlock::RwLock;
+pub use rwlock::{NotDowngraded, RwLock};
 pub use schemes::{SchemeInfo, schemes};
 pub use semaphore::Semaphore;
 

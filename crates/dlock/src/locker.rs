@@ -45,6 +45,11 @@ pub struct Locker {
 }
 
 impl Locker {
+    /// The timers of the locks taken through this locker.
+    pub(crate) fn keepers(&self) -> &Arc<Keepers> {
+        &self.keepers
+    }
+
     /// Check, without connecting, that `name` is a lock name the backend of `url`
     /// accepts: a tool can refuse a bad name before any I/O. (A name some URL options
     /// refuse: `postgres://…?mode=advisory&advisory_key=number` maps only the canonical
@@ -317,7 +322,7 @@ impl Locker {
             Ok(held) => {
                 cleanup.armed = false;
                 // A grant that arrived after its lease could have ended is no grant.
-                Ok(self.finish(held, &name, &req.owner, opts, sent_at))
+                Ok(self.finish(held, (&name, req.primitive), &req.owner, opts, sent_at))
             }
             // A single attempt that will not wait leaves nothing queued.
             Err(AttemptError::Busy(_) | AttemptError::Abandoned) => {
@@ -408,14 +413,16 @@ impl Locker {
             let outcome = self.attempt(this_attempt, deadline).await;
             cleanup.in_flight = false;
             let retry_after = match outcome {
-                Ok(held) => match self.finish(held, &name, &req.owner, opts, sent_at) {
-                    Some(guard) => {
-                        cleanup.armed = false;
-                        return Ok(guard);
+                Ok(held) => {
+                    match self.finish(held, (&name, req.primitive), &req.owner, opts, sent_at) {
+                        Some(guard) => {
+                            cleanup.armed = false;
+                            return Ok(guard);
+                        }
+                        // Its answer came too late to be of use: ask again, as if busy.
+                        None => None,
                     }
-                    // Its answer came too late to be of use: ask again, as if busy.
-                    None => None,
-                },
+                }
                 Err(AttemptError::Busy(hint)) => {
                     self.keepers.meters.busy();
                     first_busy.get_or_insert_with(Instant::now);
@@ -704,7 +711,7 @@ impl Locker {
     fn finish(
         &self,
         held: Box<dyn crate::backend::HeldLock>,
-        name: &LockName,
+        (name, primitive): (&LockName, Primitive),
         owner: &Owner,
         opts: &LockOptions,
         sent_at: Instant,
@@ -729,6 +736,7 @@ impl Locker {
                 renew_every: opts.renew_interval(),
                 max_hold: opts.max_hold,
                 sent_at,
+                primitive,
             },
         )))
     }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::Primitive;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::locker::Locker;
 use crate::options::{LockOptions, Wait};
@@ -30,6 +30,7 @@ use crate::options::{LockOptions, Wait};
 /// holding a read that asks to write gets [`crate::Error::UpgradeRefused`] (two readers
 /// upgrading at once would wait for each other forever); an owner holding the write may
 /// also read (on etcd and ZooKeeper, only while no writer of another owner waits).
+/// [`RwLock::downgrade`] trades a write for a read with no writer let in between.
 ///
 /// Tokens order every grant; what a fenced store should check is a writer's: a read
 /// taken under its owner's own write gets a token above the write's, and readers are
@@ -180,6 +181,86 @@ impl RwLock {
             .await
     }
 
+    /// Trade `write`, a write hold of this lock, for a read hold of the same owner,
+    /// with no moment at which a writer of another owner could get in: the read is
+    /// taken while the write is still held (an owner holding the write may read), and
+    /// only then is the write released. The read is a new grant: its fencing token is
+    /// above the write's, its lease the write's TTL, renewed the locker's way.
+    ///
+    /// Where the backend counts holds (memory, SQLite, Redis, SQL) this always works.
+    /// Where it orders contenders by arrival (etcd, ZooKeeper:
+    /// [`crate::Primitives::downgrade_while_a_writer_waits`] is `false`), a read taken
+    /// while a writer of another owner waits would queue behind that writer, which
+    /// waits for this write: the downgrade is then refused with
+    /// [`crate::Error::DowngradeRefused`] and the write handed back, still held. (A
+    /// read after the writer's arrival, let in anyway, would be passed by that writer
+    /// once the write ends — a reader and a writer together.)
+    ///
+    /// If the write's release fails once the read is held (the connection broke),
+    /// the read is returned all the same; the write then ends when its lease does (it
+    /// is no longer renewed), and other owners wait until then.
+    ///
+    /// # Errors
+    /// [`NotDowngraded`], with the write handed back: [`crate::Error::InvalidOption`]
+    /// when `write` is not a write hold of this lock taken through this locker,
+    /// [`crate::Error::LockLost`] when it is no longer held,
+    /// [`crate::Error::DowngradeRefused`] as above, backend errors of the read.
+    /// `NotDowngraded` converts into its [`crate::Error`] (dropping the write, which
+    /// releases it in the background), so `?` works.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe as a whole: dropped before the read is granted, the write is
+    /// released (the guard drops) and no read is left behind; dropped after, the read
+    /// is released in the background and the write's release finishes in a task of
+    /// its own.
+    pub async fn downgrade(
+        &self,
+        write: LockGuard,
+    ) -> std::result::Result<LockGuard, NotDowngraded> {
+        let hold = write.hold();
+        let refuse = |error: Error, write: LockGuard| Err(NotDowngraded { error, write });
+        if hold.primitive != Primitive::Write
+            || hold.name.as_str() != self.name
+            || !hold.kept_by(self.locker.keepers())
+        {
+            return refuse(
+                Error::option(
+                    "downgrade",
+                    format!(
+                        "the guard is not a write hold of the read-write lock {:?} taken through this locker",
+                        self.name
+                    ),
+                ),
+                write,
+            );
+        }
+        if !write.is_held() {
+            let error = hold.lost_error();
+            return refuse(error, write);
+        }
+        let opts = LockOptions {
+            owner: Some(write.owner().clone()),
+            ttl: hold.ttl().await,
+            ..self.locker.default_options()
+        };
+        let read = match self
+            .locker
+            .try_hold(&self.name, &opts, Primitive::Read)
+            .await
+        {
+            Ok(Some(read)) => read,
+            Ok(None) => {
+                let name = self.name.clone();
+                return refuse(Error::DowngradeRefused { name }, write);
+            }
+            Err(error) => return refuse(error, write),
+        };
+        if let Err(e) = write.release().await {
+            tracing::warn!(lock = %self.name, error = %e, "downgrade: the write's release failed; it ends with its lease");
+        }
+        Ok(read)
+    }
+
     /// Who holds the lock now, in token order: readers (`hold: Some(Read)`) or the
     /// writer (`Some(Write)`; with reads its owner took under it).
     ///
@@ -190,5 +271,34 @@ impl RwLock {
     /// Cancel safe (read only).
     pub async fn holders(&self) -> Result<Vec<crate::LockInfo>> {
         self.locker.holders(&self.name, Primitive::Read).await
+    }
+}
+
+/// A [`RwLock::downgrade`] that did not happen: why, and the write hold handed back as
+/// it was (still held unless the error says it was lost).
+#[derive(Debug)]
+pub struct NotDowngraded {
+    /// Why.
+    pub error: Error,
+    /// The write hold, unchanged.
+    pub write: LockGuard,
+}
+
+impl std::fmt::Display for NotDowngraded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for NotDowngraded {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<NotDowngraded> for Error {
+    /// The error alone: the write hold drops, and is released in the background.
+    fn from(n: NotDowngraded) -> Error {
+        n.error
     }
 }

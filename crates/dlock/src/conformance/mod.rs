@@ -206,6 +206,7 @@ macro_rules! conformance_suite {
             rwlock_readers_share_and_a_writer_excludes,
             rwlock_a_waiting_writer_is_not_starved,
             rwlock_upgrade_is_refused_and_tokens_increase,
+            rwlock_downgrade_keeps_writers_out,
             rwlock_readers_behind_a_writer_all_get_in,
             election_one_leader_terms_increase,
         );

@@ -519,6 +519,126 @@ pub async fn rwlock_upgrade_is_refused_and_tokens_increase(h: &Harness) {
     w.release().await.expect("release");
 }
 
+/// A write downgraded to a read ([`crate::RwLock::downgrade`]): the read is held with
+/// a higher token, another owner's reader gets in beside it, a writer does not. With a
+/// writer of another owner waiting, the downgrade keeps that writer out until the read
+/// ends where the backend lets a read in under its owner's write at any time
+/// ([`crate::Primitives::downgrade_while_a_writer_waits`]), and elsewhere is refused
+/// with [`Error::DowngradeRefused`], the write handed back still held. A guard that is
+/// not a write of the lock is refused and handed back.
+///
+/// # Panics
+/// When a writer gets in beside the downgraded read, a downgrade happens where the
+/// backend says it cannot, a refused write is not held, or tokens do not increase.
+pub async fn rwlock_downgrade_keeps_writers_out(h: &Harness) {
+    let locker = h.locker().await;
+    if !offers_rwlock(&locker).await {
+        return;
+    }
+    let rw = locker.rwlock(&unique("rwdown"));
+    let theirs = h.locker().await.rwlock(rw.name());
+    let held = |g: &LockGuard| (Some(crate::HoldKind::Read), g.fencing_token());
+
+    // No writer waiting: always downgraded.
+    let w = rw.write().await.expect("write");
+    let write_token = w.fencing_token();
+    let r = rw.downgrade(w).await.expect("downgrade");
+    assert!(r.is_held(), "the downgraded read is not held");
+    assert!(
+        r.fencing_token() > write_token,
+        "the read's token is not above the write's"
+    );
+    let seen = rw.holders().await.expect("holders");
+    assert_eq!(
+        seen.iter()
+            .map(|i| (i.hold, i.fencing_token))
+            .collect::<Vec<_>>(),
+        [held(&r)],
+        "holders() after a downgrade: the read alone"
+    );
+    let beside = theirs
+        .try_read()
+        .await
+        .expect("try_read")
+        .expect("another owner's read beside a downgraded read");
+    assert!(
+        theirs.try_write().await.expect("try_write").is_none(),
+        "a writer got in beside a downgraded read"
+    );
+    beside.release().await.expect("release");
+    r.release().await.expect("release");
+
+    // A writer of another owner waits behind the write.
+    let w = rw.write().await.expect("write");
+    let writer = theirs.clone();
+    let waiting = tokio::spawn(async move {
+        let g = writer.write_timeout(Duration::from_secs(30)).await;
+        (Instant::now(), g)
+    });
+    // Long enough on loopback for the writer to be queued (its entry or key made).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished(), "a writer got in beside a write");
+    let always = locker
+        .capabilities()
+        .primitives
+        .downgrade_while_a_writer_waits;
+    let ended = match rw.downgrade(w).await {
+        Ok(read) => {
+            assert!(
+                always,
+                "downgraded while a writer of another owner waits, on a backend that orders contenders by arrival"
+            );
+            assert!(read.fencing_token() > write_token);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert!(
+                !waiting.is_finished(),
+                "the waiting writer got in beside the downgraded read"
+            );
+            let ended = Instant::now();
+            read.release().await.expect("release");
+            ended
+        }
+        Err(crate::NotDowngraded {
+            error: Error::DowngradeRefused { .. },
+            write,
+        }) => {
+            assert!(
+                !always,
+                "a downgrade refused on a backend that says it always downgrades"
+            );
+            assert!(
+                write.is_held(),
+                "the refused write was not handed back held"
+            );
+            assert!(
+                !waiting.is_finished(),
+                "the writer got in beside the kept write"
+            );
+            let ended = Instant::now();
+            write.release().await.expect("release");
+            ended
+        }
+        Err(other) => panic!("a downgrade with a writer waiting answered {other:?}"),
+    };
+    let (got_in, g) = waiting.await.expect("writer task");
+    let g = g.expect("the waiting writer gets in once the hold ends");
+    assert!(got_in >= ended, "the writer got in before the hold ended");
+    g.release().await.expect("release");
+
+    // Not a write of this lock: refused, handed back as it was.
+    let r = rw.read().await.expect("read");
+    match rw.downgrade(r).await {
+        Err(crate::NotDowngraded {
+            error: Error::InvalidOption { .. },
+            write,
+        }) => {
+            assert!(write.is_held(), "a refused guard was not handed back held");
+            write.release().await.expect("release");
+        }
+        other => panic!("downgrading a read answered {other:?}"),
+    }
+}
+
 /// Three candidates on three lockers campaign at once: one leads, an observer sees its
 /// value and term (and a watch reports it), the others wait; each resignation hands
 /// leadership to a waiting candidate with a higher term, never to two at once.

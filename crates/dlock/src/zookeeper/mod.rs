@@ -904,7 +904,12 @@ impl ZkBackend {
 
     fn capabilities_of(session_timeout: Duration) -> Capabilities {
         let mut caps = crate::queue::capabilities(session_timeout);
-        caps.primitives = crate::backend::Primitives::ALL;
+        caps.primitives = crate::backend::Primitives {
+            // Contenders are ordered by arrival (shared_order): a read after a
+            // waiting writer of another owner queues behind it.
+            downgrade_while_a_writer_waits: false,
+            ..crate::backend::Primitives::ALL
+        };
         caps
     }
 }
