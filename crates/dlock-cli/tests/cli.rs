@@ -676,6 +676,104 @@ fn bench_reports_figures() {
     assert!(v["contended"]["acquisitions"].as_u64().expect("count") > 0);
 }
 
+/// `--primitive` on every backend with a floor: each cycle takes a permit, a read, a
+/// write or leadership, against the floor of its shape measured in the same run (a
+/// counted grant's on every backend: the statements, script and requests of
+/// `bench::floor`); a semaphore's contended run; lock-only scenarios refused with 2.
+#[test]
+fn bench_primitives_against_their_floors() {
+    let (Some(redis), Some(etcd), Some(zk), Some(pg), Some(maria)) = (
+        dlock_testkit::RedisServer::start(),
+        dlock_testkit::EtcdServer::start(),
+        dlock_testkit::ZkServer::start(),
+        dlock_testkit::PgServer::start(),
+        dlock_testkit::MariaDbServer::start(),
+    ) else {
+        return;
+    };
+    let env = Env::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sqlite = format!("sqlite://{}", dir.path().join("bench.db").display());
+    for url in [
+        sqlite.clone(),
+        redis.url(),
+        etcd.url(),
+        zk.url(),
+        pg.url(),
+        maria.url(),
+    ] {
+        for primitive in ["semaphore", "read", "write", "election"] {
+            let out = env.run(&[
+                "bench",
+                "--url",
+                &url,
+                "--primitive",
+                primitive,
+                "--cycles",
+                "30",
+                "--scenario",
+                "uncontended",
+                "--json",
+            ]);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{primitive} on {url}: {}",
+                text(&out.stderr)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            assert_eq!(v["primitive"], primitive, "{v}");
+            assert!(
+                v["uncontended"]["ratio_to_floor"].as_f64().expect("ratio") > 0.0,
+                "{primitive} on {url}: no floor: {v}"
+            );
+        }
+    }
+    let out = env.run(&[
+        "bench",
+        "--url",
+        &sqlite,
+        "--primitive",
+        "semaphore",
+        "--permits",
+        "2",
+        "--cycles",
+        "20",
+        "--processes",
+        "3",
+        "--duration",
+        "300ms",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["permits"].as_u64(), Some(2), "{v}");
+    let names: Vec<&str> = v["scenarios"]
+        .as_array()
+        .expect("scenarios")
+        .iter()
+        .filter_map(|r| r["scenario"].as_str())
+        .collect();
+    // Beyond the lock, the default runs are the uncontended and contended ones.
+    assert_eq!(names, ["uncontended-1-task", "contended-3-processes"]);
+    assert!(v["contended"]["acquisitions"].as_u64().expect("count") > 0);
+    let out = env.run(&[
+        "bench",
+        "--url",
+        &sqlite,
+        "--primitive",
+        "read",
+        "--scenario",
+        "handoff",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--primitive lock only"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// `--scenario` runs only what it names; `--keys` and `--ttl` shape the runs.
 #[test]
 fn bench_runs_the_named_scenarios_only() {

@@ -61,7 +61,7 @@ pub fn section(dlock: &Path, matrix: &Matrix) -> String {
             if t.label.starts_with("redlock") && primitive != "election" {
                 let _ = writeln!(
                     rows,
-                    "| {} | {primitive} | refused (`Unsupported`) | | | | | | |",
+                    "| {} | {primitive} | refused (`Unsupported`) | | | | | | | |",
                     t.label
                 );
                 continue;
