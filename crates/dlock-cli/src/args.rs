@@ -373,15 +373,15 @@ pub struct RunArgs {
     pub also: Vec<String>,
     /// Take a permit of the semaphore NAME, which has N permits (at most N commands
     /// run at once under it; `DLOCK_FENCING_TOKEN` is the permit's token).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), conflicts_with_all = ["also", "fair", "read", "write"])]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), conflicts_with_all = ["also", "read", "write"])]
     pub permits: Option<u32>,
     /// Take a read hold of the read-write lock NAME (readers run together; a waiting
     /// writer goes first).
-    #[arg(long, conflicts_with_all = ["also", "fair", "write"])]
+    #[arg(long, conflicts_with_all = ["also", "write"])]
     pub read: bool,
     /// Take the write hold of the read-write lock NAME (no reader and no other writer
     /// runs meanwhile).
-    #[arg(long, conflicts_with_all = ["also", "fair"])]
+    #[arg(long, conflicts_with_all = ["also"])]
     pub write: bool,
     /// Set by `dlock elect`: campaign with this value for the election NAME.
     #[arg(skip)]

@@ -82,6 +82,12 @@ pub struct Primitives {
     /// ordered by arrival), a downgrade is refused while a writer of another owner
     /// waits.
     pub downgrade_while_a_writer_waits: bool,
+    /// Semaphores and read-write locks serve contenders in arrival order (each waits
+    /// with an entry of its own in a queue the server orders: etcd's create
+    /// revisions, ZooKeeper's sequential nodes), so `fair` is accepted for them and
+    /// changes nothing. Where `false`, `fair` is refused for them with
+    /// [`crate::Error::Unsupported`].
+    pub fifo: bool,
 }
 
 impl Primitives {
@@ -90,12 +96,14 @@ impl Primitives {
         semaphore: true,
         rwlock: true,
         downgrade_while_a_writer_waits: true,
+        fifo: false,
     };
     /// None beside the lock.
     pub const NONE: Primitives = Primitives {
         semaphore: false,
         rwlock: false,
         downgrade_while_a_writer_waits: false,
+        fifo: false,
     };
 
     /// Whether `p` is offered (the lock always is).

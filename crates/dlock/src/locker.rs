@@ -397,7 +397,7 @@ impl Locker {
         req.will_wait = !matches!(opts.wait, Wait::NoWait);
         // A fair waiter queues; so does a writer that will wait (its entry keeps new
         // readers out until it is granted or leaves).
-        if opts.fair || (primitive == Primitive::Write && req.will_wait) {
+        if req.fair || (primitive == Primitive::Write && req.will_wait) {
             req.enqueue = Some(opts.queue_entry_ttl);
         }
         // Whatever happens from here on, nothing this acquisition queued may outlive
@@ -594,11 +594,11 @@ impl Locker {
                 self.backend.scheme()
             )));
         }
-        if primitive != Primitive::Lock && opts.fair {
-            return Err(Error::Unsupported(
-                "fair (FIFO) mode is offered for locks only, not for semaphores or read-write locks"
-                    .into(),
-            ));
+        if primitive != Primitive::Lock && opts.fair && !caps.primitives.fifo {
+            return Err(Error::Unsupported(format!(
+                "fair (FIFO) mode is not offered for semaphores or read-write locks on {}:// (etcd and ZooKeeper serve them in arrival order)",
+                self.backend.scheme()
+            )));
         }
         if let Primitive::Permit { permits: 0 } = primitive {
             return Err(Error::option(
@@ -606,7 +606,7 @@ impl Locker {
                 "a semaphore needs at least 1 permit",
             ));
         }
-        if opts.fair && !caps.fifo {
+        if opts.fair && primitive == Primitive::Lock && !caps.fifo {
             return Err(Error::Unsupported(format!(
                 "fair (FIFO) locking is not available on {}://",
                 self.backend.scheme()
@@ -625,7 +625,9 @@ impl Locker {
             owner: opts.owner.clone().unwrap_or_else(Owner::random),
             acquisition: AcquisitionId::new(),
             ttl: opts.ttl,
-            fair: opts.fair,
+            // A semaphore's or read-write lock's order is the backend's own (see
+            // `Primitives::fifo`): nothing more to ask of it.
+            fair: opts.fair && primitive == Primitive::Lock,
             enqueue: None,
             attempt: 0,
             will_wait: false,

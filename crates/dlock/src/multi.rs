@@ -14,7 +14,8 @@ use crate::locker::Locker;
 use crate::name::LockName;
 use crate::options::{LockOptions, Owner, Wait};
 
-/// Every lock of a [`Locker::lock_all`] call, held together.
+/// Every lock of a [`Locker::lock_all`] call, or the permits of one
+/// [`crate::Semaphore::acquire_many`] call, held together.
 ///
 /// Dropping it releases every lock in the background, as dropping each
 /// [`LockGuard`] would; [`MultiGuard::release`] does it in the caller's task and says
@@ -23,7 +24,7 @@ use crate::options::{LockOptions, Owner, Wait};
 #[must_use = "dropping the guard releases the locks"]
 pub struct MultiGuard {
     /// In the canonical order (by name).
-    guards: Vec<LockGuard>,
+    pub(crate) guards: Vec<LockGuard>,
 }
 
 /// A set of one: code that handles a set (a tool's `--also`) handles one lock, permit,
@@ -37,8 +38,9 @@ impl From<LockGuard> for MultiGuard {
 }
 
 impl MultiGuard {
-    /// The guards, one per distinct name, in the order they were taken (the names'
-    /// byte order).
+    /// The guards in the order they were taken: for [`Locker::lock_all`] one per
+    /// distinct name, in the names' byte order; for
+    /// [`crate::Semaphore::acquire_many`] one per permit, each with its own token.
     pub fn guards(&self) -> &[LockGuard] {
         &self.guards
     }

@@ -99,7 +99,8 @@ impl RwLock {
         self.write_with(&self.forever()).await
     }
 
-    /// Take a read hold with explicit options (`fair` is refused).
+    /// Take a read hold with explicit options (`fair`: as for
+    /// [`crate::Semaphore::acquire_with`]).
     ///
     /// # Errors
     /// As [`RwLock::read`], plus [`crate::Error::Timeout`] when `opts.wait` runs out.
@@ -112,7 +113,8 @@ impl RwLock {
             .await
     }
 
-    /// Take the write hold with explicit options (`fair` is refused).
+    /// Take the write hold with explicit options (`fair`: as for
+    /// [`crate::Semaphore::acquire_with`]).
     ///
     /// # Errors
     /// As [`RwLock::write`], plus [`crate::Error::Timeout`] when `opts.wait` runs out.

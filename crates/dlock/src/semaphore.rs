@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use crate::backend::Primitive;
-use crate::error::Result;
+use crate::error::{Error, LossReason, Result};
 use crate::guard::LockGuard;
 use crate::locker::Locker;
-use crate::options::{LockOptions, Wait};
+use crate::multi::MultiGuard;
+use crate::options::{LockOptions, Owner, Wait};
 
 /// A semaphore of a [`Locker`]'s backend: at most `permits` holders at once, across
 /// every process using the name. Made by [`Locker::semaphore`]; cheap to clone.
@@ -20,6 +21,14 @@ use crate::options::{LockOptions, Wait};
 /// (two tasks sharing an owner hold two permits). Each caller gives the number of
 /// permits; callers of one name are expected to agree (a caller counting fewer is
 /// refused sooner, one counting more may be let in beside the others).
+///
+/// [`Semaphore::acquire_many`] takes k permits at once, all or none. Its callers pass
+/// one at a time through a gate — the lock named `NAME%permits` (keep that name free
+/// for it) — and take their permits one by one behind it: two callers each holding
+/// part of what they need could otherwise wait for each other forever. Callers of
+/// one permit do not pass the gate, so a steady stream of them can keep a caller of
+/// k waiting (within its timeout). On ZooKeeper, do not mix it with Curator's
+/// `acquire(qty)` on one name: each takes Curator's mutex for every permit.
 ///
 /// ```no_run
 /// # async fn demo(locker: dlock::Locker) -> dlock::Result<()> {
@@ -96,11 +105,13 @@ impl Semaphore {
         self.acquire_with(&opts).await
     }
 
-    /// Take a permit with explicit options (`fair` is refused: not offered for
-    /// semaphores yet).
+    /// Take a permit with explicit options. `fair` is accepted where the backend
+    /// serves semaphores in arrival order anyway ([`crate::Primitives::fifo`]: etcd,
+    /// ZooKeeper) and refused elsewhere.
     ///
     /// # Errors
-    /// As [`Semaphore::acquire_timeout`], plus [`crate::Error::Unsupported`] for `fair`.
+    /// As [`Semaphore::acquire_timeout`], plus [`crate::Error::Unsupported`] for `fair`
+    /// where it is refused.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves no permit held.
@@ -121,6 +132,130 @@ impl Semaphore {
         self.locker
             .try_hold(&self.name, &self.locker.default_options(), self.primitive())
             .await
+    }
+
+    /// Take `k` permits at once (all or none), waiting as long as it takes.
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire_many_with`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future releases (in the background) the permits it
+    /// had taken.
+    pub async fn acquire_many(&self, k: u32) -> Result<MultiGuard> {
+        let opts = LockOptions {
+            wait: Wait::Forever,
+            ..self.locker.default_options()
+        };
+        self.acquire_many_with(k, &opts).await
+    }
+
+    /// Take `k` permits at once, all or none (see the type's documentation for how),
+    /// with `opts` for each: one owner (`opts.owner`, or a fresh one) holds them all,
+    /// each keeps its own lease, renewal and fencing token, and the [`MultiGuard`]
+    /// hears of the loss of any. `opts.wait` bounds the whole call (`NoWait`: one
+    /// attempt at the gate and at each permit).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `k` is 0 or above the semaphore's permits (it
+    /// would wait forever), [`Error::Timeout`] (`waited`: the whole call),
+    /// [`Error::LockLost`] when a permit taken was lost before the set was complete,
+    /// as [`Semaphore::acquire_with`] otherwise — in every case nothing stays held.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future releases (in the background) the permits and
+    /// the gate it had taken, and leaves nothing queued.
+    pub async fn acquire_many_with(&self, k: u32, opts: &LockOptions) -> Result<MultiGuard> {
+        if k == 0 || k > self.permits {
+            return Err(Error::option(
+                "k",
+                format!(
+                    "take between 1 and the semaphore's {} permits at once, not {k}",
+                    self.permits
+                ),
+            ));
+        }
+        opts.validate()?;
+        let started = tokio::time::Instant::now();
+        let deadline = match opts.wait {
+            Wait::Timeout(t) => started.checked_add(t),
+            _ => None,
+        };
+        let left = |each: &mut LockOptions| {
+            if let Some(d) = deadline {
+                each.wait = Wait::Timeout(d.saturating_duration_since(tokio::time::Instant::now()));
+            }
+        };
+        let timed_out = |e: Error| match e {
+            Error::Timeout { name, .. } => Error::Timeout {
+                name,
+                waited: started.elapsed(),
+            },
+            other => other,
+        };
+        // The gate has an owner of its own: callers sharing an owner must not re-enter
+        // it together on a backend whose lock is reentrant.
+        let gate = self
+            .locker
+            .lock_with(
+                &format!("{}%permits", self.name),
+                &opts.clone().owner(Owner::random()),
+            )
+            .await
+            .map_err(timed_out)?;
+        let owner = opts.owner.clone().unwrap_or_else(Owner::random);
+        let mut held = MultiGuard {
+            guards: Vec::with_capacity(k as usize),
+        };
+        for _ in 0..k {
+            let mut each = opts.clone().owner(owner.clone());
+            left(&mut each);
+            // While it waits for the next permit, one already taken (or the gate) may
+            // be lost: then the set cannot be had whole — stop at once.
+            let lost = held.lost();
+            let next = tokio::select! {
+                r = self.acquire_with(&each) => r,
+                e = lost, if !held.guards.is_empty() => Err(e),
+            };
+            match next {
+                Ok(g) => held.guards.push(g),
+                Err(e) => {
+                    let _ = held.release().await;
+                    let _ = gate.release().await;
+                    return Err(timed_out(e));
+                }
+            }
+        }
+        let _ = gate.release().await;
+        if let Some(lost) = held.guards.iter().find(|g| !g.is_held()) {
+            let e = Error::LockLost {
+                name: lost.name().to_owned(),
+                reason: lost.loss_reason().unwrap_or(LossReason::LeaseExpired),
+            };
+            let _ = held.release().await;
+            return Err(e);
+        }
+        Ok(held)
+    }
+
+    /// One attempt at `k` permits at once: `Ok(None)` when they are not all free now
+    /// (or another caller of several is taking its permits).
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire_many_with`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future releases (in the background) what it had taken.
+    pub async fn try_acquire_many(&self, k: u32) -> Result<Option<MultiGuard>> {
+        let opts = LockOptions {
+            wait: Wait::NoWait,
+            ..self.locker.default_options()
+        };
+        match self.acquire_many_with(k, &opts).await {
+            Ok(g) => Ok(Some(g)),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Who holds a permit now, in token order (each [`crate::LockInfo`] with

@@ -203,6 +203,8 @@ macro_rules! conformance_suite {
             list_shows_the_held_locks,
             semaphore_admits_at_most_its_permits,
             semaphore_permit_of_a_dead_holder_frees,
+            semaphore_many_permits_all_or_none_without_deadlock,
+            fair_primitives_are_served_in_arrival_order,
             rwlock_readers_share_and_a_writer_excludes,
             rwlock_a_waiting_writer_is_not_starved,
             rwlock_upgrade_is_refused_and_tokens_increase,

@@ -519,6 +519,182 @@ pub async fn rwlock_upgrade_is_refused_and_tokens_increase(h: &Harness) {
     w.release().await.expect("release");
 }
 
+/// Several permits at once ([`crate::Semaphore::acquire_many`]) on a semaphore of 3:
+/// eight tasks on two lockers (three sharing one owner) take 1, 2 or 3 permits at a
+/// time, waiting without end, with random timeouts, without waiting, or cancelled
+/// after a random while, for a bounded time. The permits held never add up to more
+/// than 3 (each permit is its own holder in the room), callers of several never wait
+/// for each other in a circle (every task finishes), and afterwards the 3 permits and
+/// the gate are free. `k` of 0 or above the permits is refused.
+///
+/// # Panics
+/// On more than 3 permits held, a task that does not finish, a permit or the gate
+/// left held, or a bad `k` accepted.
+pub async fn semaphore_many_permits_all_or_none_without_deadlock(h: &Harness) {
+    let (a, b) = (h.locker().await, h.locker().await);
+    if !offers_semaphore(&a).await {
+        return;
+    }
+    let name = unique("semk");
+    for k in [0, 4] {
+        match a.semaphore(&name, 3).try_acquire_many(k).await {
+            Err(Error::InvalidOption { .. }) => {}
+            other => panic!("{k} permits of 3 answered {other:?}"),
+        }
+    }
+    let room = SharedRoom::default();
+    let shared = Owner::random();
+    let stop = Instant::now() + Duration::from_secs(4);
+    let whole = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let sem = if t % 2 == 0 { &a } else { &b }.semaphore(&name, 3);
+        let room = room.clone();
+        let whole = Arc::clone(&whole);
+        let owner = (t < 3).then(|| shared.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..30 {
+                if Instant::now() >= stop {
+                    break;
+                }
+                let k = fastrand::u32(1..=3);
+                let opts = crowd_opts(owner.as_ref());
+                let attempt = sem.acquire_many_with(k, &opts);
+                let got = if fastrand::u8(0..4) == 0 {
+                    let cut = Duration::from_millis(fastrand::u64(0..50));
+                    match tokio::time::timeout(cut, attempt).await {
+                        Ok(r) => r,
+                        Err(_) => continue,
+                    }
+                } else {
+                    attempt.await
+                };
+                let set = match got {
+                    Ok(set) => set,
+                    Err(Error::Timeout { .. }) => continue,
+                    Err(e) => panic!("{k} permits: {e}"),
+                };
+                assert_eq!(set.guards().len(), k as usize, "asked for {k} permits");
+                if k == 3 {
+                    whole.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                let ids: Vec<u64> = set
+                    .guards()
+                    .iter()
+                    .map(|g| room.enter(g.fencing_token(), g.owner().as_str(), Some(3), None))
+                    .collect();
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(1..8))).await;
+                let held = set.is_held();
+                for id in ids {
+                    room.exit(id, held, "permit");
+                }
+                set.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("callers of several permits waited for each other")
+            .expect("task");
+    }
+    {
+        let r = room.room();
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert!(r.sections > 0, "no permit was ever granted");
+    }
+    assert!(
+        whole.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "all 3 permits were never taken at once"
+    );
+    // Everything given back (a cancelled call may finish releasing in the
+    // background for a moment): 3 permits at once, and the gate.
+    let sem = a.semaphore(&name, 3);
+    let give_up = Instant::now() + Duration::from_secs(5);
+    let all = loop {
+        if let Some(all) = sem.try_acquire_many(3).await.expect("try_acquire_many") {
+            break Some(all);
+        }
+        if Instant::now() >= give_up {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let all = all.expect("3 permits not free after the crowd: one (or the gate) was left held");
+    assert!(
+        b.semaphore(&name, 3)
+            .try_acquire()
+            .await
+            .expect("try")
+            .is_none(),
+        "a 4th permit of a semaphore of 3"
+    );
+    all.release().await.expect("release");
+}
+
+/// `fair` for a semaphore and a read-write lock: accepted where the backend serves
+/// them in arrival order ([`crate::Primitives::fifo`]) — waiters on a semaphore of 1
+/// are then let in in the order they came — and refused with [`Error::Unsupported`]
+/// elsewhere.
+///
+/// # Panics
+/// When `fair` is accepted where the capabilities say it is not (or refused where
+/// they say it is), or fair waiters are let in out of order.
+pub async fn fair_primitives_are_served_in_arrival_order(h: &Harness) {
+    let locker = h.locker().await;
+    if !offers_semaphore(&locker).await {
+        return;
+    }
+    let fair = LockOptions::new()
+        .fair(true)
+        .wait(Wait::Timeout(Duration::from_secs(20)));
+    let sem = locker.semaphore(&unique("semfair"), 1);
+    if !locker.capabilities().primitives.fifo {
+        match sem.acquire_with(&fair).await {
+            Err(Error::Unsupported(_)) => {}
+            other => panic!("fair permit where primitives are not FIFO: {other:?}"),
+        }
+        match locker.rwlock(&unique("rwfair")).read_with(&fair).await {
+            Err(Error::Unsupported(_)) => {}
+            other => panic!("fair read where primitives are not FIFO: {other:?}"),
+        }
+        return;
+    }
+    let first = sem.acquire_with(&fair).await.expect("fair permit");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for w in 0..4 {
+        let sem = h.locker().await.semaphore(sem.name(), 1);
+        let (fair, order) = (fair.clone(), Arc::clone(&order));
+        waiters.push(tokio::spawn(async move {
+            let g = sem.acquire_with(&fair).await.expect("fair waiter");
+            order.lock().unwrap_or_else(|p| p.into_inner()).push(w);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await.expect("release");
+        }));
+        // Each waiter queued before the next comes.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    first.release().await.expect("release");
+    for w in waiters {
+        tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("a fair waiter was never let in")
+            .expect("waiter");
+    }
+    let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(
+        order,
+        [0, 1, 2, 3],
+        "fair waiters let in out of arrival order"
+    );
+    let rw = locker.rwlock(&unique("rwfair"));
+    let r = rw.read_with(&fair).await.expect("a fair read");
+    let w = rw.try_write().await.expect("try_write");
+    assert!(w.is_none(), "a writer beside a fair read");
+    r.release().await.expect("release");
+}
+
 /// A write downgraded to a read ([`crate::RwLock::downgrade`]): the read is held with
 /// a higher token, another owner's reader gets in beside it, a writer does not. With a
 /// writer of another owner waiting, the downgrade keeps that writer out until the read

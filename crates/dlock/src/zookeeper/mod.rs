@@ -908,6 +908,7 @@ impl ZkBackend {
             // Contenders are ordered by arrival (shared_order): a read after a
             // waiting writer of another owner queues behind it.
             downgrade_while_a_writer_waits: false,
+            fifo: true,
             ..crate::backend::Primitives::ALL
         };
         caps
