@@ -775,12 +775,13 @@ impl Backend for EtcdBackend {
 
     async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
         if req.primitive != Primitive::Lock {
+            let dir = shared::dir(&self.inner, &req.name, req.primitive);
+            // Opened before the attempt that follows a subscription lists again.
+            let watch = shared::watch_from_now(&self.inner.client, &dir).await;
             return Ok(Box::new(shared::SharedWaiter {
                 inner: Arc::clone(&self.inner),
-                slot: (
-                    shared::dir(&self.inner, &req.name, req.primitive),
-                    req.acquisition.get(),
-                ),
+                slot: (dir, req.acquisition.get()),
+                watch,
             }));
         }
         let dir = self.inner.dir(&req.name);

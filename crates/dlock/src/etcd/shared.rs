@@ -339,10 +339,45 @@ pub(super) async fn holders(
         .collect())
 }
 
+/// A watch on a directory: the request stream must stay open for it to go on.
+type DirWatch = (
+    tokio::sync::mpsc::Sender<proto::WatchRequest>,
+    tonic::Streaming<proto::WatchResponse>,
+);
+
+/// Open a watch on `dir` from the store's current revision and wait until etcd says
+/// it is created: every deletion after that is delivered as it happens. (A watch from
+/// an older revision is caught up by etcd's background sync, up to 100 ms late: under
+/// contention that was every wait.)
+pub(super) async fn watch_from_now(client: &Client, dir: &str) -> Option<DirWatch> {
+    let dir = dir.as_bytes();
+    let open = async {
+        let (requests, mut stream) = client.watch_range(dir, &prefix_end(dir), 0).await.ok()?;
+        while let Some(resp) = stream.message().await.ok()? {
+            if resp.canceled {
+                return None;
+            }
+            if resp.created {
+                return Some((requests, stream));
+            }
+        }
+        None
+    };
+    tokio::time::timeout(Duration::from_secs(5), open)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Waits for a deletion under the name after the attempt's listing.
 pub(super) struct SharedWaiter {
     pub(super) inner: Arc<Inner>,
     pub(super) slot: (String, u64),
+    /// Opened when the waiter is made, before the attempt that lists again: every
+    /// deletion after that listing comes through it as it happens. `None` when it
+    /// could not be opened or broke: a watch is then opened from the listing's
+    /// revision on each wait.
+    pub(super) watch: Option<DirWatch>,
 }
 
 impl std::fmt::Debug for SharedWaiter {
@@ -351,6 +386,14 @@ impl std::fmt::Debug for SharedWaiter {
             .field("dir", &self.slot.0)
             .finish_non_exhaustive()
     }
+}
+
+/// How a wait on the directory's watch ended.
+enum Woken {
+    /// A deletion at or after the listing's revision.
+    Deleted,
+    /// The watch ended or failed: open another.
+    Broken,
 }
 
 #[async_trait]
@@ -365,45 +408,56 @@ impl Waiter for SharedWaiter {
             tokio::time::sleep(max.min(Duration::from_millis(20))).await;
             return Ok(());
         };
-        let dir = self.slot.0.as_bytes();
-        let client = &self.inner.client;
-        let deleted = async {
-            // The request stream must stay open for the watch to go on.
-            let (_requests, mut stream) = client.watch_range(dir, &prefix_end(dir), from).await?;
-            while let Some(resp) = stream
-                .message()
+        if self.watch.is_none() {
+            let dir = self.slot.0.as_bytes();
+            match self
+                .inner
+                .client
+                .watch_range(dir, &prefix_end(dir), from)
                 .await
-                .map_err(|s| super::client::RpcError::Status(s.code(), s.message().to_owned()))?
             {
-                if resp.canceled {
-                    // Refused or compacted: look again, but not in a tight loop.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    break;
-                }
-                if resp
-                    .events
-                    .iter()
-                    .any(|e| e.r#type == proto::EventType::Delete as i32)
-                {
-                    break;
+                Ok(w) => self.watch = Some(w),
+                Err(e) => {
+                    tracing::debug!(error = %e, "etcd watch failed; looking again");
+                    tokio::time::sleep(Duration::from_millis(50).min(max)).await;
+                    return Ok(());
                 }
             }
-            Ok::<(), super::client::RpcError>(())
+        }
+        let Some((_, stream)) = self.watch.as_mut() else {
+            return Ok(());
         };
-        tokio::select! {
-            () = lost.cancelled() => Err(Error::connection(
+        let deleted = async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(resp)) if resp.canceled => return Woken::Broken,
+                    Ok(Some(resp)) => {
+                        // Deletions the listing already saw are no news.
+                        if resp.events.iter().any(|e| {
+                            e.r#type == proto::EventType::Delete as i32
+                                && e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= from)
+                        }) {
+                            return Woken::Deleted;
+                        }
+                    }
+                    Ok(None) | Err(_) => return Woken::Broken,
+                }
+            }
+        };
+        let woken = tokio::select! {
+            () = lost.cancelled() => return Err(Error::connection(
                 SCHEME,
                 "the etcd session ended while waiting (its lease expired)",
             )),
-            () = tokio::time::sleep(max) => Ok(()),
-            r = deleted => {
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "etcd watch failed; looking again");
-                    tokio::time::sleep(Duration::from_millis(50).min(max)).await;
-                }
-                Ok(())
-            }
+            () = tokio::time::sleep(max) => return Ok(()),
+            w = deleted => w,
+        };
+        if let Woken::Broken = woken {
+            // Refused, compacted or cut: open another, but not in a tight loop.
+            self.watch = None;
+            tokio::time::sleep(Duration::from_millis(50).min(max)).await;
         }
+        Ok(())
     }
 }
 
