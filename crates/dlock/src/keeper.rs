@@ -183,8 +183,8 @@ pub(crate) struct Hold {
     pub name: LockName,
     pub owner: Owner,
     pub token: u64,
-    /// What was granted.
-    pub primitive: Primitive,
+    /// The grant is a read-write lock's write (what [`crate::RwLock::downgrade`] takes).
+    pub is_write: bool,
     lost: AtomicBool,
     /// Made on first demand ([`Hold::lost_token`]): most holders never ask.
     lost_token: OnceLock<CancellationToken>,
@@ -242,7 +242,7 @@ impl Hold {
             name,
             owner,
             token: held.fencing_token(),
-            primitive: plan.primitive,
+            is_write: plan.primitive == Primitive::Write,
             lost: AtomicBool::new(false),
             lost_token: OnceLock::new(),
             reason: OnceLock::new(),
@@ -515,10 +515,12 @@ impl Hold {
         }
     }
 
-    /// Set the lease to `ttl` from now; later renewals use it too.
-    /// The lease asked for at the last grant or extension.
-    pub(crate) async fn ttl(&self) -> Duration {
-        self.keep.lock().await.ttl
+    /// How a successor of this hold should be kept: the lease asked for at the last
+    /// grant or extension, the renewal interval (`None`: off), and the end of the
+    /// maximum hold time, if any.
+    pub(crate) async fn keeping(&self) -> (Duration, Option<Duration>, Option<Instant>) {
+        let keep = self.keep.lock().await;
+        (keep.ttl, keep.renew_every, keep.hold_until)
     }
 
     /// Whether `keepers` keeps this hold (it belongs to their locker).
@@ -526,6 +528,7 @@ impl Hold {
         Arc::ptr_eq(&self.keepers, keepers)
     }
 
+    /// Set the lease to `ttl` from now; later renewals use it too.
     pub(crate) async fn extend(self: &Arc<Self>, ttl: Duration) -> Result<()> {
         let mut keep = self.keep.lock().await;
         if keep.held.is_none() {

@@ -45,7 +45,8 @@ impl MultiGuard {
         &self.guards
     }
 
-    /// The guard of `name`, if it is one of the set.
+    /// The guard of `name`, if it is one of the set (for a set of permits, which
+    /// share one name: the first; see [`MultiGuard::guards`]).
     #[must_use]
     pub fn get(&self, name: &str) -> Option<&LockGuard> {
         self.guards.iter().find(|g| g.name() == name)

@@ -187,7 +187,8 @@ impl RwLock {
     /// with no moment at which a writer of another owner could get in: the read is
     /// taken while the write is still held (an owner holding the write may read), and
     /// only then is the write released. The read is a new grant: its fencing token is
-    /// above the write's, its lease the write's TTL, renewed the locker's way.
+    /// above the write's; it is kept as the write was (its lease, its renewal, what is
+    /// left of its maximum hold time), with the locker's default metadata.
     ///
     /// Where the backend counts holds (memory, SQLite, Redis, SQL) this always works.
     /// Where it orders contenders by arrival (etcd, ZooKeeper:
@@ -221,9 +222,7 @@ impl RwLock {
     ) -> std::result::Result<LockGuard, NotDowngraded> {
         let hold = write.hold();
         let refuse = |error: Error, write: LockGuard| Err(NotDowngraded { error, write });
-        if hold.primitive != Primitive::Write
-            || hold.name.as_str() != self.name
-            || !hold.kept_by(self.locker.keepers())
+        if !hold.is_write || hold.name.as_str() != self.name || !hold.kept_by(self.locker.keepers())
         {
             return refuse(
                 Error::option(
@@ -240,9 +239,25 @@ impl RwLock {
             let error = hold.lost_error();
             return refuse(error, write);
         }
+        // Kept as the write was: its lease, its renewal, what is left of its
+        // maximum hold time.
+        let (ttl, renew_every, hold_until) = hold.keeping().await;
+        let max_hold = match hold_until {
+            Some(end) => {
+                let left = end.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    let error = hold.lost_error();
+                    return refuse(error, write);
+                }
+                Some(left)
+            }
+            None => None,
+        };
         let opts = LockOptions {
             owner: Some(write.owner().clone()),
-            ttl: hold.ttl().await,
+            ttl,
+            renewal: renew_every.map_or(crate::Renewal::Off, crate::Renewal::Every),
+            max_hold,
             ..self.locker.default_options()
         };
         let read = match self

@@ -23,11 +23,13 @@ use crate::options::{LockOptions, Owner, Wait};
 /// refused sooner, one counting more may be let in beside the others).
 ///
 /// [`Semaphore::acquire_many`] takes k permits at once, all or none. Its callers pass
-/// one at a time through a gate — the lock named `NAME%permits` (keep that name free
-/// for it) — and take their permits one by one behind it: two callers each holding
-/// part of what they need could otherwise wait for each other forever. Callers of
-/// one permit do not pass the gate, so a steady stream of them can keep a caller of
-/// k waiting (within its timeout). On ZooKeeper, do not mix it with Curator's
+/// one at a time through a gate — the one permit of the semaphore named
+/// `NAME%permits` (keep that name free for it) — and take their permits one by one
+/// behind it: two callers each holding part of what they need could otherwise wait
+/// for each other forever. Callers of one permit do not pass the gate, so a steady
+/// stream of them can keep a caller of k waiting (within its timeout). A task that
+/// already holds permits of the semaphore and asks for more can wait for itself: ask
+/// for all it needs in one call. On ZooKeeper, do not mix it with Curator's
 /// `acquire(qty)` on one name: each takes Curator's mutex for every permit.
 ///
 /// ```no_run
@@ -176,6 +178,8 @@ impl Semaphore {
             ));
         }
         opts.validate()?;
+        let gate_name = format!("{}%permits", self.name);
+        crate::name::LockName::new(&gate_name)?;
         let started = tokio::time::Instant::now();
         let deadline = match opts.wait {
             Wait::Timeout(t) => started.checked_add(t),
@@ -186,36 +190,36 @@ impl Semaphore {
                 each.wait = Wait::Timeout(d.saturating_duration_since(tokio::time::Instant::now()));
             }
         };
+        // A busy gate or permit is this semaphore's timeout, not the gate's.
         let timed_out = |e: Error| match e {
-            Error::Timeout { name, .. } => Error::Timeout {
-                name,
+            Error::Timeout { .. } => Error::Timeout {
+                name: self.name.clone(),
                 waited: started.elapsed(),
             },
             other => other,
         };
-        // The gate has an owner of its own: callers sharing an owner must not re-enter
-        // it together on a backend whose lock is reentrant.
-        let gate = self
-            .locker
-            .lock_with(
-                &format!("{}%permits", self.name),
-                &opts.clone().owner(Owner::random()),
-            )
+        // The gate is a semaphore of one permit: offered wherever this semaphore is
+        // (whatever the URL does to lock names), and never shared by callers that
+        // share an owner.
+        let gate = Semaphore::new(self.locker.clone(), &gate_name, 1)
+            .acquire_with(opts)
             .await
             .map_err(timed_out)?;
         let owner = opts.owner.clone().unwrap_or_else(Owner::random);
         let mut held = MultiGuard {
-            guards: Vec::with_capacity(k as usize),
+            guards: Vec::with_capacity(k.min(64) as usize),
         };
         for _ in 0..k {
             let mut each = opts.clone().owner(owner.clone());
             left(&mut each);
-            // While it waits for the next permit, one already taken (or the gate) may
-            // be lost: then the set cannot be had whole — stop at once.
+            // While it waits for the next permit, one already taken or the gate may be
+            // lost: the set cannot be had whole, or another caller of several may pass
+            // the gate — stop at once.
             let lost = held.lost();
             let next = tokio::select! {
                 r = self.acquire_with(&each) => r,
                 e = lost, if !held.guards.is_empty() => Err(e),
+                e = gate.lost() => Err(e),
             };
             match next {
                 Ok(g) => held.guards.push(g),
