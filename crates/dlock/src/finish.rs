@@ -8,6 +8,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
 
 type Job<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Epilogue<T> = Box<dyn FnOnce(T) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
@@ -76,6 +79,35 @@ impl<T: Send + 'static> Drop for Finish<T> {
             });
         }
     }
+}
+
+/// After a release (or an undo) that could not reach the server, keep trying in the
+/// background (50 ms doubling to 1 s, for at most 10 min) until `attempt` reports it
+/// done or `gone` is cancelled (the session ended and took the lock with it). On a
+/// session-bound backend the lock would otherwise stay held for as long as this
+/// process's session lives, which after a reconnect is indefinitely; on a lease
+/// backend, until its lease runs out. `attempt` must touch nothing but what it gives
+/// back (remove by acquisition and token), so a late success harms no later grant.
+pub(crate) fn release_later<F, Fut>(gone: CancellationToken, mut attempt: F)
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    tokio::spawn(async move {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(600);
+        let mut backoff = Duration::from_millis(50);
+        while tokio::time::Instant::now() < give_up {
+            tokio::select! {
+                () = gone.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            if attempt().await {
+                return;
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+        tracing::warn!("a release could not reach the server for 10 minutes; giving up");
+    });
 }
 
 #[cfg(test)]

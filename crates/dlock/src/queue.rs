@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
 use crate::backend::{AcquireRequest, Capabilities, Fencing};
 use crate::error::Error;
 use crate::options::Metadata;
@@ -36,33 +34,6 @@ pub(crate) fn break_unnoticed() -> Error {
          notice a break"
             .into(),
     )
-}
-
-/// After a release that could not reach the server, keep trying in the background
-/// (50 ms doubling to 1 s, for at most 10 min) until `attempt` reports it done or
-/// `gone` is cancelled (the session ended and took the lock with it). On a
-/// session-bound backend the lock would otherwise stay held for as long as this
-/// process's session lives, which after a reconnect is indefinitely.
-pub(crate) fn finish_release_later<F, Fut>(gone: CancellationToken, mut attempt: F)
-where
-    F: FnMut() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
-{
-    tokio::spawn(async move {
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(600);
-        let mut backoff = Duration::from_millis(50);
-        while tokio::time::Instant::now() < give_up {
-            tokio::select! {
-                () = gone.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
-            }
-            if attempt().await {
-                return;
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(1));
-        }
-        tracing::warn!("a release could not reach the server for 10 minutes; giving up");
-    });
 }
 
 /// What queue-and-watch backends (etcd, ZooKeeper) store in a contender's key or node:

@@ -232,6 +232,7 @@ macro_rules! conformance_faults {
     ($harness:expr) => {
         $crate::conformance_suite!(@each $harness;
             shared_owners_crowd_under_faults,
+            primitives_under_faults,
         );
     };
 }

@@ -683,11 +683,7 @@ pub async fn fair_primitives_are_served_in_arrival_order(h: &Harness) {
             .expect("waiter");
     }
     let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    assert_eq!(
-        order,
-        [0, 1, 2],
-        "fair waiters let in out of arrival order"
-    );
+    assert_eq!(order, [0, 1, 2], "fair waiters let in out of arrival order");
     // A read-write lock: a writer that came first goes first, before a later reader.
     let rw = locker.rwlock(&unique("rwfair"));
     let first = rw.write_with(&fair).await.expect("a fair write");
@@ -988,4 +984,125 @@ pub async fn rwlock_readers_behind_a_writer_all_get_in(h: &Harness) {
     for r in readers {
         r.await.expect("reader");
     }
+}
+
+/// A semaphore of 2 and a read-write lock, each taken by six tasks on two lockers —
+/// one behind the harness's fault proxy, which delays traffic, drops replies
+/// (requests run, answers vanish) and resets every connection — with waits without
+/// end, random timeouts, no-wait attempts and cancellations, leases of 15 s. Errors
+/// are allowed; what the resource sees is not: never more than 2 permit holders
+/// inside, never a writer beside anyone, no token granted twice. Once the faults
+/// stop, nothing is left held: both permits and the write can be had within 5 s (a
+/// third of a lease: what could not be given back is retried in the background).
+///
+/// # Panics
+/// On more than 2 permit holders, a writer beside anyone, a token granted twice, or
+/// a grant left held after the faults; when the harness has no proxy.
+pub async fn primitives_under_faults(h: &Harness) {
+    let near = h
+        .proxied_locker()
+        .await
+        .expect("this behaviour needs a harness with a fault proxy");
+    let far = h.locker().await;
+    if !offers_semaphore(&far).await || !offers_rwlock(&far).await {
+        return;
+    }
+    let (sem_name, rw_name) = (unique("semf"), unique("rwf"));
+    let (permits, holds) = (SharedRoom::default(), SharedRoom::default());
+    let stop_faults = tokio_util::sync::CancellationToken::new();
+    let faults = tokio::spawn(super::shared::drive_faults(
+        h.fault_switch(),
+        stop_faults.clone(),
+    ));
+    let stop = Instant::now() + Duration::from_secs(5);
+    let granted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..12 {
+        let locker = if t % 2 == 0 {
+            near.clone()
+        } else {
+            far.clone()
+        };
+        let (sem_name, rw_name) = (sem_name.clone(), rw_name.clone());
+        let (permits, holds) = (permits.clone(), holds.clone());
+        let granted = Arc::clone(&granted);
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < stop {
+                let opts = crowd_opts(None);
+                let on_sem = t < 6;
+                let writer = !on_sem && fastrand::u8(0..3) == 0;
+                let attempt = async {
+                    if on_sem {
+                        locker.semaphore(&sem_name, 2).acquire_with(&opts).await
+                    } else if writer {
+                        locker.rwlock(&rw_name).write_with(&opts).await
+                    } else {
+                        locker.rwlock(&rw_name).read_with(&opts).await
+                    }
+                };
+                let got = if fastrand::u8(0..4) == 0 {
+                    let cut = Duration::from_millis(fastrand::u64(0..50));
+                    match tokio::time::timeout(cut, attempt).await {
+                        Ok(r) => r,
+                        Err(_) => continue,
+                    }
+                } else {
+                    attempt.await
+                };
+                let Ok(g) = got else {
+                    // Timeouts, and errors of requests the proxy cut: allowed.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                };
+                granted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let (room, limit, kind) = if on_sem {
+                    (&permits, Some(2), None)
+                } else {
+                    (&holds, None, Some(writer))
+                };
+                if !g.is_held() {
+                    continue;
+                }
+                let id = room.enter(g.fencing_token(), g.owner().as_str(), limit, kind);
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(1..8))).await;
+                // A grant lost to the faults is allowed here (a lease of 15 s is not
+                // lost otherwise): only who was inside together is judged.
+                room.room().inside.remove(&id);
+                let _ = g.release().await;
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(90), t)
+            .await
+            .expect("a task hung under faults")
+            .expect("task");
+    }
+    stop_faults.cancel();
+    let injected = faults.await.expect("fault driver");
+    for (what, room) in [("semaphore", &permits), ("read-write lock", &holds)] {
+        let r = room.room();
+        assert!(r.violations.is_empty(), "{what}: {:?}", r.violations);
+    }
+    assert!(
+        granted.load(std::sync::atomic::Ordering::Relaxed) >= 10 && injected >= 5,
+        "too little happened to judge: {granted:?} grants, {injected} faults"
+    );
+    // Nothing left held: a release or an undo that could not get through is retried
+    // in the background (backoff up to 1 s), so the permits and the write come free
+    // within seconds of the faults' end — not when the 15 s leases run out.
+    let within = Duration::from_secs(5);
+    let fresh = h.locker().await;
+    let sem = fresh.semaphore(&sem_name, 2);
+    let all = sem
+        .acquire_many_with(2, &LockOptions::new().wait(Wait::Timeout(within)))
+        .await
+        .expect("both permits free after the faults");
+    all.release().await.expect("release");
+    let w = fresh
+        .rwlock(&rw_name)
+        .write_timeout(within)
+        .await
+        .expect("the write free after the faults");
+    w.release().await.expect("release");
 }

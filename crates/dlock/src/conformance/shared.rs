@@ -489,7 +489,7 @@ pub async fn shared_owners_crowd_under_faults(h: &Harness) {
 }
 
 /// Cycle the proxy through its faults until `stop`; returns how many were injected.
-async fn drive_faults(
+pub(super) async fn drive_faults(
     switch: Arc<dyn Fn(NetFault) + Send + Sync>,
     stop: tokio_util::sync::CancellationToken,
 ) -> u32 {

@@ -60,7 +60,13 @@
 //!   earlier write once that write is let in, and an owner that holds a read and no
 //!   write is refused a write ([`Error::UpgradeRefused`]).
 //! - A waiter watches the directory for a deletion after its listing: each release
-//!   wakes every waiter of that name (each lists once), not only the next.
+//!   wakes every waiter of that name (each lists once), not only the next. Its watch
+//!   is opened from the current revision before it lists again and kept for the
+//!   whole wait (etcd delivers a watch opened from an older revision up to 100 ms
+//!   late).
+//! - `fair` is accepted and changes nothing: contenders are served in the order
+//!   of their keys ([`crate::Primitives::fifo`]). A write is never downgraded past
+//!   a waiting writer of another owner ([`crate::RwLock::downgrade`]).
 //! - The key is put before the listing that decides (a `try_` attempt lists first and
 //!   writes nothing when it would not be let in); a key whose put's reply was lost is
 //!   deleted when the attempt ends, and once more 10 s later (etcd may still apply a
@@ -440,7 +446,7 @@ impl Inner {
                 let (inner, key, dir) = (Arc::clone(self), key.to_owned(), dir.to_owned());
                 // Should the session end first, the key goes with it and
                 // `claim_slot` drops the slot.
-                crate::queue::finish_release_later(session.lost.clone(), move || {
+                crate::finish::release_later(session.lost.clone(), move || {
                     let (inner, key, dir) = (Arc::clone(&inner), key.clone(), dir.clone());
                     async move {
                         let done = Self::delete_key(&inner.client, &key, revision)

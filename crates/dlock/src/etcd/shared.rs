@@ -149,7 +149,7 @@ async fn delete(client: &Client, session: &Session, key: &str) -> Result<()> {
         Ok(_) => Ok(()),
         Err(e) => {
             let (client, del) = (client.clone(), del);
-            crate::queue::finish_release_later(session.lost.clone(), move || {
+            crate::finish::release_later(session.lost.clone(), move || {
                 let (client, del) = (client.clone(), del.clone());
                 async move { client.delete_range(del).await.is_ok() }
             });
@@ -514,7 +514,7 @@ impl HeldLock for SharedHeld {
             }
             Err(e) => {
                 let (client, key, rev) = (self.client.clone(), self.key.clone(), self.revision);
-                crate::queue::finish_release_later(self.session.lost.clone(), move || {
+                crate::finish::release_later(self.session.lost.clone(), move || {
                     let (client, key) = (client.clone(), key.clone());
                     async move { Inner::delete_key(&client, &key, Some(rev)).await.is_ok() }
                 });

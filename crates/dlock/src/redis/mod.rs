@@ -65,16 +65,21 @@
 //! its_queue_entry_ttl` measures it).
 //!
 //! # Semaphores and read-write locks
-//! dlock's own layout, whatever `layout=` says (no peer client keeps these primitives
-//! in a layout tested here): a semaphore `NAME` keeps its entries in the hash
+//! dlock's own layout, whatever `layout=` says. The peers' layouts were read and not
+//! followed, for safety: the npm `redis-semaphore` package keeps a permit as a
+//! sorted-set member scored by when it was taken or refreshed, and every caller
+//! drops the members older than *its own* timeout — a caller with a shorter timeout
+//! removes the permits of holders with longer leases, who learn of it only at their
+//! next refresh, and more than N are inside meanwhile; nor does it keep a fencing
+//! counter. Here every entry carries its own expiry. A semaphore `NAME` keeps its entries in the hash
 //! `dlock_semaphore:{NAME}` (acquisition → `kind token owner`), their expiries on the
 //! server's clock in the sorted set `dlock_semaphore_expiry:{NAME}`, its tokens in
 //! `dlock_semaphore_token:{NAME}` (`INCR`: fencing as the lock's), and publishes
 //! releases on `dlock_semaphore_channel:{NAME}` (one local waiter woken per message).
 //! A read-write lock uses the same keys with `dlock_rwlock`. One script decides each
 //! attempt; an attempt whose reply was lost is undone by its acquisition in the
-//! background (not yet covered by a fault test: until then, at worst the permit's
-//! lease frees it).
+//! background (the conformance behaviour `primitives_under_faults` drops replies and
+//! resets connections under a crowd of permits, reads and writes).
 //!
 //! # Fencing
 //! Tokens come from an INCR counter beside the lock, bumped in the acquire script. They

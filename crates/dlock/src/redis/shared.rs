@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
 use super::layout::{self, suffixed};
 use super::{Inner, map_err, uncertain};
@@ -109,14 +110,13 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
             if uncertain(&e) {
                 // The script may have granted: undo whatever this acquisition left
                 // (it ends with this error, so nothing of it can still arrive).
+                // Until the server answers (or 10 min): the lease would otherwise
+                // keep the grant from everyone until it ran out.
                 let (inner, keys) = (Arc::clone(inner), keys.clone());
-                tokio::spawn(async move {
-                    for pause in [10u64, 100, 1000] {
-                        if remove(&inner, &keys, &acquisition, "any").await.is_ok() {
-                            return;
-                        }
-                        tokio::time::sleep(Duration::from_millis(pause)).await;
-                    }
+                crate::finish::release_later(CancellationToken::new(), move || {
+                    let (inner, keys, acquisition) =
+                        (Arc::clone(&inner), keys.clone(), acquisition.clone());
+                    async move { remove(&inner, &keys, &acquisition, "any").await.is_ok() }
                 });
             }
             Err(map_err(&e))
@@ -225,7 +225,22 @@ impl HeldLock for RedisSharedHeld {
         let token = self.token.to_string();
         let done = remove(&self.inner, &self.keys, &self.acquisition, &token).await;
         if done.is_err() {
-            self.released.store(false, Ordering::SeqCst);
+            // Keep trying in the background (this entry alone: by acquisition and
+            // token), or the lease would keep the grant from everyone until it ran out.
+            let (inner, keys, acquisition) = (
+                Arc::clone(&self.inner),
+                self.keys.clone(),
+                self.acquisition.clone(),
+            );
+            crate::finish::release_later(CancellationToken::new(), move || {
+                let (inner, keys, acquisition, token) = (
+                    Arc::clone(&inner),
+                    keys.clone(),
+                    acquisition.clone(),
+                    token.clone(),
+                );
+                async move { remove(&inner, &keys, &acquisition, &token).await.is_ok() }
+            });
         }
         done
     }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
 use super::dialect::Dialect;
 use crate::backend::{AcquireRequest, AcquisitionId, Attempt, HeldLock};
@@ -232,10 +233,38 @@ impl<D: Dialect> HeldLock for SqlSharedHeld<D> {
     }
 
     async fn release(&self) -> Result<()> {
-        let removed = self
+        let removed = match self
             .dialect
             .shared_remove(&self.at, SharedRemove::Token(self.fence))
-            .await?;
+            .await
+        {
+            Ok(removed) => removed,
+            Err(e) => {
+                // Keep trying in the background (this entry alone: by acquisition and
+                // token), or the lease would keep it from everyone until it ran out.
+                let (d, hub, at, fence) = (
+                    Arc::clone(&self.dialect),
+                    Arc::clone(&self.hub),
+                    self.at.clone(),
+                    self.fence,
+                );
+                crate::finish::release_later(CancellationToken::new(), move || {
+                    let (d, hub, at) = (Arc::clone(&d), Arc::clone(&hub), at.clone());
+                    async move {
+                        match d.shared_remove(&at, SharedRemove::Token(fence)).await {
+                            Ok(removed) => {
+                                if removed {
+                                    hub.wake(&at.key);
+                                }
+                                true
+                            }
+                            Err(_) => false,
+                        }
+                    }
+                });
+                return Err(e);
+            }
+        };
         if removed {
             self.hub.wake(&self.at.key);
         }

@@ -66,7 +66,11 @@
 //!   writer too, even if its owner already reads or writes (and forever, if it holds
 //!   what that writer waits for). The token is the node's `czxid`: a write's is above
 //!   every token granted before it to another owner (a read passing its owner's write
-//!   may hold a token above a later read of another owner).
+//!   may hold a token above a later read of another owner). For the same reason a
+//!   write is never downgraded past a waiting writer of another owner: the
+//!   downgrade is refused and the write kept ([`crate::RwLock::downgrade`]).
+//! - `fair` is accepted for both and changes nothing: they serve contenders in the
+//!   order of their sequential nodes ([`crate::Primitives::fifo`]).
 //!
 //! # Breaking a lock
 //! [`Locker::break_lock`](crate::Locker::break_lock) deletes the holder's node if its
@@ -145,7 +149,7 @@ async fn delete_node(session: &Arc<Session>, node: &str) -> Result<bool> {
         Err(zk::Error::NoNode) => Ok(false),
         Err(e) => {
             let (session, node) = (Arc::clone(session), node.to_owned());
-            crate::queue::finish_release_later(session.lost.clone(), move || {
+            crate::finish::release_later(session.lost.clone(), move || {
                 let (session, node) = (Arc::clone(&session), node.clone());
                 async move {
                     matches!(
@@ -580,7 +584,7 @@ impl Inner {
         if created.is_err() && maybe_created {
             let (session, dir) = (Arc::clone(session), dir.to_owned());
             let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
-            crate::queue::finish_release_later(session.lost.clone(), move || {
+            crate::finish::release_later(session.lost.clone(), move || {
                 let (session, dir, mine) = (Arc::clone(&session), dir.clone(), mine.clone());
                 async move { delete_by_prefix(&session, &dir, &mine).await }
             });
