@@ -226,8 +226,12 @@ fn primitive_section(dlock: &std::path::Path, matrix: &Matrix, ops: u32) -> Stri
          holder (a writer for the read-write lock).\n\n\
          - **overlaps**: for a semaphore, entries while 2 others were inside; for a \
            read-write lock, a writer inside beside anyone; for an election, two leaders.\n\
-         - **at once**: the most holders inside at once: a semaphore's (never above 2; \
-           that two spans meet at all is timing), a read-write lock's readers.\n\
+         - **at once**: the most holders inside at once: a semaphore's, a read-write \
+           lock's readers. Never above 2 for a semaphore, except when a holder was \
+           paused past its lease: the paused process cannot know, and a semaphore's \
+           holders keep cells of their own, so no fence refuses it (the lock's tables \
+           above show the same pause with the fence refusing). That two spans meet at \
+           all is timing.\n\
          - **inversions**: a grant whose token is below an earlier grant's (for a \
            read-write lock, a write's). Permits of a semaphore granted together may be \
            reported in either order: their inversions are counted and break nothing.\n\n\
