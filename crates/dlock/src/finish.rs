@@ -81,20 +81,28 @@ impl<T: Send + 'static> Drop for Finish<T> {
     }
 }
 
+/// How long a session-bound backend keeps trying a release in the background: its
+/// lock would otherwise stay held for as long as this process's session lives.
+pub(crate) const SESSION_RELEASE_RETRIES: Duration = Duration::from_secs(600);
+
 /// After a release (or an undo) that could not reach the server, keep trying in the
-/// background (50 ms doubling to 1 s, for at most 10 min) until `attempt` reports it
-/// done or `gone` is cancelled (the session ended and took the lock with it). On a
-/// session-bound backend the lock would otherwise stay held for as long as this
-/// process's session lives, which after a reconnect is indefinitely; on a lease
-/// backend, until its lease runs out. `attempt` must touch nothing but what it gives
-/// back (remove by acquisition and token), so a late success harms no later grant.
-pub(crate) fn release_later<F, Fut>(gone: CancellationToken, mut attempt: F)
+/// background (50 ms doubling to 1 s) until `attempt` reports it done, `gone` is
+/// cancelled (the session ended and took the lock with it), or `within` has passed.
+/// On a session-bound backend the lock would otherwise stay held for as long as this
+/// process's session lives, which after a reconnect is indefinitely
+/// ([`SESSION_RELEASE_RETRIES`]); on a lease backend, until its lease runs out (so
+/// `within` is the lease: after it there is nothing left to give back). `attempt` must
+/// touch nothing but what it gives back (remove by acquisition and token), so a late
+/// success harms no later grant.
+pub(crate) fn release_later<F, Fut>(gone: CancellationToken, within: Duration, mut attempt: F)
 where
     F: FnMut() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
     tokio::spawn(async move {
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(600);
+        let give_up = tokio::time::Instant::now()
+            .checked_add(within)
+            .unwrap_or_else(|| tokio::time::Instant::now() + SESSION_RELEASE_RETRIES);
         let mut backoff = Duration::from_millis(50);
         while tokio::time::Instant::now() < give_up {
             tokio::select! {
@@ -106,7 +114,10 @@ where
             }
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
-        tracing::warn!("a release could not reach the server for 10 minutes; giving up");
+        tracing::warn!(
+            after = ?within,
+            "a release could not reach the server; giving up (a lease ends by itself)"
+        );
     });
 }
 

@@ -462,7 +462,18 @@ impl Locker {
                     // Subscribe, then try again at once: a release that happened between
                     // the attempt and the subscription is seen by that attempt.
                     let owner_wait = self.waiting.register(&name, &req.owner);
-                    waiter = Some((self.backend.subscribe(&req).await?, owner_wait));
+                    // A backend may have to ask the server to subscribe (etcd opens a
+                    // watch): that too is bounded by the caller's wait.
+                    match tokio::time::timeout(remaining, self.backend.subscribe(&req)).await {
+                        Ok(w) => waiter = Some((w?, owner_wait)),
+                        Err(_) => {
+                            cleanup.leave().await;
+                            return Err(Error::Timeout {
+                                name: name.as_str().to_owned(),
+                                waited: started.elapsed(),
+                            });
+                        }
+                    }
                 }
                 Some((w, owner_wait)) => {
                     let mut step = retry_after.unwrap_or(MAX_WAIT_STEP).min(remaining);

@@ -446,18 +446,22 @@ impl Inner {
                 let (inner, key, dir) = (Arc::clone(self), key.to_owned(), dir.to_owned());
                 // Should the session end first, the key goes with it and
                 // `claim_slot` drops the slot.
-                crate::finish::release_later(session.lost.clone(), move || {
-                    let (inner, key, dir) = (Arc::clone(&inner), key.clone(), dir.clone());
-                    async move {
-                        let done = Self::delete_key(&inner.client, &key, revision)
-                            .await
-                            .is_ok();
-                        if done {
-                            inner.free_slot(&dir, acquisition);
+                crate::finish::release_later(
+                    session.lost.clone(),
+                    crate::finish::SESSION_RELEASE_RETRIES,
+                    move || {
+                        let (inner, key, dir) = (Arc::clone(&inner), key.clone(), dir.clone());
+                        async move {
+                            let done = Self::delete_key(&inner.client, &key, revision)
+                                .await
+                                .is_ok();
+                            if done {
+                                inner.free_slot(&dir, acquisition);
+                            }
+                            done
                         }
-                        done
-                    }
-                });
+                    },
+                );
                 Err(map_err(&e))
             }
         }

@@ -149,10 +149,14 @@ async fn delete(client: &Client, session: &Session, key: &str) -> Result<()> {
         Ok(_) => Ok(()),
         Err(e) => {
             let (client, del) = (client.clone(), del);
-            crate::finish::release_later(session.lost.clone(), move || {
-                let (client, del) = (client.clone(), del.clone());
-                async move { client.delete_range(del).await.is_ok() }
-            });
+            crate::finish::release_later(
+                session.lost.clone(),
+                crate::finish::SESSION_RELEASE_RETRIES,
+                move || {
+                    let (client, del) = (client.clone(), del.clone());
+                    async move { client.delete_range(del).await.is_ok() }
+                },
+            );
             Err(map_err(&e))
         }
     }
@@ -514,10 +518,14 @@ impl HeldLock for SharedHeld {
             }
             Err(e) => {
                 let (client, key, rev) = (self.client.clone(), self.key.clone(), self.revision);
-                crate::finish::release_later(self.session.lost.clone(), move || {
-                    let (client, key) = (client.clone(), key.clone());
-                    async move { Inner::delete_key(&client, &key, Some(rev)).await.is_ok() }
-                });
+                crate::finish::release_later(
+                    self.session.lost.clone(),
+                    crate::finish::SESSION_RELEASE_RETRIES,
+                    move || {
+                        let (client, key) = (client.clone(), key.clone());
+                        async move { Inner::delete_key(&client, &key, Some(rev)).await.is_ok() }
+                    },
+                );
                 Err(map_err(&e))
             }
         }

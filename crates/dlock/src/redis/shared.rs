@@ -82,7 +82,20 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
     match answer {
         Ok((1, token)) => {
             if let Err(e) = inner.wait_replicas().await {
-                let _ = remove(inner, &keys, &acquisition, &token.to_string()).await;
+                let token = token.to_string();
+                if remove(inner, &keys, &acquisition, &token).await.is_err() {
+                    let (inner, keys) = (Arc::clone(inner), keys.clone());
+                    let within = req.ttl + Duration::from_secs(1);
+                    crate::finish::release_later(CancellationToken::new(), within, move || {
+                        let (inner, keys, acquisition, token) = (
+                            Arc::clone(&inner),
+                            keys.clone(),
+                            acquisition.clone(),
+                            token.clone(),
+                        );
+                        async move { remove(&inner, &keys, &acquisition, &token).await.is_ok() }
+                    });
+                }
                 return Err(e);
             }
             // Pass the wake-up on: another local waiter may be let in beside this
@@ -95,6 +108,7 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
                 acquisition,
                 token: u64::try_from(token).unwrap_or(0),
                 released: std::sync::atomic::AtomicBool::new(false),
+                lease_ms: std::sync::atomic::AtomicU64::new(millis(req.ttl)),
             })))
         }
         Ok((0, left)) => Ok(Attempt::Busy {
@@ -113,7 +127,8 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
                 // Until the server answers (or 10 min): the lease would otherwise
                 // keep the grant from everyone until it ran out.
                 let (inner, keys) = (Arc::clone(inner), keys.clone());
-                crate::finish::release_later(CancellationToken::new(), move || {
+                let within = req.ttl + Duration::from_secs(1);
+                crate::finish::release_later(CancellationToken::new(), within, move || {
                     let (inner, keys, acquisition) =
                         (Arc::clone(&inner), keys.clone(), acquisition.clone());
                     async move { remove(&inner, &keys, &acquisition, "any").await.is_ok() }
@@ -181,6 +196,9 @@ struct RedisSharedHeld {
     acquisition: String,
     token: u64,
     released: std::sync::atomic::AtomicBool,
+    /// The lease last asked for (ms): how long a release that could not get through
+    /// is worth trying again.
+    lease_ms: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for RedisSharedHeld {
@@ -209,6 +227,8 @@ impl HeldLock for RedisSharedHeld {
             .await
             .map_err(|e| map_err(&e))?;
         if renewed == 1 {
+            self.lease_ms
+                .store(millis(ttl), std::sync::atomic::Ordering::Relaxed);
             Ok(())
         } else {
             Err(Error::NotOwner {
@@ -232,7 +252,9 @@ impl HeldLock for RedisSharedHeld {
                 self.keys.clone(),
                 self.acquisition.clone(),
             );
-            crate::finish::release_later(CancellationToken::new(), move || {
+            let within = Duration::from_millis(self.lease_ms.load(Ordering::Relaxed))
+                + Duration::from_secs(1);
+            crate::finish::release_later(CancellationToken::new(), within, move || {
                 let (inner, keys, acquisition, token) = (
                     Arc::clone(&inner),
                     keys.clone(),

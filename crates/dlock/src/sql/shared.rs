@@ -14,6 +14,7 @@
 //! lost commit reply) is undone by its acquisition.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -153,6 +154,7 @@ pub(crate) async fn acquire<D: Dialect>(
             at,
             name: req.name.as_str().to_owned(),
             fence,
+            lease_ms: AtomicU64::new(millis(req.ttl)),
         }))),
         Ok(Answer::Busy(retry_after)) => Ok(Attempt::Busy { retry_after }),
         Ok(Answer::Refused) => Err(Error::UpgradeRefused {
@@ -164,20 +166,28 @@ pub(crate) async fn acquire<D: Dialect>(
             // Taking the name's gate first waits for that commit to finish (the
             // attempt's transaction holds the gate until it does), so the removal sees
             // its row if it landed.
+            // Until the server answers, for as long as the lease it may have granted.
             let (d, hub) = (Arc::clone(d), Arc::clone(hub));
-            tokio::spawn(async move {
-                for pause in [10u64, 100, 1000, 5000, 10_000] {
+            let within = req.ttl + Duration::from_secs(1);
+            crate::finish::release_later(CancellationToken::new(), within, move || {
+                let (d, hub, at) = (Arc::clone(&d), Arc::clone(&hub), at.clone());
+                async move {
                     let gated = match d.shared_begin(&at).await {
                         Ok((tx, _)) => d.shared_commit(tx).await.is_ok(),
                         Err(_) => false,
                     };
-                    if gated && let Ok(removed) = d.shared_remove(&at, SharedRemove::Any).await {
-                        if removed {
-                            hub.wake(&at.key);
-                        }
-                        return;
+                    if !gated {
+                        return false;
                     }
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    match d.shared_remove(&at, SharedRemove::Any).await {
+                        Ok(removed) => {
+                            if removed {
+                                hub.wake(&at.key);
+                            }
+                            true
+                        }
+                        Err(_) => false,
+                    }
                 }
             });
             Err(e)
@@ -205,6 +215,14 @@ struct SqlSharedHeld<D> {
     at: SharedKey,
     name: String,
     fence: u64,
+    /// The lease last asked for (ms): how long a release that could not get through
+    /// is worth trying again.
+    lease_ms: AtomicU64,
+}
+
+/// `d` in whole milliseconds (saturating).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl<D> std::fmt::Debug for SqlSharedHeld<D> {
@@ -224,6 +242,7 @@ impl<D: Dialect> HeldLock for SqlSharedHeld<D> {
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
         if self.dialect.shared_renew(&self.at, self.fence, ttl).await? {
+            self.lease_ms.store(millis(ttl), Ordering::Relaxed);
             Ok(())
         } else {
             Err(Error::NotOwner {
@@ -248,7 +267,9 @@ impl<D: Dialect> HeldLock for SqlSharedHeld<D> {
                     self.at.clone(),
                     self.fence,
                 );
-                crate::finish::release_later(CancellationToken::new(), move || {
+                let within = Duration::from_millis(self.lease_ms.load(Ordering::Relaxed))
+                    + Duration::from_secs(1);
+                crate::finish::release_later(CancellationToken::new(), within, move || {
                     let (d, hub, at) = (Arc::clone(&d), Arc::clone(&hub), at.clone());
                     async move {
                         match d.shared_remove(&at, SharedRemove::Token(fence)).await {

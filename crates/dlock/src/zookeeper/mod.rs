@@ -149,15 +149,19 @@ async fn delete_node(session: &Arc<Session>, node: &str) -> Result<bool> {
         Err(zk::Error::NoNode) => Ok(false),
         Err(e) => {
             let (session, node) = (Arc::clone(session), node.to_owned());
-            crate::finish::release_later(session.lost.clone(), move || {
-                let (session, node) = (Arc::clone(&session), node.clone());
-                async move {
-                    matches!(
-                        session.client.delete(&node, None).await,
-                        Ok(()) | Err(zk::Error::NoNode)
-                    )
-                }
-            });
+            crate::finish::release_later(
+                session.lost.clone(),
+                crate::finish::SESSION_RELEASE_RETRIES,
+                move || {
+                    let (session, node) = (Arc::clone(&session), node.clone());
+                    async move {
+                        matches!(
+                            session.client.delete(&node, None).await,
+                            Ok(()) | Err(zk::Error::NoNode)
+                        )
+                    }
+                },
+            );
             Err(map_err(&e))
         }
     }
@@ -584,10 +588,14 @@ impl Inner {
         if created.is_err() && maybe_created {
             let (session, dir) = (Arc::clone(session), dir.to_owned());
             let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
-            crate::finish::release_later(session.lost.clone(), move || {
-                let (session, dir, mine) = (Arc::clone(&session), dir.clone(), mine.clone());
-                async move { delete_by_prefix(&session, &dir, &mine).await }
-            });
+            crate::finish::release_later(
+                session.lost.clone(),
+                crate::finish::SESSION_RELEASE_RETRIES,
+                move || {
+                    let (session, dir, mine) = (Arc::clone(&session), dir.clone(), mine.clone());
+                    async move { delete_by_prefix(&session, &dir, &mine).await }
+                },
+            );
         }
         created
     }
