@@ -38,6 +38,20 @@ impl From<LockGuard> for MultiGuard {
 }
 
 impl MultiGuard {
+    /// The set just taken, if every guard of it is still held; else each is given
+    /// back and the first loss is the error (the last guard came after the others).
+    pub(crate) async fn whole(self) -> Result<Self> {
+        let Some(lost) = self.guards.iter().find(|g| !g.is_held()) else {
+            return Ok(self);
+        };
+        let e = Error::LockLost {
+            name: lost.name().to_owned(),
+            reason: lost.loss_reason().unwrap_or(LossReason::LeaseExpired),
+        };
+        let _ = self.release().await;
+        Err(e)
+    }
+
     /// The guards in the order they were taken: for [`Locker::lock_all`] one per
     /// distinct name, in the names' byte order; for
     /// [`crate::Semaphore::acquire_many`] one per permit, each with its own token.
@@ -210,14 +224,6 @@ impl Locker {
             }
         }
         // The last lock came after the others: make sure none was lost meanwhile.
-        if let Some(lost) = held.guards.iter().find(|g| !g.is_held()) {
-            let e = Error::LockLost {
-                name: lost.name().to_owned(),
-                reason: lost.loss_reason().unwrap_or(LossReason::LeaseExpired),
-            };
-            let _ = held.release().await;
-            return Err(e);
-        }
-        Ok(held)
+        held.whole().await
     }
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::Primitive;
-use crate::error::{Error, LossReason, Result};
+use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::locker::Locker;
 use crate::multi::MultiGuard;
@@ -201,8 +201,15 @@ impl Semaphore {
         // The gate is a semaphore of one permit: offered wherever this semaphore is
         // (whatever the URL does to lock names), and never shared by callers that
         // share an owner.
+        // It is renewed, and has no maximum hold, whatever the permits' options say:
+        // it must outlast the wait for them.
+        let gate_opts = LockOptions {
+            renewal: crate::Renewal::Auto,
+            max_hold: None,
+            ..opts.clone()
+        };
         let gate = Semaphore::new(self.locker.clone(), &gate_name, 1)
-            .acquire_with(opts)
+            .acquire_with(&gate_opts)
             .await
             .map_err(timed_out)?;
         let owner = opts.owner.clone().unwrap_or_else(Owner::random);
@@ -219,7 +226,13 @@ impl Semaphore {
             let next = tokio::select! {
                 r = self.acquire_with(&each) => r,
                 e = lost, if !held.guards.is_empty() => Err(e),
-                e = gate.lost() => Err(e),
+                e = gate.lost() => Err(match e {
+                    Error::LockLost { reason, .. } => Error::LockLost {
+                        name: self.name.clone(),
+                        reason,
+                    },
+                    other => other,
+                }),
             };
             match next {
                 Ok(g) => held.guards.push(g),
@@ -231,15 +244,7 @@ impl Semaphore {
             }
         }
         let _ = gate.release().await;
-        if let Some(lost) = held.guards.iter().find(|g| !g.is_held()) {
-            let e = Error::LockLost {
-                name: lost.name().to_owned(),
-                reason: lost.loss_reason().unwrap_or(LossReason::LeaseExpired),
-            };
-            let _ = held.release().await;
-            return Err(e);
-        }
-        Ok(held)
+        held.whole().await
     }
 
     /// One attempt at `k` permits at once: `Ok(None)` when they are not all free now

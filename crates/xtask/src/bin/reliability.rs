@@ -26,12 +26,8 @@ fn main() {
         std::process::exit(1);
     };
     if args.get(4).map(String::as_str) == Some("--only-primitives") {
-        let old = std::fs::read_to_string(out).unwrap_or_default();
-        let kept = old
-            .find(PRIMITIVES_HEADING)
-            .map_or(old.as_str(), |at| &old[..at]);
-        let doc = format!("{kept}{}", primitive_section(&dlock, &matrix, ops / 2));
-        if let Err(e) = std::fs::write(out, doc) {
+        let section = primitive_section(&dlock, &matrix, ops / 2);
+        if let Err(e) = xtask::replace_last_section(out, PRIMITIVES_HEADING, &section) {
             eprintln!("cannot write {out}: {e}");
             std::process::exit(1);
         }
@@ -42,14 +38,7 @@ fn main() {
     let crowd_rows = scenario_rows(&dlock, &matrix, ops / 2, "crowd");
     let delay_rows = lock_delay_rows(&dlock, &matrix, ops);
     let primitives = primitive_section(&dlock, &matrix, ops / 2);
-    let machine = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_default();
+    let machine = xtask::cpu_model();
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let half = ops / 2;
     let doc = format!(
@@ -153,18 +142,6 @@ fn scenario_rows(dlock: &std::path::Path, matrix: &Matrix, ops: u32, workload: &
 /// The heading of the last section: from it to the end of the file.
 const PRIMITIVES_HEADING: &str = "## Semaphores, read-write locks and elections";
 
-/// The backends the primitives are checked on: the SQL modes share one implementation
-/// of them (rows in every mode), so one mode each; Redlock offers elections only.
-const PRIMITIVE_BACKENDS: [&str; 7] = [
-    "sqlite",
-    "redis (no persistence)",
-    "etcd",
-    "zookeeper",
-    "postgres lease",
-    "mariadb lease",
-    "redlock (5 nodes)",
-];
-
 /// `dlock check --primitive` on every backend that offers the primitive, with a holder
 /// SIGKILLed and with a holder paused past its lease, `ops` critical sections each.
 fn primitive_section(dlock: &std::path::Path, matrix: &Matrix, ops: u32) -> String {
@@ -172,7 +149,7 @@ fn primitive_section(dlock: &std::path::Path, matrix: &Matrix, ops: u32) -> Stri
     for t in matrix
         .targets
         .iter()
-        .filter(|t| PRIMITIVE_BACKENDS.contains(&t.label.as_str()))
+        .filter(|t| xtask::PRIMITIVE_BACKENDS.contains(&t.label.as_str()))
     {
         for primitive in ["semaphore", "rwlock", "election"] {
             if t.label.starts_with("redlock") && primitive != "election" {

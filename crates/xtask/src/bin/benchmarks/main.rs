@@ -172,12 +172,8 @@ fn main() {
         std::process::exit(1);
     };
     if args.get(4).map(String::as_str) == Some("--only-primitives") {
-        let old = std::fs::read_to_string(out).unwrap_or_default();
-        let kept = old
-            .find(primitives::HEADING)
-            .map_or(old.as_str(), |at| &old[..at]);
-        let doc = format!("{kept}{}", primitives::section(&dlock, &matrix));
-        if let Err(e) = std::fs::write(out, doc) {
+        let section = primitives::section(&dlock, &matrix);
+        if let Err(e) = xtask::replace_last_section(out, primitives::HEADING, &section) {
             eprintln!("cannot write {out}: {e}");
             std::process::exit(1);
         }
@@ -659,14 +655,7 @@ fn main() {
         None,
     );
 
-    let machine = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_default();
+    let machine = xtask::cpu_model();
     // Not available_parallelism: under `taskset -c 0` that says 1.
     let cores = std::fs::read_to_string("/proc/cpuinfo")
         .map(|c| c.lines().filter(|l| l.starts_with("processor")).count())

@@ -16,18 +16,6 @@ pub const HEADING: &str = "## Primitives beyond the mutex";
 /// Runs per backend and primitive; the table shows the median run (by ratio).
 const RUNS: usize = 3;
 
-/// The backends measured: SQL modes share one implementation of the primitives (rows
-/// in every mode), so one mode each.
-const BACKENDS: [&str; 7] = [
-    "sqlite",
-    "redis (no persistence)",
-    "etcd",
-    "zookeeper",
-    "postgres lease",
-    "mariadb lease",
-    "redlock (5 nodes)",
-];
-
 const PRIMITIVES: [&str; 4] = ["semaphore", "read", "write", "election"];
 
 /// One `dlock bench --json --primitive` run on `url`.
@@ -55,7 +43,7 @@ pub fn section(dlock: &Path, matrix: &Matrix) -> String {
     for t in matrix
         .targets
         .iter()
-        .filter(|t| BACKENDS.contains(&t.label.as_str()))
+        .filter(|t| xtask::PRIMITIVE_BACKENDS.contains(&t.label.as_str()))
     {
         for primitive in PRIMITIVES {
             if t.label.starts_with("redlock") && primitive != "election" {

@@ -1,0 +1,39 @@
+//! What the generators of BENCHMARKS.md and RELIABILITY.md share.
+
+/// The backends the primitives beyond the mutex are measured and checked on: the SQL
+/// backends keep those primitives' rows the same way in every mode, so one mode each;
+/// Redlock offers elections only.
+pub const PRIMITIVE_BACKENDS: [&str; 7] = [
+    "sqlite",
+    "redis (no persistence)",
+    "etcd",
+    "zookeeper",
+    "postgres lease",
+    "mariadb lease",
+    "redlock (5 nodes)",
+];
+
+/// The machine's CPU model, from `/proc/cpuinfo` (empty when unknown).
+#[must_use]
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default()
+}
+
+/// Write `section` over the last section of the document at `path` — everything from
+/// `heading`, which begins `section`, to the end — keeping what comes before it; the
+/// whole of `section` is appended when the document has no such heading yet.
+///
+/// # Errors
+/// When the document cannot be written.
+pub fn replace_last_section(path: &str, heading: &str, section: &str) -> std::io::Result<()> {
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    let kept = old.find(heading).map_or(old.as_str(), |at| &old[..at]);
+    std::fs::write(path, format!("{kept}{section}"))
+}
