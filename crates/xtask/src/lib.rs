@@ -37,3 +37,28 @@ pub fn replace_last_section(path: &str, heading: &str, section: &str) -> std::io
     let kept = old.find(heading).map_or(old.as_str(), |at| &old[..at]);
     std::fs::write(path, format!("{kept}{section}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The last section is replaced from its heading on; a document without it gets
+    /// the section appended; what came before is kept byte for byte.
+    #[test]
+    fn the_last_section_is_replaced_and_the_rest_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("DOC.md");
+        let path = path.to_str().expect("utf-8 path");
+        std::fs::write(path, "# Doc\n\nbefore\n").expect("write");
+        replace_last_section(path, "## Last", "## Last\n\none\n").expect("append");
+        assert_eq!(
+            std::fs::read_to_string(path).expect("read"),
+            "# Doc\n\nbefore\n## Last\n\none\n"
+        );
+        replace_last_section(path, "## Last", "## Last\n\ntwo\n").expect("replace");
+        assert_eq!(
+            std::fs::read_to_string(path).expect("read"),
+            "# Doc\n\nbefore\n## Last\n\ntwo\n"
+        );
+    }
+}
