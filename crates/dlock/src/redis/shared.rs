@@ -54,6 +54,23 @@ async fn remove(inner: &Inner, keys: &SharedKeys, acquisition: &str, what: &str)
     Ok(())
 }
 
+/// [`remove`] again in the background until it gets through or `within` (the lease
+/// it gives back) has passed.
+fn remove_later(
+    inner: &Arc<Inner>,
+    keys: &SharedKeys,
+    (acquisition, what): (&str, &str),
+    within: Duration,
+) {
+    let (inner, keys) = (Arc::clone(inner), keys.clone());
+    let (acquisition, what) = (acquisition.to_owned(), what.to_owned());
+    crate::finish::release_later(CancellationToken::new(), within, move || {
+        let (inner, keys) = (Arc::clone(&inner), keys.clone());
+        let (acquisition, what) = (acquisition.clone(), what.clone());
+        async move { remove(&inner, &keys, &acquisition, &what).await.is_ok() }
+    });
+}
+
 /// An attempt at a permit, read or write.
 pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Result<Attempt> {
     let keys = SharedKeys::new(inner, &req.name, req.primitive);
@@ -84,17 +101,8 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
             if let Err(e) = inner.wait_replicas().await {
                 let token = token.to_string();
                 if remove(inner, &keys, &acquisition, &token).await.is_err() {
-                    let (inner, keys) = (Arc::clone(inner), keys.clone());
                     let within = req.ttl + Duration::from_secs(1);
-                    crate::finish::release_later(CancellationToken::new(), within, move || {
-                        let (inner, keys, acquisition, token) = (
-                            Arc::clone(&inner),
-                            keys.clone(),
-                            acquisition.clone(),
-                            token.clone(),
-                        );
-                        async move { remove(&inner, &keys, &acquisition, &token).await.is_ok() }
-                    });
+                    remove_later(inner, &keys, (&acquisition, &token), within);
                 }
                 return Err(e);
             }
@@ -124,15 +132,10 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
             if uncertain(&e) {
                 // The script may have granted: undo whatever this acquisition left
                 // (it ends with this error, so nothing of it can still arrive).
-                // Until the server answers (or 10 min): the lease would otherwise
-                // keep the grant from everyone until it ran out.
-                let (inner, keys) = (Arc::clone(inner), keys.clone());
+                // Until the server answers, for as long as the lease it may have
+                // granted: that lease would otherwise keep the grant from everyone.
                 let within = req.ttl + Duration::from_secs(1);
-                crate::finish::release_later(CancellationToken::new(), within, move || {
-                    let (inner, keys, acquisition) =
-                        (Arc::clone(&inner), keys.clone(), acquisition.clone());
-                    async move { remove(&inner, &keys, &acquisition, "any").await.is_ok() }
-                });
+                remove_later(inner, &keys, (&acquisition, "any"), within);
             }
             Err(map_err(&e))
         }
@@ -247,22 +250,9 @@ impl HeldLock for RedisSharedHeld {
         if done.is_err() {
             // Keep trying in the background (this entry alone: by acquisition and
             // token), or the lease would keep the grant from everyone until it ran out.
-            let (inner, keys, acquisition) = (
-                Arc::clone(&self.inner),
-                self.keys.clone(),
-                self.acquisition.clone(),
-            );
             let within = Duration::from_millis(self.lease_ms.load(Ordering::Relaxed))
                 + Duration::from_secs(1);
-            crate::finish::release_later(CancellationToken::new(), within, move || {
-                let (inner, keys, acquisition, token) = (
-                    Arc::clone(&inner),
-                    keys.clone(),
-                    acquisition.clone(),
-                    token.clone(),
-                );
-                async move { remove(&inner, &keys, &acquisition, &token).await.is_ok() }
-            });
+            remove_later(&self.inner, &self.keys, (&self.acquisition, &token), within);
         }
         done
     }
