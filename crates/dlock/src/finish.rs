@@ -83,6 +83,16 @@ impl<T: Send + 'static> Drop for Finish<T> {
 
 /// How long a session-bound backend keeps trying a release in the background: its
 /// lock would otherwise stay held for as long as this process's session lives.
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
 pub(crate) const SESSION_RELEASE_RETRIES: Duration = Duration::from_secs(600);
 
 /// After a release (or an undo) that could not reach the server, keep trying in the
@@ -94,6 +104,16 @@ pub(crate) const SESSION_RELEASE_RETRIES: Duration = Duration::from_secs(600);
 /// `within` is the lease: after it there is nothing left to give back). `attempt` must
 /// touch nothing but what it gives back (remove by acquisition and token), so a late
 /// success harms no later grant.
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
 pub(crate) fn release_later<F, Fut>(gone: CancellationToken, within: Duration, mut attempt: F)
 where
     F: FnMut() -> Fut + Send + 'static,

@@ -17,3 +17,12 @@ pub fn drift_margin(ttl: std::time::Duration) -> std::time::Duration {
 pub(crate) fn lease_start(granted_at: Option<std::time::Instant>, sent_at: Instant) -> Instant {
     granted_at.map_or(sent_at, |g| Instant::from_std(g).min(sent_at))
 }
+
+/// `d` in whole milliseconds, saturating (what the servers' lease arguments take).
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

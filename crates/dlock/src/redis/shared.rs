@@ -36,8 +36,9 @@ impl SharedKeys {
     }
 }
 
+/// A lease in milliseconds for a script: at least 1 (Redis refuses a 0 ms expiry).
 fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    crate::lease::millis(d).max(1)
 }
 
 /// Remove what `acquisition` has under `keys`: `what` is a token, `want` or `any`.

@@ -82,6 +82,7 @@ use crate::backend::{
     Waiter,
 };
 use crate::error::{Error, Result};
+use crate::lease::millis;
 use crate::name::LockName;
 use crate::options::Metadata;
 use crate::redis::layout::{Layout, suffixed};
@@ -171,10 +172,6 @@ enum Round {
     },
     /// A majority granted, but after the validity ran out.
     TooSlow(Duration),
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Between half and all of `d`.

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::dialect::Dialect;
 use crate::backend::{AcquireRequest, AcquisitionId, Attempt, HeldLock};
 use crate::error::{Error, Result};
+use crate::lease::millis;
 use crate::notify::WakeOne;
 use crate::shared_holds::{EntryKind, LiveEntry, Verdict, decide, family};
 
@@ -218,11 +219,6 @@ struct SqlSharedHeld<D> {
     /// The lease last asked for (ms): how long a release that could not get through
     /// is worth trying again.
     lease_ms: AtomicU64,
-}
-
-/// `d` in whole milliseconds (saturating).
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl<D> std::fmt::Debug for SqlSharedHeld<D> {
