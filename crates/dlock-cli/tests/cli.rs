@@ -679,7 +679,8 @@ fn bench_reports_figures() {
 /// `--primitive` on every backend with a floor: each cycle takes a permit, a read, a
 /// write or leadership, against the floor of its shape measured in the same run (a
 /// counted grant's on every backend: the statements, script and requests of
-/// `bench::floor`); a semaphore's contended run; lock-only scenarios refused with 2.
+/// `bench::floor`); a semaphore's contended run; lock-only scenarios refused with 2;
+/// a lock's limit where dlock's layout needs more than the floor.
 #[test]
 fn bench_primitives_against_their_floors() {
     let (Some(redis), Some(etcd), Some(zk), Some(pg), Some(maria)) = (
@@ -726,6 +727,45 @@ fn bench_primitives_against_their_floors() {
             assert!(
                 v["uncontended"]["ratio_to_floor"].as_f64().expect("ratio") > 0.0,
                 "{primitive} on {url}: no floor: {v}"
+            );
+        }
+    }
+    // A lock's *limit* (the least a fenced lock does in dlock's layout, where that is
+    // more than the floor) is measured on ZooKeeper and PostgreSQL advisory mode only.
+    let advisory = format!("{}?mode=advisory", pg.url());
+    for (url, limited) in [
+        (zk.url(), true),
+        (advisory, true),
+        (pg.url(), false),
+        (redis.url(), false),
+    ] {
+        let out = env.run(&[
+            "bench",
+            "--url",
+            &url,
+            "--cycles",
+            "30",
+            "--scenario",
+            "uncontended",
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{url}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let limit = &v["uncontended"]["limit"];
+        if limited {
+            assert!(limit["ratio"].as_f64().expect("ratio") > 0.0, "{url}: {v}");
+            assert!(
+                limit["cycles_per_sec"].as_f64().expect("rate") > 0.0,
+                "{url}: {v}"
+            );
+            assert!(
+                !limit["what"].as_str().expect("what").is_empty(),
+                "{url}: {v}"
+            );
+        } else {
+            assert!(
+                limit.is_null(),
+                "{url}: a limit where the floor is the least: {v}"
             );
         }
     }

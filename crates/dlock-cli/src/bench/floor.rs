@@ -93,9 +93,27 @@ impl Floor {
 
     /// One bare cycle of `shape` (`i` distinguishes cycles where a backend needs it).
     pub async fn cycle(&mut self, i: i64, shape: Shape) -> Result<(), Failure> {
-        match shape {
-            Shape::Exclusive => self.exclusive(i).await,
-            Shape::Counted(limit) => self.counted(i, limit).await,
+        match (shape, &mut *self) {
+            (Shape::Exclusive, _) => self.exclusive(i).await,
+            (Shape::Counted(limit), _) => self.counted(i, limit).await,
+            // The lock recipe is a counted grant of one: create, list, delete.
+            (Shape::Fenced, Floor::Zk { .. }) => self.counted(i, 1).await,
+            (Shape::Fenced, Floor::Sql(f)) => f.cycle(i, Shape::Fenced).await,
+            (Shape::Fenced, _) => self.exclusive(i).await,
+        }
+    }
+
+    /// Where a fenced lock in dlock's layout needs more than the bare floor of a lock
+    /// cycle, what the least such lock does ([`Shape::Fenced`]); `None` where the floor
+    /// already is that least (its fencing counter fits in the same requests).
+    pub fn limit(&self) -> Option<&'static str> {
+        match self {
+            Floor::Zk { .. } => Some(
+                "the lock recipe dlock shares with Curator and kazoo: create an ephemeral \
+                 sequential node, list its siblings (is it the lowest?), delete it",
+            ),
+            Floor::Sql(f) => f.limit(),
+            _ => None,
         }
     }
 
@@ -322,12 +340,12 @@ impl Samples {
 }
 
 /// `cycles` uncontended dlock cycles of `take` on `name` and, with a floor, as many
-/// bare cycles of its shape, alternating in [`ROUNDS`] rounds.
+/// bare cycles of the given shape, alternating in [`ROUNDS`] rounds.
 pub async fn measure(
     locker: &Locker,
     (name, take): (&str, Take),
     opts: &LockOptions,
-    mut floor: Option<&mut Floor>,
+    mut floor: Option<(&mut Floor, Shape)>,
     cycles: u32,
 ) -> Result<(Side, Option<Side>), Failure> {
     let has_floor = floor.is_some();
@@ -335,8 +353,8 @@ pub async fn measure(
     let mut next = 0i64;
     let mut dlock_cycle = async || take.cycle(locker, name, opts).await;
     let mut floor_cycle = async || -> Result<(), Failure> {
-        if let Some(f) = floor.as_deref_mut() {
-            f.cycle(next, take.shape()).await?;
+        if let Some((f, shape)) = floor.as_mut() {
+            f.cycle(next, *shape).await?;
             next += 1;
         }
         Ok(())

@@ -24,7 +24,7 @@ use serde_json::json;
 use crate::args::{BenchArgs, BenchPrimitive, BenchWorkerArgs, Scenario};
 use crate::bench::handoff::Waiting;
 use crate::bench::stats::{Latency, Percentiles, jain, micros, show_us};
-use crate::bench::take::Take;
+use crate::bench::take::{Shape, Take};
 use crate::exit::Failure;
 use crate::fleet::{Fleet, emit, numbers};
 use crate::output::outln;
@@ -41,9 +41,23 @@ struct Uncontended {
     floor_cycles_per_sec: Option<f64>,
     floor_latency: Option<Latency>,
     ratio_to_floor: Option<f64>,
+    /// Where dlock's layout needs more than the floor's bare requests for a fenced
+    /// lock: what the least such lock does (`floor::Floor::limit`), measured against
+    /// dlock in a second alternating run.
+    limit: Option<Limit>,
     /// Redis: client commands per cycle; etcd: writes (revisions) per cycle; counted by
     /// the server over a separate run of [`counted_cycles`] cycles.
     requests_per_cycle: Option<f64>,
+}
+
+/// The least a fenced lock does in dlock's layout, against dlock in the same run.
+#[derive(Debug, Serialize)]
+struct Limit {
+    what: &'static str,
+    cycles_per_sec: f64,
+    latency: Latency,
+    /// dlock's cycles per second in this run, over the limit's.
+    ratio: f64,
 }
 
 /// Cycles of the run the server counts requests over (fewer when `--cycles` is).
@@ -190,12 +204,29 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
             &locker,
             (&name, take),
             &opts,
-            floor.as_mut(),
+            floor.as_mut().map(|f| (f, take.shape())),
             args.cycles,
         )
         .await?;
         let mut requests_per_cycle = None;
+        let mut limit = None;
         if let Some(mut f) = floor {
+            if let (Some(what), Shape::Exclusive) = (f.limit(), take.shape()) {
+                let (ours, side) = crate::bench::floor::measure(
+                    &locker,
+                    (&name, take),
+                    &opts,
+                    Some((&mut f, Shape::Fenced)),
+                    args.cycles,
+                )
+                .await?;
+                limit = side.map(|l| Limit {
+                    what,
+                    cycles_per_sec: l.per_sec,
+                    latency: l.latency,
+                    ratio: ours.per_sec / l.per_sec,
+                });
+            }
             requests_per_cycle = f
                 .requests_per_cycle(&locker, (&name, take), &opts, counted_cycles(args.cycles))
                 .await?;
@@ -225,6 +256,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
             floor_cycles_per_sec: bare.map(|f| f.per_sec),
             floor_latency: bare.map(|f| f.latency),
             ratio_to_floor: bare.map(|f| ours.per_sec / f.per_sec),
+            limit,
             requests_per_cycle,
         });
     }
@@ -417,6 +449,17 @@ fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
              {f:.0} cycles/s, p50 {}, p99 {} -> dlock at {ratio:.2}x the floor",
             show_us(fl.p50_us),
             show_us(fl.p99_us)
+        );
+    }
+    if let Some(l) = &u.limit {
+        outln!(
+            "  limit (the least a fenced lock does in this layout: {}): {:.0} cycles/s, \
+             p50 {}, p99 {} -> dlock at {:.2}x the limit (second alternating run)",
+            l.what,
+            l.cycles_per_sec,
+            show_us(l.latency.p50_us),
+            show_us(l.latency.p99_us),
+            l.ratio
         );
     }
     if let Some(r) = u.requests_per_cycle {

@@ -219,6 +219,11 @@ impl SqlFloor {
             .await?;
         conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor_counted (id BIGINT PRIMARY KEY, expires BIGINT NOT NULL)")
             .await?;
+        conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor_fence (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)")
+            .await?;
+        conn.exec("DELETE FROM dlock_bench_floor_fence").await?;
+        conn.exec("INSERT INTO dlock_bench_floor_fence (id, v) VALUES (1, 0)")
+            .await?;
         conn.exec("DELETE FROM dlock_bench_floor").await?;
         conn.exec("DELETE FROM dlock_bench_floor_counted").await?;
         conn.exec("DELETE FROM dlock_bench_floor_row").await?;
@@ -232,6 +237,32 @@ impl SqlFloor {
         match shape {
             Shape::Exclusive => floor_cycle(&mut self.conn, &self.mode, i).await,
             Shape::Counted(limit) => counted_cycle(&mut self.conn, i, limit).await,
+            Shape::Fenced if self.limit().is_some() => {
+                self.conn
+                    .one_i64(
+                        "WITH g AS (SELECT pg_try_advisory_lock($1) AS ok) \
+                         UPDATE dlock_bench_floor_fence SET v = v + 1 \
+                         WHERE id = 1 AND (SELECT ok FROM g) RETURNING v",
+                        "",
+                        77_001,
+                    )
+                    .await?;
+                self.conn
+                    .one_i64("SELECT pg_advisory_unlock($1)::int::int8", "", 77_001)
+                    .await?;
+                Ok(())
+            }
+            Shape::Fenced => floor_cycle(&mut self.conn, &self.mode, i).await,
         }
+    }
+
+    /// The session modes' fencing token is a write the bare lock functions do not
+    /// make. PostgreSQL's advisory mode can take the lock and count the token in one
+    /// statement: that statement and the unlock are its limit (`Shape::Fenced`).
+    pub fn limit(&self) -> Option<&'static str> {
+        (self.mode == "advisory" && matches!(self.conn, SqlConn::Pg(_))).then_some(
+            "pg_try_advisory_lock and a fencing counter's increment in one statement \
+             (a one-row UPDATE), then pg_advisory_unlock",
+        )
     }
 }

@@ -19,6 +19,9 @@ pub struct Take {
 pub enum Shape {
     Exclusive,
     Counted(u32),
+    /// The least a *fenced* lock must do in dlock's layout on this backend, where that
+    /// is more than [`Shape::Exclusive`]'s bare requests (`floor::Floor::limit`).
+    Fenced,
 }
 
 impl Take {

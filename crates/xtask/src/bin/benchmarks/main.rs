@@ -417,8 +417,39 @@ fn main() {
         "`dlock run` on SQLite",
         flock,
         "`flock FILE true`",
-        runs_per_sec(200, dlock_run(sqlite)),
+        runs_per_sec(200, dlock_run(sqlite.clone())),
     );
+    // Where that time goes: the binary's start alone, then the start with the
+    // database opened and read once (no lock taken, no command run; `list` exits 0).
+    // Rows placed under the SQLite row once the table is complete.
+    let mut breakdown = String::new();
+    for (what, args) in [
+        (
+            "of which: `dlock --version` (start only)",
+            vec!["--version"],
+        ),
+        (
+            "of which: `dlock list` on SQLite (start, open, one read)",
+            vec!["list", "--url", sqlite.as_str()],
+        ),
+    ] {
+        let ours = runs_per_sec(200, || {
+            let mut c = Command::new(&dlock);
+            c.args(&args).env_remove("DLOCK_URL");
+            c
+        });
+        let ratio = flock
+            .zip(ours)
+            .filter(|(_, o)| *o > 0.0)
+            .map(|(t, o)| t / o);
+        let _ = writeln!(
+            breakdown,
+            "| {what} | {} | `flock FILE true`: {} | {} | (breakdown) |",
+            ours.map_or("failed".to_owned(), |o| format!("{o:.0}")),
+            flock.map_or("failed".to_owned(), |t| format!("{t:.0}")),
+            ratio.map_or("–".to_owned(), |r| format!("{r:.2}×")),
+        );
+    }
     let redis_port = redis_url.rsplit(':').next().unwrap_or("6379").to_owned();
     let redis_cli = find_binary("redis-cli").and_then(|r| {
         runs_per_sec(200, || {
@@ -452,6 +483,10 @@ fn main() {
         "`etcdctl lock NAME true`",
         runs_per_sec(100, dlock_run(etcd_url)),
     );
+
+    if let Some(first) = cli_rows.find('\n') {
+        cli_rows.insert_str(first + 1, &breakdown);
+    }
 
     // 4. Targets from the issue, with the measured value beside each.
     let mut targets = String::new();
@@ -528,11 +563,26 @@ fn main() {
     let z_rate = zk
         .and_then(|r| row(r, "uncontended-1-task"))
         .and_then(|s| s["ops_per_sec"].as_f64());
+    // Where dlock's layout needs more than the bare floor for a fenced lock, the
+    // issue's rule: the ratio to that measured limit must be ≥ 0.95×.
+    let limit_of = |r: Option<&Value>| r.and_then(|r| r["uncontended"]["limit"]["ratio"].as_f64());
+    let with_limit = |floor: Option<f64>, limit: Option<f64>, extra: String| {
+        let limit = limit.map_or(String::new(), |l| format!("; {l:.2}× the limit"));
+        floor.map_or("–".into(), |f| format!("{f:.2}× the floor{limit}{extra}"))
+    };
+    let met = |floor: Option<f64>, want: f64, limit: Option<f64>| {
+        floor.map(|f| f >= want || limit.is_some_and(|l| l >= 0.95))
+    };
+    let zl = limit_of(zk);
     target(
-        "ZooKeeper ≥ 0.8× the bare create+delete floor",
-        zr.zip(z_rate)
-            .map_or("–".into(), |(r, c)| format!("{r:.2}× ({c:.0} cycles/s)")),
-        zr.map(|r| r >= 0.8),
+        "ZooKeeper ≥ 0.9× the bare create+delete floor, or ≥ 0.95× the limit: the lock \
+         recipe's create sequential + list siblings + delete (`dlock bench`'s *limit*)",
+        with_limit(
+            zr,
+            zl,
+            z_rate.map_or(String::new(), |c| format!(" ({c:.0} cycles/s)")),
+        ),
+        met(zr, 0.9, zl),
     );
     target(
         "ZooKeeper contended hand-off p50 at least 2× better than kazoo's (same run)",
@@ -554,15 +604,20 @@ fn main() {
         "mariadb row",
     ] {
         let r = ratio_of(report_of(label), "uncontended-1-task");
-        target(
-            &format!("{label}: ≥ 0.9× the bare-statement floor"),
-            r.map_or("–".into(), |r| format!("{r:.2}×")),
-            r.map(|r| r >= 0.9),
-        );
+        let l = limit_of(report_of(label));
+        let what = if l.is_some() {
+            format!(
+                "{label}: ≥ 0.9× the bare-statement floor, or ≥ 0.95× the limit: the lock \
+                 and the fencing counter's increment in one statement, then the unlock"
+            )
+        } else {
+            format!("{label}: ≥ 0.9× the bare-statement floor")
+        };
+        target(&what, with_limit(r, l, String::new()), met(r, 0.9, l));
     }
-    for (lease, native) in [
-        ("postgres lease", "postgres advisory"),
-        ("mariadb lease", "mariadb named"),
+    for (lease, native, within) in [
+        ("postgres lease", "postgres advisory", 2.0),
+        ("mariadb lease", "mariadb named", 1.5),
     ] {
         let p50 = |l: &str| {
             report_of(l)
@@ -571,9 +626,9 @@ fn main() {
         };
         let ratio = p50(lease).zip(p50(native)).map(|(a, b)| a / b);
         target(
-            &format!("{lease} hand-off p50 within 2× of {native} (same run)"),
+            &format!("{lease} hand-off p50 within {within}× of {native} (same run)"),
             ratio.map_or("–".into(), |r| format!("{r:.2}×")),
-            ratio.map(|r| r <= 2.0),
+            ratio.map(|r| r <= within),
         );
     }
     let hold = redis.map(|r| &r["hold"]).filter(|h| !h.is_null());
@@ -676,7 +731,14 @@ fn main() {
          in the same run: the bare commands one lock cycle needs (Redis `SET NX PX` + \
          `EVALSHA` compare-and-delete; etcd put-with-lease + delete; ZooKeeper create \
          ephemeral + delete; SQL the bare insert/delete statements of the mode; SQLite the \
-         bare transaction; Redlock: the same cycles on one of its nodes). This machine's \
+         bare transaction; Redlock: the same cycles on one of its nodes). Where dlock's \
+         layout needs more than that floor for a fenced lock, `dlock bench` also measures \
+         that *limit* against dlock in a second alternating run: ZooKeeper's lock recipe \
+         (create an ephemeral sequential node, list its siblings, delete it — a fencing \
+         token comes free as the node's `czxid`) and PostgreSQL advisory mode's lock with \
+         a fencing counter's increment in one statement, then the unlock (the bare \
+         advisory functions write nothing, and a token must be on disk before it is \
+         shown). This machine's \
          loopback round trip swings 7–8× between same-CPU and cross-CPU: compare ratios, \
          not absolute figures.\n\n\
          ## Targets\n\n\
