@@ -731,11 +731,13 @@ fn bench_primitives_against_their_floors() {
         }
     }
     // A lock's *limit* (the least a fenced lock does in dlock's layout, where that is
-    // more than the floor) is measured on ZooKeeper and PostgreSQL advisory mode only.
+    // more than the floor) is measured on ZooKeeper and the SQL session modes only.
     let advisory = format!("{}?mode=advisory", pg.url());
+    let named = format!("{}?mode=named", maria.url());
     for (url, limited) in [
         (zk.url(), true),
         (advisory, true),
+        (named, true),
         (pg.url(), false),
         (redis.url(), false),
     ] {

@@ -237,6 +237,20 @@ impl SqlFloor {
         match shape {
             Shape::Exclusive => floor_cycle(&mut self.conn, &self.mode, i).await,
             Shape::Counted(limit) => counted_cycle(&mut self.conn, i, limit).await,
+            Shape::Fenced if self.limit().is_some() && self.mode == "named" => {
+                self.conn
+                    .change(
+                        "",
+                        "UPDATE dlock_bench_floor_fence SET v = LAST_INSERT_ID(v + 1) \
+                         WHERE id = 1 AND GET_LOCK(CONCAT('dlock-floor-', ?), 0) = 1",
+                        &[1],
+                    )
+                    .await?;
+                self.conn
+                    .one_i64("", "SELECT RELEASE_LOCK(CONCAT('dlock-floor-', ?))", 1)
+                    .await?;
+                Ok(())
+            }
             Shape::Fenced if self.limit().is_some() => {
                 self.conn
                     .one_i64(
@@ -257,12 +271,19 @@ impl SqlFloor {
     }
 
     /// The session modes' fencing token is a write the bare lock functions do not
-    /// make. PostgreSQL's advisory mode can take the lock and count the token in one
-    /// statement: that statement and the unlock are its limit (`Shape::Fenced`).
+    /// make. Both servers can take the lock and count the token in one statement:
+    /// that statement and the unlock are the mode's limit (`Shape::Fenced`).
     pub fn limit(&self) -> Option<&'static str> {
-        (self.mode == "advisory" && matches!(self.conn, SqlConn::Pg(_))).then_some(
-            "pg_try_advisory_lock and a fencing counter's increment in one statement \
-             (a one-row UPDATE), then pg_advisory_unlock",
-        )
+        match (self.mode.as_str(), &self.conn) {
+            ("advisory", SqlConn::Pg(_)) => Some(
+                "pg_try_advisory_lock and a fencing counter's increment in one statement \
+                 (a one-row UPDATE), then pg_advisory_unlock",
+            ),
+            ("named", SqlConn::My(_)) => Some(
+                "GET_LOCK and a fencing counter's increment in one statement (a one-row \
+                 UPDATE … LAST_INSERT_ID), then RELEASE_LOCK",
+            ),
+            _ => None,
+        }
     }
 }

@@ -735,10 +735,10 @@ fn main() {
          layout needs more than that floor for a fenced lock, `dlock bench` also measures \
          that *limit* against dlock in a second alternating run: ZooKeeper's lock recipe \
          (create an ephemeral sequential node, list its siblings, delete it — a fencing \
-         token comes free as the node's `czxid`) and PostgreSQL advisory mode's lock with \
-         a fencing counter's increment in one statement, then the unlock (the bare \
-         advisory functions write nothing, and a token must be on disk before it is \
-         shown). This machine's \
+         token comes free as the node's `czxid`) and the SQL session modes' lock with a \
+         fencing counter's increment in one statement, then the unlock (PostgreSQL \
+         advisory, MariaDB named: the bare lock functions write nothing, and a token must \
+         be on disk before it is shown). This machine's \
          loopback round trip swings 7–8× between same-CPU and cross-CPU: compare ratios, \
          not absolute figures.\n\n\
          ## Targets\n\n\
