@@ -38,9 +38,14 @@ pub(crate) enum LeaseAnswer {
 /// What the locking read of a name's row (row mode) found.
 #[derive(Debug)]
 pub(crate) enum RowLock {
-    /// Locked, in a transaction now open on the connection; the server's id of that
-    /// session.
-    Locked(i64),
+    /// Locked, in a transaction now open on the connection.
+    Locked {
+        /// The server's id of that session.
+        session: i64,
+        /// That transaction's id, where the server can tell from another session
+        /// whether it is still open (PostgreSQL's `txid_status`); `None` on MySQL.
+        xact: Option<i64>,
+    },
     /// The name has no row yet (the transaction was rolled back).
     Missing,
     /// Another session holds the row (the transaction was rolled back).
@@ -125,8 +130,17 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     async fn row_lock(&self, conn: &mut Self::Conn, key: &[u8; 32]) -> Result<RowLock>;
     /// Row mode: create the name's row (its first use).
     async fn row_ensure(&self, conn: &mut Self::Conn, key: &[u8; 32]) -> Result<()>;
-    /// Row mode: record the holder (session `session`) and take a token.
-    async fn row_holder(&self, req: &AcquireRequest, key: &[u8; 32], session: i64) -> Result<u64>;
+    /// Row mode: record the holder (session `session`) and take a token. With `xact`,
+    /// the same statement also checks, after the token was taken, that the transaction
+    /// holding the row is still open, and fails if not: the answer's `true` says so.
+    /// With `false`, the caller must prove it (one answered ping on that session).
+    async fn row_holder(
+        &self,
+        req: &AcquireRequest,
+        key: &[u8; 32],
+        session: i64,
+        xact: Option<i64>,
+    ) -> Result<(u64, bool)>;
     /// Row mode: commit (which unlocks the row) and mark the record released.
     async fn row_unlock(
         &self,

@@ -412,7 +412,10 @@ impl Dialect for Mysql {
         let found = match locked {
             Ok(Some(row)) => {
                 let id: u64 = row.get(0);
-                return Ok(RowLock::Locked(i64::try_from(id).unwrap_or(i64::MAX)));
+                return Ok(RowLock::Locked {
+                    session: i64::try_from(id).unwrap_or(i64::MAX),
+                    xact: None,
+                });
             }
             Ok(None) => RowLock::Missing,
             Err(e) if has_number(&e, &NOWAIT_BUSY) => RowLock::Busy,
@@ -445,7 +448,13 @@ impl Dialect for Mysql {
         }
     }
 
-    async fn row_holder(&self, req: &AcquireRequest, key: &[u8; 32], session: i64) -> Result<u64> {
+    async fn row_holder(
+        &self,
+        req: &AcquireRequest,
+        key: &[u8; 32],
+        session: i64,
+        _xact: Option<i64>,
+    ) -> Result<(u64, bool)> {
         let meta = metadata_json(&req.metadata);
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());
         let conn_id = u64::try_from(session).unwrap_or(0);
@@ -463,7 +472,7 @@ impl Dialect for Mysql {
                 .execute(&self.pool)
         })
         .await?;
-        Ok(done.last_insert_id())
+        Ok((done.last_insert_id(), false))
     }
 
     async fn row_unlock(

@@ -422,15 +422,17 @@ impl Dialect for Postgres {
     }
 
     async fn row_lock(&self, conn: &mut PgConnection, key: &[u8; 32]) -> Result<RowLock> {
-        conn.execute("BEGIN")
-            .await
-            .map_err(|e| db_err(BACKEND, &e))?;
-        let locked = sqlx::query(AssertSqlSafe(&*self.sql.row_lock))
-            .bind(&key[..])
+        let batch = self.sql.row_lock_batch(&super::hex(key));
+        let locked = sqlx::raw_sql(AssertSqlSafe(batch))
             .fetch_optional(&mut *conn)
             .await;
         let found = match locked {
-            Ok(Some(row)) => return Ok(RowLock::Locked(i64::from(row.get::<i32, _>(0)))),
+            Ok(Some(row)) => {
+                return Ok(RowLock::Locked {
+                    session: row.try_get(0).map_err(|e| db_err(BACKEND, &e))?,
+                    xact: Some(row.try_get(1).map_err(|e| db_err(BACKEND, &e))?),
+                });
+            }
             Ok(None) => RowLock::Missing,
             // lock_not_available: NOWAIT found the row locked.
             Err(e) if has_code(&e, &["55P03"]) => RowLock::Busy,
@@ -454,20 +456,33 @@ impl Dialect for Postgres {
         .map(drop)
     }
 
-    async fn row_holder(&self, req: &AcquireRequest, key: &[u8; 32], session: i64) -> Result<u64> {
-        let fence = timed(
+    async fn row_holder(
+        &self,
+        req: &AcquireRequest,
+        key: &[u8; 32],
+        session: i64,
+        xact: Option<i64>,
+    ) -> Result<(u64, bool)> {
+        let (fence, open) = timed(
             BACKEND,
             self.timeout,
-            sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.row_holder))
+            sqlx::query_as::<_, (i64, bool)>(AssertSqlSafe(&*self.sql.row_holder))
                 .bind(&key[..])
                 .bind(req.name.as_str())
                 .bind(req.owner.as_str())
                 .bind(metadata_json(&req.metadata))
                 .bind(i32::try_from(session).unwrap_or(0))
+                .bind(xact.unwrap_or(0))
                 .fetch_one(&self.pool),
         )
         .await?;
-        Ok(fence_u64(fence))
+        if !open {
+            return Err(Error::connection(
+                BACKEND,
+                "the session holding the row lock ended while its token was taken",
+            ));
+        }
+        Ok((fence_u64(fence), true))
     }
 
     async fn row_unlock(
@@ -475,13 +490,10 @@ impl Dialect for Postgres {
         conn: &mut PgConnection,
         hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error> {
-        conn.execute("COMMIT").await?;
-        sqlx::query(AssertSqlSafe(&*self.sql.row_release))
-            .bind(&hold.key[..])
-            .bind(fence_i64(hold.fence))
-            .bind(&*self.sql.channel)
-            .bind(&hold.key_hex)
-            .execute(&self.pool)
+        let batch = self
+            .sql
+            .row_release_batch(&hold.key_hex, fence_i64(hold.fence));
+        conn.execute(sqlx::raw_sql(AssertSqlSafe(batch)))
             .await
             .map(drop)
     }

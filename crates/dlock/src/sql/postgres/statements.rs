@@ -27,9 +27,12 @@ pub(super) struct Statements {
     pub advisory_release: String,
     pub inspect_advisory: String,
     pub row_ensure: String,
-    pub row_lock: String,
+    /// The text of row mode's locking batch before and after the key's hex digits
+    /// ([`Statements::row_lock_batch`]).
+    pub row_lock: (String, String),
     pub row_holder: String,
-    pub row_release: String,
+    /// The parts of row mode's release batch ([`Statements::row_release_batch`]).
+    pub row_release: (String, String),
     pub inspect_row: String,
     /// Semaphores and read-write locks (`super::super::shared`).
     pub shared: SharedStatements,
@@ -152,6 +155,18 @@ const REMAINING_MS: &str =
     "(EXTRACT(EPOCH FROM (l.expires_at - statement_timestamp())) * 1000)::bigint";
 
 impl Statements {
+    /// Row mode's locking batch for a key (its hex digits: no quoting needed).
+    pub(super) fn row_lock_batch(&self, key_hex: &str) -> String {
+        let (head, tail) = &self.row_lock;
+        format!("{head}{key_hex}{tail}")
+    }
+
+    /// Row mode's release batch for a key (hex digits) and the hold's token.
+    pub(super) fn row_release_batch(&self, key_hex: &str, fence: i64) -> String {
+        let (update, notify) = &self.row_release;
+        format!("{update}{key_hex}' AND fence = {fence}{notify}{key_hex}'); COMMIT")
+    }
+
     /// `lock_delay`: how long a lease that ran out without a release still blocks
     /// other owners (a number in the SQL text, not user input).
     pub(super) fn new(p: &str, lock_delay: std::time::Duration) -> Self {
@@ -281,28 +296,39 @@ impl Statements {
             row_ensure: format!(
                 "INSERT INTO {p}_rows (lock_key) VALUES ($1) ON CONFLICT (lock_key) DO NOTHING"
             ),
-            // Inside the pinned transaction; returns the session's pid. Binds: 1 key.
-            row_lock: format!(
-                "SELECT pg_backend_pid() FROM {p}_rows WHERE lock_key = $1 FOR UPDATE NOWAIT"
+            // Opens the pinned transaction and locks the row in one round trip (a
+            // simple query: no binds; the key is hex digits in a bytea literal).
+            // Answers the session's pid and the transaction's id.
+            row_lock: (
+                format!(
+                    "BEGIN; SELECT pg_backend_pid()::int8, txid_current() FROM {p}_rows \
+                     WHERE lock_key = '\\x"
+                ),
+                "' FOR UPDATE NOWAIT".to_owned(),
             ),
             // Autocommitted beside the pinned transaction. Binds: 1 key, 2 name, 3 owner,
-            // 4 metadata, 5 pid, 6 backend start.
+            // 4 metadata, 5 pid, 6 the pinned transaction's id. Answers the token and
+            // whether that transaction (which holds the row) was still open *after* the
+            // token was taken: the outer select reads the insert's row, so it runs
+            // after `nextval`. A later holder's token then comes after ours.
             row_holder: format!(
-                "INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, backend_start)
-                 VALUES ($1, $2, $3, nextval('{p}_fence'), $4, $5,
-                         (SELECT backend_start FROM pg_stat_activity WHERE pid = $5))
-                 ON CONFLICT (lock_key) DO UPDATE SET
-                    name = excluded.name, owner = excluded.owner, fence = excluded.fence,
-                    metadata = excluded.metadata, pid = excluded.pid,
-                    backend_start = excluded.backend_start
-                 RETURNING h.fence"
+                "WITH ins AS (
+                    INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, backend_start)
+                    VALUES ($1, $2, $3, nextval('{p}_fence'), $4, $5,
+                            (SELECT backend_start FROM pg_stat_activity WHERE pid = $5))
+                    ON CONFLICT (lock_key) DO UPDATE SET
+                       name = excluded.name, owner = excluded.owner, fence = excluded.fence,
+                       metadata = excluded.metadata, pid = excluded.pid,
+                       backend_start = excluded.backend_start
+                    RETURNING h.fence)
+                 SELECT ins.fence, COALESCE(txid_status($6) = 'in progress', false) FROM ins"
             ),
-            // After COMMIT on the pinned connection (that connection may lock other rows
-            // later, so the record stops naming it). Binds: 1 key, 2 fence, 3 channel,
-            // 4 key hex.
-            row_release: format!(
-                "WITH d AS (UPDATE {p}_holders SET pid = 0 WHERE lock_key = $1 AND fence = $2)
-                 SELECT pg_notify($3, $4)"
+            // The pinned transaction's end, in one round trip: the record stops naming
+            // the session (it may lock other rows later), the release is announced
+            // (delivered at commit), and the commit unlocks the row.
+            row_release: (
+                format!("UPDATE {p}_holders SET pid = 0 WHERE lock_key = '\\x"),
+                format!("; SELECT pg_notify('{p}_released', '"),
             ),
             // Binds: 1 key.
             inspect_row: format!(
