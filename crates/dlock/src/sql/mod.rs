@@ -46,6 +46,7 @@ mod dialect;
 mod engine;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+mod own_conns;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod session;

@@ -67,6 +67,7 @@ use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::engine::SqlBackend;
+use super::own_conns::{OwnConn, OwnConns};
 use super::shared::{SharedKey, SharedRemove, SharedRow};
 use super::{COMMON_OPTIONS, Mode, SqlOptions, db_err, has_code, lock_key, metadata_json, timed};
 use crate::backend::{AcquireRequest, Backend, Capabilities};
@@ -228,6 +229,8 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     session_options.push(("idle_in_transaction_session_timeout", silent_ms));
     let dialect = Postgres {
         pool,
+        own: OwnConns::new(opts.pool.max(2), Duration::from_secs(300)),
+        plain: connect.clone(),
         connect: connect.options(session_options),
         sql,
         advisory_key,
@@ -246,6 +249,10 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
 /// PostgreSQL's statements and errors.
 struct Postgres {
     pool: PgPool,
+    /// The lease and row-token statements' connections (see `own_conns`).
+    own: OwnConns<PgConnection>,
+    /// Their options: the pool's, without the session connections' idle limits.
+    plain: PgConnectOptions,
     /// Session connections' options (with the server-side idle limits).
     connect: PgConnectOptions,
     sql: Statements,
@@ -270,6 +277,20 @@ impl Drop for Postgres {
 }
 
 impl Postgres {
+    /// A connection for one lease or row-token statement: put it back after a
+    /// statement that succeeded (`self.own.put`), drop it otherwise.
+    async fn own_conn(&self) -> Result<OwnConn<PgConnection>> {
+        self.own
+            .get(BACKEND, self.timeout, || {
+                timed(
+                    BACKEND,
+                    self.timeout,
+                    PgConnection::connect_with(&self.plain),
+                )
+            })
+            .await
+    }
+
     /// Whether the semaphore and read-write lock tables exist (made on first use).
     async fn shared_tables(&self) -> Result<bool> {
         timed(
@@ -307,6 +328,7 @@ impl Dialect for Postgres {
     const POLL_JITTER: bool = false;
 
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
+        let mut c = self.own_conn().await?;
         let row = timed(
             BACKEND,
             self.timeout,
@@ -316,9 +338,10 @@ impl Dialect for Postgres {
                 .bind(req.owner.as_str())
                 .bind(micros(req.ttl))
                 .bind(metadata_json(&req.metadata))
-                .fetch_optional(&self.pool),
+                .fetch_optional(&mut c.conn),
         )
         .await?;
+        self.own.put(c);
         Ok(match row {
             Some((Some(fence), _)) => LeaseAnswer::Granted(fence_u64(fence)),
             Some((None, remaining)) => LeaseAnswer::Busy(
@@ -329,6 +352,7 @@ impl Dialect for Postgres {
     }
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {
+        let mut c = self.own_conn().await?;
         let done = timed(
             BACKEND,
             self.timeout,
@@ -337,9 +361,10 @@ impl Dialect for Postgres {
                 .bind(hold.owner.as_str())
                 .bind(fence_i64(hold.fence))
                 .bind(micros(ttl))
-                .execute(&self.pool),
+                .execute(&mut c.conn),
         )
         .await?;
+        self.own.put(c);
         Ok(done.rows_affected() > 0)
     }
 
@@ -359,6 +384,7 @@ impl Dialect for Postgres {
     }
 
     async fn lease_release(&self, hold: &Hold) -> Result<bool> {
+        let mut c = self.own_conn().await?;
         let holds = timed(
             BACKEND,
             self.timeout,
@@ -368,9 +394,10 @@ impl Dialect for Postgres {
                 .bind(fence_i64(hold.fence))
                 .bind(&*self.sql.channel)
                 .bind(&hold.key_hex)
-                .fetch_optional(&self.pool),
+                .fetch_optional(&mut c.conn),
         )
         .await?;
+        self.own.put(c);
         Ok(holds == Some(0))
     }
 
@@ -463,6 +490,7 @@ impl Dialect for Postgres {
         session: i64,
         xact: Option<i64>,
     ) -> Result<(u64, bool)> {
+        let mut c = self.own_conn().await?;
         let (fence, open) = timed(
             BACKEND,
             self.timeout,
@@ -473,9 +501,10 @@ impl Dialect for Postgres {
                 .bind(metadata_json(&req.metadata))
                 .bind(i32::try_from(session).unwrap_or(0))
                 .bind(xact.unwrap_or(0))
-                .fetch_one(&self.pool),
+                .fetch_one(&mut c.conn),
         )
         .await?;
+        self.own.put(c);
         if !open {
             return Err(Error::connection(
                 BACKEND,

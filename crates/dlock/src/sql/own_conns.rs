@@ -1,0 +1,80 @@
+//! Connections of a SQL backend's own for the statements every lease acquisition runs.
+//!
+//! sqlx's pool tests each connection it gets back with a round trip of its own (a
+//! ping, in a task of its own): one more request for the server and a few more
+//! wake-ups for the client per statement. A connection here comes back only after a
+//! statement that succeeded, so it needs no test; any error, timeout or cancelled
+//! caller drops it, which closes it. At most `max` are out at once (as many as the
+//! pool would lend); a caller waits for one at most the backend's timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::session::IdleConns;
+use crate::error::{Error, Result};
+
+/// The connections, idle and lent.
+#[derive(Debug)]
+pub(crate) struct OwnConns<C> {
+    idle: IdleConns<C>,
+    permits: Arc<Semaphore>,
+}
+
+/// A connection lent out, with its place among the `max`.
+#[derive(Debug)]
+pub(crate) struct OwnConn<C> {
+    pub conn: C,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<C> OwnConns<C> {
+    /// At most `max` connections out at once; idle ones are closed after `max_idle`.
+    pub(crate) fn new(max: u32, max_idle: Duration) -> Self {
+        OwnConns {
+            idle: IdleConns::new(max, max_idle),
+            permits: Arc::new(Semaphore::new(max.max(1) as usize)),
+        }
+    }
+
+    /// An idle connection, or a new one from `connect`; waits at most `timeout` for a
+    /// free place.
+    ///
+    /// # Errors
+    /// A connection error when no place came free within `timeout`, or what `connect`
+    /// returned.
+    pub(crate) async fn get<F>(
+        &self,
+        backend: &'static str,
+        timeout: Duration,
+        connect: impl FnOnce() -> F,
+    ) -> Result<OwnConn<C>>
+    where
+        F: Future<Output = Result<C>>,
+    {
+        let permit =
+            match tokio::time::timeout(timeout, Arc::clone(&self.permits).acquire_owned()).await {
+                Ok(Ok(p)) => p,
+                _ => {
+                    return Err(Error::connection(
+                        backend,
+                        format!("no free connection within {timeout:?}"),
+                    ));
+                }
+            };
+        let conn = match self.idle.pop() {
+            Some(c) => c,
+            None => connect().await?,
+        };
+        Ok(OwnConn {
+            conn,
+            _permit: permit,
+        })
+    }
+
+    /// Give back a connection whose statement succeeded.
+    pub(crate) fn put(&self, c: OwnConn<C>) {
+        self.idle.put(c.conn);
+    }
+}
