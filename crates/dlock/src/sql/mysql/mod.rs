@@ -34,7 +34,7 @@
 //! | `poll` | `10ms` (jittered) | waiting: re-poll interval |
 //! | `timeout` | `5s` | connecting, and per statement |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
-//! | `pool` | `10` | connections for lease statements |
+//! | `pool` | `10` | connections for lease statements, and as many for the rest (`inspect`, `list`, semaphores, read-write locks) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
 //! | `ssl_mode` | `preferred` | `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` |
 //! | `ssl_ca` | none | PEM file of the CA that signs the server |
@@ -58,6 +58,7 @@ use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::engine::SqlBackend;
+use super::own_conns::{OwnConn, OwnConns};
 use super::shared::{SharedKey, SharedRemove, SharedRow};
 use super::{COMMON_OPTIONS, Mode, SqlOptions, db_err, hex, metadata_json, no_answer, timed};
 use crate::backend::{AcquireRequest, Backend, Capabilities};
@@ -99,16 +100,31 @@ where
 {
     let mut tries = 0;
     loop {
-        match tokio::time::timeout(timeout, op()).await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) if tries < 5 && has_number(&e, &RETRYABLE) => {
-                tries += 1;
-                tracing::debug!(error = %e, "mysql: retrying after a deadlock");
-                tokio::time::sleep(Duration::from_micros(fastrand::u64(100..2000))).await;
-            }
-            Ok(Err(e)) => return Err(db_err(BACKEND, &e)),
-            Err(_) => return Err(no_answer(BACKEND, timeout)),
+        let answer = tokio::time::timeout(timeout, op()).await;
+        if let Some(v) = settle(answer, &mut tries, timeout).await? {
+            return Ok(v);
         }
+    }
+}
+
+/// One try of [`retrying`]'s loop (written out where the statement runs on a
+/// connection of the backend's own, which a closure cannot lend to each try): the
+/// answer, `None` after a deadlock worth another try (slept already), or the error.
+async fn settle<T>(
+    answer: std::result::Result<std::result::Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+    tries: &mut u32,
+    timeout: Duration,
+) -> Result<Option<T>> {
+    match answer {
+        Ok(Ok(v)) => Ok(Some(v)),
+        Ok(Err(e)) if *tries < 5 && has_number(&e, &RETRYABLE) => {
+            *tries += 1;
+            tracing::debug!(error = %e, "mysql: retrying after a deadlock");
+            tokio::time::sleep(Duration::from_micros(fastrand::u64(100..2000))).await;
+            Ok(None)
+        }
+        Ok(Err(e)) => Err(db_err(BACKEND, &e)),
+        Err(_) => Err(no_answer(BACKEND, timeout)),
     }
 }
 
@@ -192,6 +208,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let wait_timeout = wait_timeout(opts.heartbeat);
     let dialect = Mysql {
         pool,
+        own: OwnConns::new(opts.pool.max(1), Duration::from_secs(wait_timeout / 2)),
         connect,
         sql,
         timeout: opts.timeout,
@@ -209,6 +226,8 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
 /// MySQL's and MariaDB's statements and errors.
 struct Mysql {
     pool: MySqlPool,
+    /// The lease statements' connections (see `own_conns`), set up as the pool's.
+    own: OwnConns<MySqlConnection>,
     connect: MySqlConnectOptions,
     sql: Statements,
     timeout: Duration,
@@ -229,6 +248,25 @@ fn wait_timeout(heartbeat: Duration) -> u64 {
 }
 
 impl Mysql {
+    /// A connection for one lease statement: put it back after a statement that
+    /// succeeded (`self.own.put`), drop it otherwise.
+    async fn own_conn(&self) -> Result<OwnConn<MySqlConnection>> {
+        self.own
+            .get(BACKEND, self.timeout, || async {
+                // The pool's settings, not a session connection's (whose lock waits
+                // give up at once: a lease statement may wait for another's row).
+                let mut conn = timed(
+                    BACKEND,
+                    self.timeout,
+                    MySqlConnection::connect_with(&self.connect),
+                )
+                .await?;
+                timed(BACKEND, self.timeout, conn.execute(READ_COMMITTED)).await?;
+                Ok(conn)
+            })
+            .await
+    }
+
     /// Whether the semaphore and read-write lock tables exist (made on first use).
     async fn shared_tables(&self) -> Result<bool> {
         let present = timed(
@@ -265,8 +303,10 @@ impl Dialect for Mysql {
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
         let (ttl_us, meta) = (micros(req.ttl), metadata_json(&req.metadata));
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());
-        let done = retrying(self.timeout, || {
-            sqlx::query(AssertSqlSafe(&*self.sql.acquire))
+        let mut c = self.own_conn().await?;
+        let mut tries = 0;
+        let done = loop {
+            let statement = sqlx::query(AssertSqlSafe(&*self.sql.acquire))
                 .bind(&key[..])
                 .bind(name)
                 .bind(owner)
@@ -284,9 +324,13 @@ impl Dialect for Mysql {
                 .bind(owner)
                 .bind(owner)
                 .bind(ttl_us)
-                .execute(&self.pool)
-        })
-        .await?;
+                .execute(&mut c.conn);
+            let answer = tokio::time::timeout(self.timeout, statement).await;
+            if let Some(done) = settle(answer, &mut tries, self.timeout).await? {
+                break done;
+            }
+        };
+        self.own.put(c);
         Ok(match done.last_insert_id() {
             0 => LeaseAnswer::Busy(None),
             fence => LeaseAnswer::Granted(fence),
@@ -294,15 +338,21 @@ impl Dialect for Mysql {
     }
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {
-        let done = retrying(self.timeout, || {
-            sqlx::query(AssertSqlSafe(&*self.sql.renew))
+        let mut c = self.own_conn().await?;
+        let mut tries = 0;
+        let done = loop {
+            let statement = sqlx::query(AssertSqlSafe(&*self.sql.renew))
                 .bind(micros(ttl))
                 .bind(&hold.key[..])
                 .bind(hold.owner.as_str().as_bytes())
                 .bind(hold.fence)
-                .execute(&self.pool)
-        })
-        .await?;
+                .execute(&mut c.conn);
+            let answer = tokio::time::timeout(self.timeout, statement).await;
+            if let Some(done) = settle(answer, &mut tries, self.timeout).await? {
+                break done;
+            }
+        };
+        self.own.put(c);
         Ok(done.rows_affected() > 0)
     }
 
@@ -318,14 +368,20 @@ impl Dialect for Mysql {
     }
 
     async fn lease_release(&self, hold: &Hold) -> Result<bool> {
-        retrying(self.timeout, || {
-            sqlx::query(AssertSqlSafe(&*self.sql.release))
+        let mut c = self.own_conn().await?;
+        let mut tries = 0;
+        loop {
+            let statement = sqlx::query(AssertSqlSafe(&*self.sql.release))
                 .bind(&hold.key[..])
                 .bind(hold.owner.as_str().as_bytes())
                 .bind(hold.fence)
-                .execute(&self.pool)
-        })
-        .await?;
+                .execute(&mut c.conn);
+            let answer = tokio::time::timeout(self.timeout, statement).await;
+            if settle(answer, &mut tries, self.timeout).await?.is_some() {
+                break;
+            }
+        }
+        self.own.put(c);
         // No notifications between processes: wake this process's waiters either way.
         Ok(true)
     }
