@@ -277,6 +277,74 @@ async fn least_privilege_roles_lock() {
     }
 }
 
+/// Row mode opens its own transaction and inlines its key: a role whose defaults are
+/// serializable transactions and `standard_conforming_strings = off` still takes,
+/// shows, releases and hands over the lock (a release whose update ran under the
+/// role's isolation saw the record as it was before the token was taken, so it left
+/// the record naming the session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_mode_ignores_the_roles_session_defaults() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    drop(Locker::connect(&pg.url()).await.expect("admin"));
+    let _ = pg.psql(
+        "CREATE ROLE strict LOGIN PASSWORD 'strict-pw';
+         GRANT SELECT, INSERT, UPDATE ON dlock_locks, dlock_holders, dlock_rows TO strict;
+         GRANT USAGE ON SEQUENCE dlock_fence TO strict;
+         ALTER ROLE strict SET default_transaction_isolation = 'serializable';
+         ALTER ROLE strict SET standard_conforming_strings = off;",
+    );
+    let url = format!(
+        "postgres://strict:strict-pw@127.0.0.1:{}/postgres?mode=row",
+        pg.port()
+    );
+    let locker = Locker::connect(&url).await.expect("connect");
+    let other = Locker::connect(&url).await.expect("connect");
+    let name = unique("strict");
+    let mut last = 0;
+    for round in 0..3 {
+        let g = locker.lock(&name).await.expect("lock");
+        assert!(g.fencing_token() > last, "round {round}");
+        last = g.fencing_token();
+        let info = other.inspect(&name).await.expect("inspect");
+        assert_eq!(
+            info.map(|i| i.fencing_token),
+            Some(last),
+            "round {round}: inspect shows the holder"
+        );
+        // A waiter of another locker gets the lock after the release.
+        let waiter = {
+            let (other, name) = (other.clone(), name.clone());
+            tokio::spawn(async move {
+                let opts =
+                    dlock::LockOptions::new().wait(dlock::Wait::Timeout(Duration::from_secs(10)));
+                let g = other.lock_with(&name, &opts).await.expect("waiter");
+                let token = g.fencing_token();
+                g.release().await.expect("waiter's release");
+                token
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        g.release().await.expect("release");
+        let token = waiter.await.expect("waiter task");
+        assert!(
+            token > last,
+            "round {round}: the waiter's token comes after"
+        );
+        last = token;
+        assert!(other.inspect(&name).await.expect("inspect").is_none());
+        // The released record no longer names the waiter's session, which now locks
+        // another row (its idle connection is reused): the name still reads free.
+        let elsewhere = other.lock(&unique("elsewhere")).await.expect("lock");
+        assert!(
+            locker.inspect(&name).await.expect("inspect").is_none(),
+            "round {round}: a released name shown held by its last holder's session"
+        );
+        elsewhere.release().await.expect("release");
+    }
+}
+
 /// A wrong password is a clear error that does not show the password.
 #[tokio::test]
 async fn wrong_password_is_reported_without_it() {

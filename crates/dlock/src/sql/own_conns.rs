@@ -38,11 +38,11 @@ impl<C> OwnConns<C> {
         }
     }
 
-    /// An idle connection, or a new one from `connect`; waits at most `timeout` for a
-    /// free place.
+    /// An idle connection, or a new one from `connect`: a free place and the
+    /// connection within `timeout` in all.
     ///
     /// # Errors
-    /// A connection error when no place came free within `timeout`, or what `connect`
+    /// A connection error when that took longer than `timeout`, or what `connect`
     /// returned.
     pub(crate) async fn get<F>(
         &self,
@@ -53,24 +53,28 @@ impl<C> OwnConns<C> {
     where
         F: Future<Output = Result<C>>,
     {
-        let permit =
-            match tokio::time::timeout(timeout, Arc::clone(&self.permits).acquire_owned()).await {
-                Ok(Ok(p)) => p,
-                _ => {
-                    return Err(Error::connection(
-                        backend,
-                        format!("no free connection within {timeout:?}"),
-                    ));
-                }
+        let lend = async {
+            let permit = Arc::clone(&self.permits)
+                .acquire_owned()
+                .await
+                .map_err(|_| Error::connection(backend, "the backend is closing"))?;
+            let conn = match self.idle.pop() {
+                Some(c) => c,
+                None => connect().await?,
             };
-        let conn = match self.idle.pop() {
-            Some(c) => c,
-            None => connect().await?,
+            Ok(OwnConn {
+                conn,
+                _permit: permit,
+            })
         };
-        Ok(OwnConn {
-            conn,
-            _permit: permit,
-        })
+        tokio::time::timeout(timeout, lend)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::connection(
+                    backend,
+                    format!("no free connection within {timeout:?}"),
+                ))
+            })
     }
 
     /// Give back a connection whose statement succeeded.

@@ -11,8 +11,14 @@
 //!   or the name itself read as a decimal int8 (`advisory_key=number`, to share locks
 //!   with code that calls `pg_advisory_lock(42)`).
 //! - `mode=row`: `SELECT … FOR UPDATE NOWAIT` on the name's row in `<prefix>_rows`, in a
-//!   transaction held open on a pinned connection; the lock ends at commit or when the
-//!   connection dies.
+//!   READ COMMITTED transaction held open on a pinned connection; the lock ends at
+//!   commit or when the connection dies. The token is taken on another connection, by a
+//!   statement that fails unless that transaction is still open after `nextval`
+//!   (`txid_status`), so a later holder's token is always higher. Three round trips a
+//!   cycle: lock, token, and one batch that marks the record, notifies and commits.
+//!
+//! Needs PostgreSQL 10 or later (`txid_status`, `ON CONFLICT`, `current_setting(…,
+//! true)`).
 //!
 //! In session modes the holder (owner, token, metadata, backend pid) is recorded in
 //! `<prefix>_holders` for `inspect`. A heartbeat pings the pinned connection every
@@ -39,7 +45,7 @@
 //! | `poll` | `100ms` (a fallback: releases notify) | waiting: re-poll interval |
 //! | `timeout` | `5s` | connecting, and per statement |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
-//! | `pool` | `10` | connections for lease statements |
+//! | `pool` | `10` | connections for lease statements, and as many for the rest (`inspect`, `list`, semaphores, read-write locks) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
 //! | `advisory_key` | `sha256` | advisory mode: `sha256` (first 8 bytes of the name's SHA-256) or `number` (the name as a decimal int8) |
 //! | `sslmode` | `prefer` | `disable`, `prefer`, `require`, `verify-ca`, `verify-full` |
@@ -449,7 +455,7 @@ impl Dialect for Postgres {
     }
 
     async fn row_lock(&self, conn: &mut PgConnection, key: &[u8; 32]) -> Result<RowLock> {
-        let batch = self.sql.row_lock_batch(&super::hex(key));
+        let batch = self.sql.row_lock_batch(key);
         let locked = sqlx::raw_sql(AssertSqlSafe(batch))
             .fetch_optional(&mut *conn)
             .await;
@@ -491,26 +497,26 @@ impl Dialect for Postgres {
         xact: Option<i64>,
     ) -> Result<(u64, bool)> {
         let mut c = self.own_conn().await?;
-        let (fence, open) = timed(
-            BACKEND,
-            self.timeout,
-            sqlx::query_as::<_, (i64, bool)>(AssertSqlSafe(&*self.sql.row_holder))
-                .bind(&key[..])
-                .bind(req.name.as_str())
-                .bind(req.owner.as_str())
-                .bind(metadata_json(&req.metadata))
-                .bind(i32::try_from(session).unwrap_or(0))
-                .bind(xact.unwrap_or(0))
-                .fetch_one(&mut c.conn),
-        )
-        .await?;
+        let token = sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.row_holder))
+            .bind(&key[..])
+            .bind(req.name.as_str())
+            .bind(req.owner.as_str())
+            .bind(metadata_json(&req.metadata))
+            .bind(i32::try_from(session).unwrap_or(0))
+            .bind(xact.unwrap_or(0))
+            .fetch_one(&mut c.conn);
+        let fence = match tokio::time::timeout(self.timeout, token).await {
+            Ok(Ok(fence)) => fence,
+            Ok(Err(e)) if has_code(&e, &["22P02"]) => {
+                return Err(Error::connection(
+                    BACKEND,
+                    "the session holding the row lock ended while its token was taken",
+                ));
+            }
+            Ok(Err(e)) => return Err(db_err(BACKEND, &e)),
+            Err(_) => return Err(super::no_answer(BACKEND, self.timeout)),
+        };
         self.own.put(c);
-        if !open {
-            return Err(Error::connection(
-                BACKEND,
-                "the session holding the row lock ended while its token was taken",
-            ));
-        }
         Ok((fence_u64(fence), true))
     }
 
@@ -519,9 +525,7 @@ impl Dialect for Postgres {
         conn: &mut PgConnection,
         hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error> {
-        let batch = self
-            .sql
-            .row_release_batch(&hold.key_hex, fence_i64(hold.fence));
+        let batch = self.sql.row_release_batch(&hold.key, fence_i64(hold.fence));
         conn.execute(sqlx::raw_sql(AssertSqlSafe(batch)))
             .await
             .map(drop)

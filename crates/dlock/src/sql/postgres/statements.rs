@@ -155,16 +155,18 @@ const REMAINING_MS: &str =
     "(EXTRACT(EPOCH FROM (l.expires_at - statement_timestamp())) * 1000)::bigint";
 
 impl Statements {
-    /// Row mode's locking batch for a key (its hex digits: no quoting needed).
-    pub(super) fn row_lock_batch(&self, key_hex: &str) -> String {
+    /// Row mode's locking batch for a key (inlined as hex digits: no quoting needed).
+    pub(super) fn row_lock_batch(&self, key: &[u8; 32]) -> String {
         let (head, tail) = &self.row_lock;
-        format!("{head}{key_hex}{tail}")
+        format!("{head}{}{tail}", crate::hex::encode(key))
     }
 
-    /// Row mode's release batch for a key (hex digits) and the hold's token.
-    pub(super) fn row_release_batch(&self, key_hex: &str, fence: i64) -> String {
+    /// Row mode's release batch for a key (inlined as hex digits) and the hold's
+    /// token (a number).
+    pub(super) fn row_release_batch(&self, key: &[u8; 32], fence: i64) -> String {
         let (update, notify) = &self.row_release;
-        format!("{update}{key_hex}' AND fence = {fence}{notify}{key_hex}'); COMMIT")
+        let hex = crate::hex::encode(key);
+        format!("{update}{hex}', 'hex') AND fence = {fence}{notify}{hex}'); COMMIT")
     }
 
     /// `lock_delay`: how long a lease that ran out without a release still blocks
@@ -297,20 +299,27 @@ impl Statements {
                 "INSERT INTO {p}_rows (lock_key) VALUES ($1) ON CONFLICT (lock_key) DO NOTHING"
             ),
             // Opens the pinned transaction and locks the row in one round trip (a
-            // simple query: no binds; the key is hex digits in a bytea literal).
+            // simple query: no binds; the key is hex digits, decoded by the server,
+            // so `standard_conforming_strings` does not matter). READ COMMITTED
+            // whatever the server's default: the release updates the holder record
+            // that the token's statement wrote after this transaction began.
             // Answers the session's pid and the transaction's id.
             row_lock: (
                 format!(
-                    "BEGIN; SELECT pg_backend_pid()::int8, txid_current() FROM {p}_rows \
-                     WHERE lock_key = '\\x"
+                    "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                     SELECT pg_backend_pid()::int8, txid_current() FROM {p}_rows \
+                     WHERE lock_key = decode('"
                 ),
-                "' FOR UPDATE NOWAIT".to_owned(),
+                "', 'hex') FOR UPDATE NOWAIT".to_owned(),
             ),
             // Autocommitted beside the pinned transaction. Binds: 1 key, 2 name, 3 owner,
-            // 4 metadata, 5 pid, 6 the pinned transaction's id. Answers the token and
-            // whether that transaction (which holds the row) was still open *after* the
+            // 4 metadata, 5 pid, 6 the pinned transaction's id. Answers the token only
+            // if that transaction (which holds the row) was still open *after* the
             // token was taken: the outer select reads the insert's row, so it runs
-            // after `nextval`. A later holder's token then comes after ours.
+            // after `nextval`, and a later holder's token comes after ours. Otherwise
+            // the statement fails (22P02, a cast that cannot succeed; of a column, so
+            // the planner cannot fold it early), so the record it wrote is rolled back
+            // and cannot cover the real holder's.
             row_holder: format!(
                 "WITH ins AS (
                     INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, backend_start)
@@ -321,13 +330,15 @@ impl Statements {
                        metadata = excluded.metadata, pid = excluded.pid,
                        backend_start = excluded.backend_start
                     RETURNING h.fence)
-                 SELECT ins.fence, COALESCE(txid_status($6) = 'in progress', false) FROM ins"
+                 SELECT CASE WHEN txid_status($6) = 'in progress' THEN ins.fence
+                             ELSE ('the row lock''s session ended: ' || ins.fence)::bigint END
+                 FROM ins"
             ),
             // The pinned transaction's end, in one round trip: the record stops naming
             // the session (it may lock other rows later), the release is announced
             // (delivered at commit), and the commit unlocks the row.
             row_release: (
-                format!("UPDATE {p}_holders SET pid = 0 WHERE lock_key = '\\x"),
+                format!("UPDATE {p}_holders SET pid = 0 WHERE lock_key = decode('"),
                 format!("; SELECT pg_notify('{p}_released', '"),
             ),
             // Binds: 1 key.
