@@ -4,8 +4,10 @@
 //! ping, in a task of its own): one more request for the server and a few more
 //! wake-ups for the client per statement. A connection here comes back only after a
 //! statement that succeeded, so it needs no test; any error, timeout or cancelled
-//! caller drops it, which closes it. At most `max` are out at once (as many as the
-//! pool would lend); a caller waits for one at most the backend's timeout.
+//! caller drops it, which closes its socket. At most `max` are open at once (lent or
+//! idle: as many as the pool would lend); a caller waits for a place and a connection
+//! at most the backend's timeout. An idle one older than `max_idle` is dropped when
+//! the stack reaches it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +32,8 @@ pub(crate) struct OwnConn<C> {
 }
 
 impl<C> OwnConns<C> {
-    /// At most `max` connections out at once; idle ones are closed after `max_idle`.
+    /// At most `max` connections open at once; an idle one is not lent after
+    /// `max_idle`.
     pub(crate) fn new(max: u32, max_idle: Duration) -> Self {
         OwnConns {
             idle: IdleConns::new(max, max_idle),
@@ -57,7 +60,8 @@ impl<C> OwnConns<C> {
             let permit = Arc::clone(&self.permits)
                 .acquire_owned()
                 .await
-                .map_err(|_| Error::connection(backend, "the backend is closing"))?;
+                // Never closed: an error here cannot happen.
+                .map_err(|_| Error::connection(backend, "connection permits closed"))?;
             let conn = match self.idle.pop() {
                 Some(c) => c,
                 None => connect().await?,
@@ -72,7 +76,7 @@ impl<C> OwnConns<C> {
             .unwrap_or_else(|_| {
                 Err(Error::connection(
                     backend,
-                    format!("no free connection within {timeout:?}"),
+                    format!("no connection within {timeout:?}"),
                 ))
             })
     }

@@ -107,9 +107,9 @@ where
     }
 }
 
-/// One try of [`retrying`]'s loop (written out where the statement runs on a
-/// connection of the backend's own, which a closure cannot lend to each try): the
-/// answer, `None` after a deadlock worth another try (slept already), or the error.
+/// One try of [`retrying`]'s loop (and of `Mysql::own_execute`'s): the answer,
+/// `None` after a deadlock or lock wait timeout worth another try (slept already), or
+/// the error.
 async fn settle<T>(
     answer: std::result::Result<std::result::Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
     tries: &mut u32,
@@ -119,7 +119,7 @@ async fn settle<T>(
         Ok(Ok(v)) => Ok(Some(v)),
         Ok(Err(e)) if *tries < 5 && has_number(&e, &RETRYABLE) => {
             *tries += 1;
-            tracing::debug!(error = %e, "mysql: retrying after a deadlock");
+            tracing::debug!(error = %e, "mysql: retrying after a deadlock or lock wait timeout");
             tokio::time::sleep(Duration::from_micros(fastrand::u64(100..2000))).await;
             Ok(None)
         }
@@ -175,12 +175,22 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     }
     // One direct connection first: a refused or unreachable server is said at once
     // (the pool would retry until its timeout and only say that it timed out).
-    let probe = timed(
+    let mut probe = timed(
         BACKEND,
         opts.timeout,
         MySqlConnection::connect_with(&connect),
     )
     .await?;
+    // The server's idle limit for connections like the lease statements' own: they
+    // are dropped well before it (at most 5 min idle).
+    let server_wait = timed(
+        BACKEND,
+        opts.timeout,
+        sqlx::query_scalar::<_, i64>("SELECT CAST(@@wait_timeout AS SIGNED)").fetch_one(&mut probe),
+    )
+    .await?;
+    let own_idle =
+        Duration::from_secs(server_wait.unsigned_abs() / 2).min(Duration::from_secs(300));
     let _ = probe.close().await;
     let pool = MySqlPoolOptions::new()
         .max_connections(opts.pool)
@@ -208,7 +218,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let wait_timeout = wait_timeout(opts.heartbeat);
     let dialect = Mysql {
         pool,
-        own: OwnConns::new(opts.pool.max(1), Duration::from_secs(wait_timeout / 2)),
+        own: OwnConns::new(opts.pool.max(1), own_idle),
         connect,
         sql,
         timeout: opts.timeout,
@@ -267,6 +277,25 @@ impl Mysql {
             .await
     }
 
+    /// Run the statement `build` makes on a connection of the backend's own, as
+    /// [`retrying`] does on the pool: each try under the timeout, deadlocks and lock
+    /// wait timeouts tried again (the statement rolled back, the connection is clean).
+    /// A timeout is never tried again: the statement may still run on the server.
+    async fn own_execute<'q>(
+        &self,
+        build: impl Fn() -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    ) -> Result<sqlx::mysql::MySqlQueryResult> {
+        let mut c = self.own_conn().await?;
+        let mut tries = 0;
+        loop {
+            let answer = tokio::time::timeout(self.timeout, build().execute(&mut c.conn)).await;
+            if let Some(done) = settle(answer, &mut tries, self.timeout).await? {
+                self.own.put(c);
+                return Ok(done);
+            }
+        }
+    }
+
     /// Whether the semaphore and read-write lock tables exist (made on first use).
     async fn shared_tables(&self) -> Result<bool> {
         let present = timed(
@@ -303,34 +332,28 @@ impl Dialect for Mysql {
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
         let (ttl_us, meta) = (micros(req.ttl), metadata_json(&req.metadata));
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());
-        let mut c = self.own_conn().await?;
-        let mut tries = 0;
-        let done = loop {
-            let statement = sqlx::query(AssertSqlSafe(&*self.sql.acquire))
-                .bind(&key[..])
-                .bind(name)
-                .bind(owner)
-                .bind(ttl_us)
-                .bind(&meta)
-                .bind(owner)
-                .bind(owner)
-                .bind(owner)
-                .bind(owner)
-                .bind(owner)
-                .bind(&meta)
-                .bind(owner)
-                .bind(name)
-                .bind(owner)
-                .bind(owner)
-                .bind(owner)
-                .bind(ttl_us)
-                .execute(&mut c.conn);
-            let answer = tokio::time::timeout(self.timeout, statement).await;
-            if let Some(done) = settle(answer, &mut tries, self.timeout).await? {
-                break done;
-            }
-        };
-        self.own.put(c);
+        let done = self
+            .own_execute(|| {
+                sqlx::query(AssertSqlSafe(&*self.sql.acquire))
+                    .bind(&key[..])
+                    .bind(name)
+                    .bind(owner)
+                    .bind(ttl_us)
+                    .bind(&meta)
+                    .bind(owner)
+                    .bind(owner)
+                    .bind(owner)
+                    .bind(owner)
+                    .bind(owner)
+                    .bind(&meta)
+                    .bind(owner)
+                    .bind(name)
+                    .bind(owner)
+                    .bind(owner)
+                    .bind(owner)
+                    .bind(ttl_us)
+            })
+            .await?;
         Ok(match done.last_insert_id() {
             0 => LeaseAnswer::Busy(None),
             fence => LeaseAnswer::Granted(fence),
@@ -338,21 +361,15 @@ impl Dialect for Mysql {
     }
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {
-        let mut c = self.own_conn().await?;
-        let mut tries = 0;
-        let done = loop {
-            let statement = sqlx::query(AssertSqlSafe(&*self.sql.renew))
-                .bind(micros(ttl))
-                .bind(&hold.key[..])
-                .bind(hold.owner.as_str().as_bytes())
-                .bind(hold.fence)
-                .execute(&mut c.conn);
-            let answer = tokio::time::timeout(self.timeout, statement).await;
-            if let Some(done) = settle(answer, &mut tries, self.timeout).await? {
-                break done;
-            }
-        };
-        self.own.put(c);
+        let done = self
+            .own_execute(|| {
+                sqlx::query(AssertSqlSafe(&*self.sql.renew))
+                    .bind(micros(ttl))
+                    .bind(&hold.key[..])
+                    .bind(hold.owner.as_str().as_bytes())
+                    .bind(hold.fence)
+            })
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -368,20 +385,13 @@ impl Dialect for Mysql {
     }
 
     async fn lease_release(&self, hold: &Hold) -> Result<bool> {
-        let mut c = self.own_conn().await?;
-        let mut tries = 0;
-        loop {
-            let statement = sqlx::query(AssertSqlSafe(&*self.sql.release))
+        self.own_execute(|| {
+            sqlx::query(AssertSqlSafe(&*self.sql.release))
                 .bind(&hold.key[..])
                 .bind(hold.owner.as_str().as_bytes())
                 .bind(hold.fence)
-                .execute(&mut c.conn);
-            let answer = tokio::time::timeout(self.timeout, statement).await;
-            if settle(answer, &mut tries, self.timeout).await?.is_some() {
-                break;
-            }
-        }
-        self.own.put(c);
+        })
+        .await?;
         // No notifications between processes: wake this process's waiters either way.
         Ok(true)
     }
