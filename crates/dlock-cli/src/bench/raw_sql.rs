@@ -234,10 +234,11 @@ impl SqlFloor {
 
     /// One bare cycle of `shape`, `i` distinguishing cycles.
     pub async fn cycle(&mut self, i: i64, shape: Shape) -> Result<(), Failure> {
-        match shape {
-            Shape::Exclusive => floor_cycle(&mut self.conn, &self.mode, i).await,
-            Shape::Counted(limit) => counted_cycle(&mut self.conn, i, limit).await,
-            Shape::Fenced if self.limit().is_some() && self.mode == "named" => {
+        match (shape, self.mode.as_str(), &self.conn) {
+            (Shape::Exclusive, ..) => floor_cycle(&mut self.conn, &self.mode, i).await,
+            (Shape::Counted(limit), ..) => counted_cycle(&mut self.conn, i, limit).await,
+            // The limits `limit` names; elsewhere the floor is the least.
+            (Shape::Fenced, "named", SqlConn::My(_)) => {
                 self.conn
                     .change(
                         "",
@@ -251,7 +252,7 @@ impl SqlFloor {
                     .await?;
                 Ok(())
             }
-            Shape::Fenced if self.limit().is_some() => {
+            (Shape::Fenced, "advisory", SqlConn::Pg(_)) => {
                 self.conn
                     .one_i64(
                         "WITH g AS (SELECT pg_try_advisory_lock($1) AS ok) \
@@ -266,7 +267,7 @@ impl SqlFloor {
                     .await?;
                 Ok(())
             }
-            Shape::Fenced => floor_cycle(&mut self.conn, &self.mode, i).await,
+            (Shape::Fenced, ..) => floor_cycle(&mut self.conn, &self.mode, i).await,
         }
     }
 
