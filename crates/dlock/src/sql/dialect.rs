@@ -130,17 +130,18 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     async fn row_lock(&self, conn: &mut Self::Conn, key: &[u8; 32]) -> Result<RowLock>;
     /// Row mode: create the name's row (its first use).
     async fn row_ensure(&self, conn: &mut Self::Conn, key: &[u8; 32]) -> Result<()>;
-    /// Row mode: record the holder (session `session`) and take a token. With `xact`,
-    /// the same statement also checks, after the token was taken, that the transaction
-    /// holding the row is still open, and fails if not: the answer's `true` says so.
-    /// With `false`, the caller must prove it (one answered ping on that session).
+    /// Row mode: record the holder (session `session`) and take a token. With `xact`
+    /// (which only a dialect's own `row_lock` gives), the same statement must also
+    /// check, after the token was taken, that the transaction holding the row is still
+    /// open, and fail if not; without it, the caller proves that (one answered ping on
+    /// that session).
     async fn row_holder(
         &self,
         req: &AcquireRequest,
         key: &[u8; 32],
         session: i64,
         xact: Option<i64>,
-    ) -> Result<(u64, bool)>;
+    ) -> Result<u64>;
     /// Row mode: commit (which unlocks the row) and mark the record released.
     async fn row_unlock(
         &self,

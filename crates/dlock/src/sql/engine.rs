@@ -133,15 +133,15 @@ impl<D: Dialect> SqlBackend<D> {
         for _ in 0..2 {
             match self.dialect.row_lock(&mut conn, &key).await? {
                 RowLock::Locked { session, xact } => {
-                    let (fence, proven) = self.dialect.row_holder(req, &key, session, xact).await?;
-                    // The token comes from the pool: it is this hold's only if the
+                    let fence = self.dialect.row_holder(req, &key, session, xact).await?;
+                    // The token comes from another connection: it is this hold's only if the
                     // pinned session still held the row lock after the token was taken.
                     // (A session that ended first lets another holder lock the row and
                     // take a lower token before this one: a fenced resource would then
                     // reject the real holder.) Its transaction keeps the row lock for as
                     // long as the session lives, so one answered ping proves it, unless
                     // the token's statement already checked that transaction.
-                    let alive = if proven {
+                    let alive = if xact.is_some() {
                         Ok(Ok(()))
                     } else {
                         tokio::time::timeout(self.opts.timeout, conn.ping()).await

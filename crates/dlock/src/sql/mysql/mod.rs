@@ -520,7 +520,7 @@ impl Dialect for Mysql {
         key: &[u8; 32],
         session: i64,
         _xact: Option<i64>,
-    ) -> Result<(u64, bool)> {
+    ) -> Result<u64> {
         let meta = metadata_json(&req.metadata);
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());
         let conn_id = u64::try_from(session).unwrap_or(0);
@@ -538,7 +538,7 @@ impl Dialect for Mysql {
                 .execute(&self.pool)
         })
         .await?;
-        Ok((done.last_insert_id(), false))
+        Ok(done.last_insert_id())
     }
 
     async fn row_unlock(

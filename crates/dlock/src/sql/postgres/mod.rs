@@ -495,7 +495,7 @@ impl Dialect for Postgres {
         key: &[u8; 32],
         session: i64,
         xact: Option<i64>,
-    ) -> Result<(u64, bool)> {
+    ) -> Result<u64> {
         let mut c = self.own_conn().await?;
         let token = sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.row_holder))
             .bind(&key[..])
@@ -517,7 +517,7 @@ impl Dialect for Postgres {
             Err(_) => return Err(super::no_answer(BACKEND, self.timeout)),
         };
         self.own.put(c);
-        Ok((fence_u64(fence), true))
+        Ok(fence_u64(fence))
     }
 
     async fn row_unlock(
