@@ -534,3 +534,31 @@ async fn break_lock_ends_the_hold_it_was_shown() {
     ));
     g.release().await.expect("release");
 }
+
+/// A session connection left idle past the server's limit for silent sessions
+/// (PostgreSQL 14 and later: five heartbeats, at least 5 s) is never handed to the next
+/// acquisition: it was kept for 5 min, and the lock after such a pause failed with the
+/// server's "terminating connection due to idle-session timeout" (57P05).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_connection_is_dropped_before_the_server_ends_it() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let after_a_pause = |mode: &'static str| {
+        let url = format!("{}?mode={mode}&heartbeat=200ms", pg.url());
+        async move {
+            let locker = Locker::connect(&url).await.expect("connect");
+            let name = unique("idle");
+            let g = locker.lock(&name).await.expect("first lock");
+            g.release().await.expect("release");
+            // Past the server's 5 s, with the released session's connection idle.
+            tokio::time::sleep(Duration::from_millis(5_800)).await;
+            let g = locker
+                .lock(&name)
+                .await
+                .unwrap_or_else(|e| panic!("{mode}: the lock after a pause: {e}"));
+            g.release().await.expect("release");
+        }
+    };
+    tokio::join!(after_a_pause("advisory"), after_a_pause("row"));
+}

@@ -220,10 +220,8 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         sqlx::query_scalar("SELECT current_setting('server_version_num')::int").fetch_one(&pool),
     )
     .await?;
-    let silent_ms = (opts.heartbeat * 5)
-        .max(Duration::from_secs(5))
-        .as_millis()
-        .to_string();
+    let silent = (opts.heartbeat * 5).max(Duration::from_secs(5));
+    let silent_ms = silent.as_millis().to_string();
     let mut session_options = vec![
         ("tcp_keepalives_idle", "2".to_owned()),
         ("tcp_keepalives_interval", "1".to_owned()),
@@ -243,12 +241,14 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         timeout: opts.timeout,
         listener,
     };
+    // An idle session connection is dropped well before the server ends it for
+    // silence: one the server ended would fail the next acquisition that took it.
     Ok(Arc::new(SqlBackend::new(
         dialect,
         opts,
         hub,
         durable,
-        Duration::from_secs(300),
+        silent / 2,
     )))
 }
 
