@@ -628,6 +628,14 @@ pub struct BenchArgs {
     /// so no contention); in `hold`, how many are held (default: --hold, else 100000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub keys: Option<u64>,
+    /// In `scaling`: how many other distinct locks are held while cycles are timed.
+    #[arg(long, value_delimiter = ',', default_value = "1,1000,100000", value_name = "N,...",
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub scale_held: Vec<u64>,
+    /// In `scaling`: how many tasks wait on one name behind its holder.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000", value_name = "N,...",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub scale_waiters: Vec<u32>,
     /// Lease of every lock the bench takes (the held locks: --hold-ttl if given).
     #[arg(long, value_parser = ttl, default_value = "30s", value_name = "DURATION")]
     pub ttl: Duration,
@@ -690,6 +698,9 @@ pub enum Scenario {
     /// The hand-off run with waiters that poll (`try_lock`, 10 ms sleep when busy)
     /// instead of waiting for a notification.
     Polling,
+    /// How one lock's latency grows with --scale-held other locks held, and hand-offs
+    /// with --scale-waiters waiters on one name (run only when named).
+    Scaling,
 }
 
 /// `dlock bench-worker` (internal).

@@ -860,6 +860,87 @@ fn bench_runs_the_named_scenarios_only() {
         .filter_map(|r| r["scenario"].as_str())
         .collect();
     assert_eq!(names, ["parallel-6-tasks-2-keys", "handoff-3-waiters"]);
+    assert!(v["scaling"].is_null(), "run only when named: {v}");
+}
+
+/// `--scenario scaling`: both series at every level asked for, on SQLite (no server
+/// count of requests) and Redis (its command count): the cycles timed at each level of
+/// held names, memory per held lock from 1,000 on, grants and client CPU at each level
+/// of waiters.
+#[test]
+fn bench_scaling_series() {
+    let Some(redis) = dlock_testkit::RedisServer::start() else {
+        return;
+    };
+    let env = Env::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sqlite = format!("sqlite://{}", dir.path().join("bench.db").display());
+    for url in [sqlite, redis.url()] {
+        let out = env.run(&[
+            "bench",
+            "--url",
+            &url,
+            "--scenario",
+            "scaling",
+            "--scale-held",
+            "1000,1",
+            "--scale-waiters",
+            "1,5",
+            "--cycles",
+            "30",
+            "--duration",
+            "300ms",
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{url}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let s = &v["scaling"];
+        assert!(s["held_stopped"].is_null(), "{url}: {s}");
+        assert!(s["waiters_stopped"].is_null(), "{url}: {s}");
+        let held = s["held"].as_array().expect("held series");
+        let levels: Vec<u64> = held.iter().filter_map(|l| l["held"].as_u64()).collect();
+        assert_eq!(levels, [1, 1000], "{url}: levels in order");
+        for l in held {
+            assert_eq!(l["acquire"]["count"].as_u64(), Some(30), "{url}: {l}");
+            assert_eq!(l["release"]["count"].as_u64(), Some(30), "{url}: {l}");
+        }
+        assert!(
+            held[0]["rss_per_held_lock_bytes"].is_null(),
+            "{url}: noise at 1"
+        );
+        assert!(
+            held[1]["rss_per_held_lock_bytes"].as_f64().expect("memory") > 0.0,
+            "{url}: {s}"
+        );
+        let waiters = s["waiters"].as_array().expect("waiters series");
+        let counts: Vec<u64> = waiters
+            .iter()
+            .filter_map(|l| l["waiters"].as_u64())
+            .collect();
+        assert_eq!(counts, [1, 5], "{url}");
+        for l in waiters {
+            assert!(l["grants"].as_u64().expect("grants") > 0, "{url}: {l}");
+            assert!(
+                l["client_cpu_us_per_grant"].as_f64().expect("cpu") > 0.0,
+                "{url}: {l}"
+            );
+        }
+        if url.starts_with("redis") {
+            assert!(s["requests_counted"].as_str().is_some(), "{s}");
+            for l in waiters {
+                assert!(
+                    l["requests_per_grant"].as_f64().expect("requests") > 0.0,
+                    "{l}"
+                );
+            }
+        } else {
+            assert!(s["requests_counted"].is_null(), "{s}");
+            assert!(
+                waiters.iter().all(|l| l["requests_per_grant"].is_null()),
+                "{s}"
+            );
+        }
+    }
 }
 
 /// `--fair` reaches the locks the bench takes (on SQLite the queue hands the lock to

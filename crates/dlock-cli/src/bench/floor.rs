@@ -417,7 +417,7 @@ fn etcd_err(e: dlock::Error) -> Failure {
 }
 
 /// The store's revision: it grows by one with every write.
-async fn etcd_revision(client: &dlock::etcd::RawClient, key: &str) -> Result<i64, Failure> {
+pub async fn etcd_revision(client: &dlock::etcd::RawClient, key: &str) -> Result<i64, Failure> {
     client.revision(key).await.map_err(etcd_err)
 }
 
@@ -432,7 +432,8 @@ fn plain_authority<'a>(url: &'a str, scheme: &str) -> Option<&'a str> {
     (!authority.contains('@')).then_some(authority)
 }
 
-async fn etcd(url: &str) -> Result<Option<Floor>, Failure> {
+/// A bare etcd client for an `etcd://` URL without credentials (`None` otherwise).
+pub async fn etcd_client(url: &str) -> Result<Option<dlock::etcd::RawClient>, Failure> {
     let Some(authority) = plain_authority(url, "etcd://") else {
         return Ok(None);
     };
@@ -441,9 +442,16 @@ async fn etcd(url: &str) -> Result<Option<Floor>, Failure> {
         .filter(|h| !h.is_empty())
         .map(|h| format!("http://{h}"))
         .collect();
-    let client = dlock::etcd::RawClient::connect(&endpoints)
+    dlock::etcd::RawClient::connect(&endpoints)
         .await
-        .map_err(etcd_err)?;
+        .map(Some)
+        .map_err(etcd_err)
+}
+
+async fn etcd(url: &str) -> Result<Option<Floor>, Failure> {
+    let Some(client) = etcd_client(url).await? else {
+        return Ok(None);
+    };
     // Long enough for the whole interleaved measurement.
     let lease = client.lease_grant(3600).await.map_err(etcd_err)?;
     Ok(Some(Floor::Etcd {

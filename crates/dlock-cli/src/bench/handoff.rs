@@ -108,13 +108,37 @@ pub async fn run(
     opts: &LockOptions,
     (waiters, duration, waiting): (u32, Duration, Waiting),
 ) -> Result<Handoff, Failure> {
-    // Every acquisition gives up after 30 s (a stuck hand-off fails the run).
-    let opts = opts.clone().wait(Wait::Timeout(Duration::from_secs(30)));
     let redis_url = crate::bench::raw_redis::bare_url(url);
     let before = match &redis_url {
         Some(u) => Some(crate::bench::raw_redis::command_calls(u, LOCK_COMMANDS).await?),
         None => None,
     };
+    let mut dlock_run = tasks_on_one_lock(locker, name, opts, (waiters, duration, waiting)).await?;
+    if let (Some(u), Some(before)) = (&redis_url, before) {
+        let after = crate::bench::raw_redis::command_calls(u, LOCK_COMMANDS).await?;
+        dlock_run.commands_per_acquisition =
+            Some(after.saturating_sub(before) as f64 / dlock_run.acquisitions.max(1) as f64);
+    }
+    let floor = match (&redis_url, waiting) {
+        (Some(u), Waiting::Notified) => Some(blpop_floor(u, name, waiters, duration).await?),
+        _ => None,
+    };
+    Ok(Handoff {
+        dlock: dlock_run,
+        floor,
+    })
+}
+
+/// `waiters` tasks of this process loop on `name` for `duration` (each acquisition
+/// gives up after 30 s): the hand-offs between them, nothing counted on the server.
+pub async fn tasks_on_one_lock(
+    locker: &Locker,
+    name: &str,
+    opts: &LockOptions,
+    (waiters, duration, waiting): (u32, Duration, Waiting),
+) -> Result<HandoffRun, Failure> {
+    // Every acquisition gives up after 30 s (a stuck hand-off fails the run).
+    let opts = opts.clone().wait(Wait::Timeout(Duration::from_secs(30)));
     let events = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let deadline = start + duration;
@@ -150,29 +174,34 @@ pub async fn run(
             Ok::<(), dlock::Error>(())
         }));
     }
-    for t in tasks {
-        t.await.map_err(|e| Failure::internal(e.to_string()))??;
+    // On the first failure the other tasks are stopped (and waited for), so none goes on
+    // taking the lock behind the caller's back.
+    let mut failed = None;
+    for i in 0..tasks.len() {
+        let got = (&mut tasks[i]).await;
+        let err = match got {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(Failure::from(e)),
+            Err(e) if e.is_cancelled() => None,
+            Err(e) => Some(Failure::internal(e.to_string())),
+        };
+        if failed.is_none()
+            && let Some(e) = err
+        {
+            failed = Some(e);
+            tasks.iter().for_each(tokio::task::JoinHandle::abort);
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
     }
     let seconds = start.elapsed().as_secs_f64();
     let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
-    let mut dlock_run = summarize(events, waiters, seconds);
-    if let (Some(u), Some(before)) = (&redis_url, before) {
-        let after = crate::bench::raw_redis::command_calls(u, LOCK_COMMANDS).await?;
-        dlock_run.commands_per_acquisition =
-            Some(after.saturating_sub(before) as f64 / dlock_run.acquisitions.max(1) as f64);
-    }
-    let floor = match (&redis_url, waiting) {
-        (Some(u), Waiting::Notified) => Some(blpop_floor(u, name, waiters, duration).await?),
-        _ => None,
-    };
-    Ok(Handoff {
-        dlock: dlock_run,
-        floor,
-    })
+    Ok(summarize(events, waiters, seconds))
 }
 
 /// The client commands dlock issues for locks (scripts and subscriptions).
-const LOCK_COMMANDS: &[&str] = &["evalsha", "eval", "subscribe", "unsubscribe"];
+pub const LOCK_COMMANDS: &[&str] = &["evalsha", "eval", "subscribe", "unsubscribe"];
 
 async fn blpop_floor(
     url: &str,

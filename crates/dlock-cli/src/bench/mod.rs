@@ -11,6 +11,7 @@ mod hold;
 mod parallel;
 mod raw_redis;
 pub(crate) mod raw_sql;
+mod scaling;
 pub(crate) mod stats;
 mod take;
 
@@ -106,6 +107,7 @@ struct Report {
     hold: Option<crate::bench::hold::HoldRun>,
     parallel: Option<crate::bench::parallel::Parallel>,
     single_node: Option<SingleNode>,
+    scaling: Option<crate::bench::scaling::Scaling>,
 }
 
 /// Redlock only: the same cycles on the first node alone, same layout, same run.
@@ -315,7 +317,20 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     } else {
         None
     };
+    let scaling = if runs(Scenario::Scaling) {
+        let shape = crate::bench::scaling::Shape {
+            held: args.scale_held.clone(),
+            waiters: args.scale_waiters.clone(),
+            cycles: args.cycles,
+            duration: args.duration,
+        };
+        let prefix = format!("{name}:scaling");
+        Some(crate::bench::scaling::run(&locker, &url, &prefix, &opts, shape).await?)
+    } else {
+        None
+    };
     let mut report = Report {
+        scaling,
         primitive: args.primitive.name(),
         permits: (args.primitive == BenchPrimitive::Semaphore).then_some(args.permits),
         scenarios: Vec::new(),
@@ -564,6 +579,47 @@ fn print_report(r: &Report) {
                 .unwrap_or_default(),
             h.lost
         );
+    }
+    if let Some(s) = &r.scaling {
+        print_scaling(s);
+    }
+}
+
+fn print_scaling(s: &crate::bench::scaling::Scaling) {
+    for l in &s.held {
+        outln!(
+            "with {} other locks held (taken in {:.1}s): acquire p50 {} p99 {}, release p50 {} p99 {}{}",
+            l.held,
+            l.fill_seconds,
+            show_us(l.acquire.p50_us),
+            show_us(l.acquire.p99_us),
+            show_us(l.release.p50_us),
+            show_us(l.release.p99_us),
+            l.rss_per_held_lock_bytes
+                .map(|b| format!("; {b:.0} bytes of RSS per held lock"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(why) = &s.held_stopped {
+        outln!("held names: stopped {why}");
+    }
+    for l in &s.waiters {
+        outln!(
+            "{} waiters on one name: {:.0} grants/s, {:.0} of them hand-offs, p50 {} p99 {}; {} client CPU per grant{}",
+            l.waiters,
+            l.grants_per_sec,
+            l.handoffs_per_sec,
+            show_us(l.handoff.p50_us),
+            show_us(l.handoff.p99_us),
+            show_us(l.client_cpu_us_per_grant.round() as u64),
+            match (l.requests_per_grant, s.requests_counted) {
+                (Some(r), Some(what)) => format!("; {r:.1} {what} per grant"),
+                _ => String::new(),
+            }
+        );
+    }
+    if let Some(why) = &s.waiters_stopped {
+        outln!("waiters: stopped {why}");
     }
 }
 

@@ -3,11 +3,13 @@
 //! peers that install here (bench/peers/), and the CLI against `flock`, `redis-cli`
 //! and `etcdctl lock`. Run through `scripts/benchmarks`.
 //!
-//! Usage: `benchmarks DLOCK_BINARY PEERS_DIR OUTPUT.md [--only-primitives]`; with
-//! `--only-primitives`, only the last section (the primitives beyond the mutex) is
-//! measured again and replaces that section of OUTPUT.md.
+//! Usage: `benchmarks DLOCK_BINARY PEERS_DIR OUTPUT.md [--only-primitives |
+//! --only-scaling]`; with `--only-primitives`, only the last section (the primitives
+//! beyond the mutex) is measured again and replaces that section of OUTPUT.md; with
+//! `--only-scaling`, only the scaling section and its plot.
 
 mod primitives;
+mod scaling;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -171,6 +173,16 @@ fn main() {
         eprintln!("a server is missing (scripts/install-servers)");
         std::process::exit(1);
     };
+    if args.get(4).map(String::as_str) == Some("--only-scaling") {
+        let section = scaling::section(&dlock, &matrix, &scaling::plot_path(out));
+        if let Err(e) = xtask::replace_section(out, scaling::HEADING, primitives::HEADING, &section)
+        {
+            eprintln!("cannot write {out}: {e}");
+            std::process::exit(1);
+        }
+        eprintln!("benchmarks: wrote the scaling section of {out}");
+        return;
+    }
     if args.get(4).map(String::as_str) == Some("--only-primitives") {
         let section = primitives::section(&dlock, &matrix);
         if let Err(e) = xtask::replace_last_section(out, primitives::HEADING, &section) {
@@ -722,6 +734,7 @@ fn main() {
     } else {
         "the servers run where the scheduler puts them"
     };
+    let scaling_section = scaling::section(&dlock, &matrix, &scaling::plot_path(out));
     let primitive_section = primitives::section(&dlock, &matrix);
     let doc = format!(
         "# Benchmarks\n\n\
@@ -784,7 +797,7 @@ fn main() {
          Runs per second of one locked `true` against one bare tool call (process start \
          included; 200 runs, etcd 100).\n\n\
          | command | dlock runs/s | bare tool runs/s | dlock time / tool time | within 2× |\n\
-         |---|---|---|---|---|\n{cli_rows}\n{primitive_section}"
+         |---|---|---|---|---|\n{cli_rows}\n{scaling_section}{primitive_section}"
     );
     if let Err(e) = std::fs::write(out, doc) {
         eprintln!("cannot write {out}: {e}");

@@ -1,0 +1,287 @@
+//! BENCHMARKS.md's scaling section: `dlock bench --scenario scaling` on every backend
+//! configuration (how one lock's latency grows with the names held, how hand-offs grow
+//! with the waiters on one name), in two tables and one plot, a PNG next to the
+//! document.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use dlock_testkit::Matrix;
+use plotters::prelude::*;
+use serde_json::Value;
+
+use crate::{json_line, num, pinned};
+
+/// The section's heading: everything from it to the next `## ` heading is this section.
+pub const HEADING: &str = "## How cost grows";
+
+/// The plot's file name, next to the document.
+pub const PLOT: &str = "BENCHMARKS-scaling.png";
+
+/// Where a TrueType font for the plot's text is looked for (Debian's fonts-dejavu-core,
+/// which `scripts/benchmarks` installs).
+const FONTS: [&str; 2] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+/// The configurations measured: one per backend, and the session modes, whose held
+/// locks each pin a connection.
+const TARGETS: [&str; 9] = [
+    "sqlite",
+    "redis (no persistence)",
+    "redlock (5 nodes)",
+    "etcd",
+    "zookeeper",
+    "postgres lease",
+    "postgres advisory",
+    "mariadb lease",
+    "mariadb named",
+];
+
+/// The arguments every scaling run gets.
+const ARGS: [&str; 8] = [
+    "--scenario",
+    "scaling",
+    "--cycles",
+    "1000",
+    "--duration",
+    "3s",
+    "--scale-held",
+    "1,1000,100000",
+];
+
+/// One `dlock bench --scenario scaling --json` run on `url`.
+fn bench(dlock: &Path, url: &str) -> Option<Value> {
+    let out = pinned(dlock)
+        .args(["bench", "--url", url, "--json"])
+        .args(ARGS)
+        .args(["--scale-waiters", "1,10,100,1000"])
+        .env_remove("DLOCK_URL")
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "benchmarks: dlock bench --scenario scaling {url} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    json_line(&out).map(|r| r["scaling"].clone())
+}
+
+fn us(v: &Value) -> String {
+    v.as_u64().map_or("–".to_owned(), |u| u.to_string())
+}
+
+/// "p50 / p99" of a latency object.
+fn p50_p99(l: &Value) -> String {
+    format!("{} / {}", us(&l["p50_us"]), us(&l["p99_us"]))
+}
+
+/// The section (and the plot, written to `plot`), measured now.
+pub fn section(dlock: &Path, matrix: &Matrix, plot: &Path) -> String {
+    let mut runs: Vec<(String, Value)> = Vec::new();
+    for t in matrix
+        .targets
+        .iter()
+        .filter(|t| TARGETS.contains(&t.label.as_str()))
+    {
+        eprintln!("benchmarks: scaling on {}", t.label);
+        if let Some(s) = bench(dlock, &t.url) {
+            runs.push((t.label.clone(), s));
+        }
+    }
+    let mut held_rows = String::new();
+    let mut waiter_rows = String::new();
+    let mut stopped = String::new();
+    for (label, s) in &runs {
+        let levels = s["held"].as_array().cloned().unwrap_or_default();
+        let first = levels.first().and_then(|l| l["acquire"]["p50_us"].as_f64());
+        for l in &levels {
+            let growth = match (l["acquire"]["p50_us"].as_f64(), first) {
+                (Some(p), Some(f)) if f > 0.0 => format!("{:.2}×", p / f),
+                _ => "–".to_owned(),
+            };
+            let _ = writeln!(
+                held_rows,
+                "| {label} | {} | {} | {} | {growth} | {} | {} |",
+                l["held"],
+                num(&l["fill_seconds"]),
+                p50_p99(&l["acquire"]),
+                p50_p99(&l["release"]),
+                l["rss_per_held_lock_bytes"]
+                    .as_f64()
+                    .map_or("–".to_owned(), |b| format!("{b:.0}")),
+            );
+        }
+        let counted = s["requests_counted"].as_str();
+        for l in s["waiters"].as_array().into_iter().flatten() {
+            let requests = match (l["requests_per_grant"].as_f64(), counted) {
+                (Some(r), Some(what)) => format!("{r:.2} {what}"),
+                _ => "–".to_owned(),
+            };
+            let _ = writeln!(
+                waiter_rows,
+                "| {label} | {} | {} | {} | {} | {requests} | {} |",
+                l["waiters"],
+                num(&l["grants_per_sec"]),
+                num(&l["handoffs_per_sec"]),
+                p50_p99(&l["handoff"]),
+                num(&l["client_cpu_us_per_grant"]),
+            );
+        }
+        for (series, key) in [
+            ("held names", "held_stopped"),
+            ("waiters", "waiters_stopped"),
+        ] {
+            if let Some(why) = s[key].as_str() {
+                let _ = writeln!(stopped, "- {label}, {series}: stopped {why}");
+            }
+        }
+    }
+    let plot_line = match draw(&runs, plot) {
+        Ok(()) => format!(
+            "![acquire p50 against names held; hand-off p50 against waiters]({})\n\n",
+            plot.file_name()
+                .map_or(PLOT.into(), |n| n.to_string_lossy())
+        ),
+        Err(e) => {
+            eprintln!("benchmarks: no plot: {e}");
+            format!("(no plot: {e})\n\n")
+        }
+    };
+    let stopped = if stopped.is_empty() {
+        String::new()
+    } else {
+        format!("Levels not reached:\n\n{stopped}\n")
+    };
+    format!(
+        "{HEADING}\n\n\
+         `dlock bench --scenario scaling --cycles 1000 --duration 3s --scale-held \
+         1,1000,100000 --scale-waiters 1,10,100,1000`, one run per backend. **Names \
+         held:** one `Locker` takes N other locks (auto-renewed, 64 tasks), then times \
+         1,000 acquire + release cycles of one more lock; *× at 1* is the acquire's p50 \
+         over its p50 with one other lock held; RSS per held lock is the client's resident \
+         memory growth over the locks held (from 1,000 on). A session mode (PostgreSQL \
+         advisory and row, MariaDB named and row) pins one connection per held lock, so \
+         the server's connection limit bounds the names one process can hold there. \
+         **Waiters:** W tasks wait on one name behind its holder (the hand-off run with \
+         W + 1 tasks of one process for 3 s); grants count every acquisition, the \
+         releaser's own re-takes included; hand-offs only grants to a different task, \
+         their latency from release to that grant; requests per grant as the server counts \
+         them, where it keeps a count the bench reads; client CPU per grant from \
+         `getrusage`.\n\n\
+         {plot_line}\
+         | backend | names held | time to take them (s) | acquire p50 / p99 µs | × at 1 | release p50 / p99 µs | RSS per held lock (B) |\n\
+         |---|---|---|---|---|---|---|\n{held_rows}\n\
+         | backend | waiters | grants/s | hand-offs/s | hand-off p50 / p99 µs | requests per grant | client CPU per grant (µs) |\n\
+         |---|---|---|---|---|---|---|\n{waiter_rows}\n{stopped}"
+    )
+}
+
+/// The font for the plot's text, registered once.
+fn font() -> Result<(), String> {
+    let bytes = FONTS
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or_else(|| format!("no font at {}", FONTS.join(" or ")))?;
+    plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(bytes.into()))
+        .map_err(|_| "the font cannot be read".to_owned())
+}
+
+/// A series of (x, y) points per backend from `runs`.
+type Series = Vec<(String, Vec<(f64, f64)>)>;
+
+fn series(runs: &[(String, Value)], list: &str, x: &str, y: (&str, &str)) -> Series {
+    runs.iter()
+        .map(|(label, s)| {
+            let points = s[list]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|l| Some((l[x].as_f64()?, l[y.0][y.1].as_f64()?)))
+                .collect();
+            (label.clone(), points)
+        })
+        .filter(|(_, p): &(String, Vec<(f64, f64)>)| !p.is_empty())
+        .collect()
+}
+
+/// Two panels: acquire p50 against names held, hand-off p50 against waiters; both axes
+/// logarithmic.
+fn draw(runs: &[(String, Value)], path: &Path) -> Result<(), String> {
+    font()?;
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let root = BitMapBackend::new(path, (1400, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let (left, right) = root.split_horizontally(700);
+    let panels = [
+        (
+            left,
+            "acquire p50 (µs) with N other names held",
+            "names held",
+            series(runs, "held", "held", ("acquire", "p50_us")),
+        ),
+        (
+            right,
+            "hand-off p50 (µs) with W waiters on one name",
+            "waiters",
+            series(runs, "waiters", "waiters", ("handoff", "p50_us")),
+        ),
+    ];
+    for (area, title, x_label, data) in panels {
+        let max_x = data
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|q| q.0))
+            .fold(10.0, f64::max);
+        let max_y = data
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|q| q.1))
+            .fold(10.0, f64::max);
+        let mut chart = ChartBuilder::on(&area)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(
+                (1.0..max_x * 1.5).log_scale(),
+                (10.0..max_y * 2.0).log_scale(),
+            )
+            .map_err(|x| e(&x))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc("µs")
+            .draw()
+            .map_err(|x| e(&x))?;
+        for (i, (label, points)) in data.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(|x| e(&x))?
+                .label(label.clone())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+            chart
+                .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
+                .map_err(|x| e(&x))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|x| e(&x))?;
+    }
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}
+
+/// The plot's path: next to the document `out`.
+pub fn plot_path(out: &str) -> PathBuf {
+    Path::new(out)
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join(PLOT)
+}
