@@ -166,3 +166,10 @@ impl Default for Meters {
 pub(crate) fn handoff(scheme: &'static str) {
     metrics::counter!("dlock_handoffs_total", "scheme" => scheme).increment(1);
 }
+
+/// The level of sqlx's report that a pool connection took long to come (its default is
+/// a warning): on a busy backend, waiting for a connection is part of waiting for a
+/// lock — every held lock of a session mode keeps one — and the wait shows in
+/// `dlock_acquire_seconds`. Kept at debug so `RUST_LOG=sqlx=debug` still shows it.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) const POOL_WAIT_LOG: log::LevelFilter = log::LevelFilter::Debug;

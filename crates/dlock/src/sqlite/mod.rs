@@ -361,7 +361,8 @@ impl SqliteBackend {
             .max_lifetime(None)
             .acquire_timeout(Duration::from_secs(30))
             // A local file needs no liveness ping before every use.
-            .test_before_acquire(false);
+            .test_before_acquire(false)
+            .acquire_slow_level(crate::telemetry::POOL_WAIT_LOG);
         if !writer {
             // Readers keep SQLite's busy handler (a WAL read is rarely busy, but can be
             // while another process opens or checkpoints the file).

@@ -198,6 +198,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         // A ping before every statement would double the round trips; a broken
         // connection shows up as a connection error on the statement instead.
         .test_before_acquire(false)
+        .acquire_slow_level(crate::telemetry::POOL_WAIT_LOG)
         .after_connect(|conn, _| {
             Box::pin(async move {
                 conn.execute(READ_COMMITTED).await?;

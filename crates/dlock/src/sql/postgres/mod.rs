@@ -194,6 +194,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         // A ping before every statement would double the round trips; a broken
         // connection shows up as a connection error on the statement instead.
         .test_before_acquire(false)
+        .acquire_slow_level(crate::telemetry::POOL_WAIT_LOG)
         .connect_lazy_with(connect.clone());
     let sql = Statements::new(&opts.prefix, opts.lock_delay);
     timed(BACKEND, opts.timeout, create_schema(&pool, &sql)).await?;
