@@ -13,6 +13,17 @@ pub(crate) fn encode(bytes: &[u8]) -> String {
     out
 }
 
+/// `bytes` as lower-case hex written into `out` (twice as long), without allocating.
+pub(crate) fn encode_into<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0x0f)];
+    }
+    let n = (bytes.len() * 2).min(out.len());
+    // Only ASCII digits were written.
+    std::str::from_utf8(&out[..n]).unwrap_or_default()
+}
+
 #[cfg_attr(not(any(feature = "redis", feature = "zookeeper")), allow(dead_code))]
 /// `n` as 32 lower-case hex digits (zero-padded), like `format!("{n:032x}")`.
 pub(crate) fn u128_32(n: u128) -> String {
@@ -29,5 +40,7 @@ mod tests {
             assert_eq!(u128_32(n), format!("{n:032x}"));
         }
         assert_eq!(encode(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        let mut out = [0u8; 8];
+        assert_eq!(encode_into(&[0x00, 0x0f, 0xa5, 0xff], &mut out), "000fa5ff");
     }
 }

@@ -7,15 +7,17 @@
 //! to the same segment and the segment never contains `/`.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
 /// Longest accepted name, in bytes of UTF-8.
 pub const MAX_NAME_LEN: usize = 512;
 
-/// A validated lock name.
+/// A validated lock name. Cloning one is cheap (the text is shared): a hold, its
+/// backend's record of it and every attempt's request keep one copy between them.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockName(String);
+pub struct LockName(Arc<str>);
 
 impl LockName {
     /// Validate `name`.
@@ -46,7 +48,7 @@ impl LockName {
                 name: display_name(name),
                 reason,
             }),
-            None => Ok(LockName(name.to_owned())),
+            None => Ok(LockName(Arc::from(name))),
         }
     }
 

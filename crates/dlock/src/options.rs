@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -20,8 +21,10 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 ///
 /// Two acquisitions with the same owner are the same holder (reentrancy). Pass an owner
 /// to another task or process as a string ([`Owner::as_str`] / [`str::parse`]).
+///
+/// Cloning one is cheap (the text is shared): a hold keeps its owner without a copy.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Owner(String);
+pub struct Owner(Arc<str>);
 
 impl Owner {
     /// A fresh owner: 128 bits from the operating system's RNG, as 32 hex digits.
@@ -48,7 +51,8 @@ impl Owner {
             pool[*used..*used + 16].fill(0);
             *used += 16;
         });
-        Owner(crate::hex::encode(&bytes))
+        let mut text = [0u8; 32];
+        Owner(Arc::from(crate::hex::encode_into(&bytes, &mut text)))
     }
 
     /// The token text.
@@ -90,7 +94,7 @@ impl FromStr for Owner {
                 "an owner token may only contain letters, digits and . _ : -",
             ));
         }
-        Ok(Owner(s.to_owned()))
+        Ok(Owner(Arc::from(s)))
     }
 }
 

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::backend::AcquisitionId;
+use crate::options::Owner;
 
 /// How long this process's attempts on a lock hold back after a streak ended with a
 /// release to everyone: long enough for a waiter elsewhere to hear the unlock message
@@ -68,7 +69,7 @@ enum State<G> {
 #[derive(Debug)]
 pub(crate) struct Slot<G> {
     acquisition: AcquisitionId,
-    owner: String,
+    owner: Owner,
     state: Mutex<State<G>>,
     wake: Notify,
 }
@@ -120,7 +121,7 @@ pub(crate) struct Offer<G> {
 }
 
 impl<G> Offer<G> {
-    pub(crate) fn owner(&self) -> &str {
+    pub(crate) fn owner(&self) -> &Owner {
         &self.slot.owner
     }
 }
@@ -223,11 +224,11 @@ impl<G> Handoffs<G> {
         &self,
         lock: &str,
         acquisition: AcquisitionId,
-        owner: &str,
+        owner: &Owner,
     ) -> Arc<Slot<G>> {
         let slot = Arc::new(Slot {
             acquisition,
-            owner: owner.to_owned(),
+            owner: owner.clone(),
             state: Mutex::new(State::Waiting(None)),
             wake: Notify::new(),
         });
@@ -396,12 +397,16 @@ pub(crate) enum Leftover<G> {
     /// A grant handed to it.
     Grant(G),
     /// A hand-off to this owner, written with this nonce, that may have landed.
-    Maybe { owner: String, nonce: String },
+    Maybe { owner: Owner, nonce: String },
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn own(token: &str) -> Owner {
+        token.parse().expect("an owner token")
+    }
 
     /// One acquisition id per label, stable within a test.
     fn acq(label: &str) -> AcquisitionId {
@@ -426,8 +431,8 @@ mod tests {
     #[test]
     fn first_waiter_with_a_want_is_offered_and_picks_up_its_grant() {
         let h: Handoffs<u32> = Handoffs::new(16);
-        let a = h.register("l", acq("a"), "a");
-        let _b = h.register("l", acq("b"), "b");
+        let a = h.register("l", acq("a"), &own("a"));
+        let _b = h.register("l", acq("b"), &own("b"));
         // Nobody has stated a want yet: nothing to offer.
         assert!(h.offer("l", None).is_none());
         assert!(matches!(
@@ -439,27 +444,27 @@ mod tests {
             Before::Ask
         ));
         let offer = h.offer("l", None).expect("a waits");
-        assert_eq!(offer.owner(), "a");
+        assert_eq!(offer.owner().as_str(), "a");
         assert!(h.deliver("l", offer, 7).is_ok());
         assert!(matches!(
             h.before_attempt("l", acq("a"), "a", || want("x")),
             Before::Granted(7)
         ));
         assert!(h.leave("l", &a).is_none());
-        assert_eq!(h.offer("l", None).expect("b waits").owner(), "b");
+        assert_eq!(h.offer("l", None).expect("b waits").owner().as_str(), "b");
     }
 
     #[test]
     fn a_grant_left_behind_goes_back_to_the_caller() {
         let h: Handoffs<u32> = Handoffs::new(16);
-        let a = h.register("l", acq("a"), "a");
+        let a = h.register("l", acq("a"), &own("a"));
         let _ = h.before_attempt("l", acq("a"), "a", || want("na"));
         let offer = h.offer("l", None).expect("a waits");
         // Delivered, then the waiter leaves before picking it up.
         assert!(h.deliver("l", offer, 3).is_ok());
         assert!(matches!(h.leave("l", &a), Some(Leftover::Grant(3))));
         // Offered, the waiter leaves, then the hand-off lands: the releaser gets it back.
-        let b = h.register("l", acq("b"), "b");
+        let b = h.register("l", acq("b"), &own("b"));
         let _ = h.before_attempt("l", acq("b"), "b", || want("nb"));
         let offer = h.offer("l", None).expect("b waits");
         assert!(h.leave("l", &b).is_none());
@@ -470,7 +475,7 @@ mod tests {
     #[test]
     fn the_streak_is_capped_then_local_attempts_hold_back() {
         let h: Handoffs<u32> = Handoffs::new(2);
-        let _a = h.register("l", acq("a"), "a");
+        let _a = h.register("l", acq("a"), &own("a"));
         for round in 0..2 {
             let _ = h.before_attempt("l", acq("a"), "a", || want("n"));
             let offer = h.offer("l", None).expect("offered");
@@ -510,7 +515,7 @@ mod tests {
             h.before_attempt("l", acq("holder"), "holder", || want("h")),
             Before::Ask
         ));
-        let a = h.register("l", acq("a"), "a");
+        let a = h.register("l", acq("a"), &own("a"));
         assert!(matches!(
             h.before_attempt("l", acq("a"), "a", || want("na")),
             Before::Yield(_)
@@ -545,8 +550,8 @@ mod tests {
         let h: Handoffs<u32> = Handoffs::new(16);
         let long = AcquisitionId::new();
         let short = AcquisitionId::new();
-        let a = h.register("l", long, "x");
-        let b = h.register("l", short, "x");
+        let a = h.register("l", long, &own("x"));
+        let b = h.register("l", short, &own("x"));
         let mut w_long = want("nl");
         w_long.ttl = Duration::from_secs(60);
         let mut w_short = want("ns");
@@ -575,7 +580,7 @@ mod tests {
     #[test]
     fn an_uncertain_hand_off_is_recovered_by_nonce() {
         let h: Handoffs<u32> = Handoffs::new(16);
-        let a = h.register("l", acq("a"), "a");
+        let a = h.register("l", acq("a"), &own("a"));
         let _ = h.before_attempt("l", acq("a"), "a", || want("na"));
         let offer = h.offer("l", None).expect("a waits");
         let sent_at = Instant::now() - Duration::from_secs(3);
@@ -592,7 +597,7 @@ mod tests {
         h.uncertain(h.offer("l", None).expect("waiting again"), Instant::now());
         assert!(matches!(
             h.leave("l", &a),
-            Some(Leftover::Maybe { owner, nonce }) if owner == "a" && nonce == "other"
+            Some(Leftover::Maybe { owner, nonce }) if owner.as_str() == "a" && nonce == "other"
         ));
     }
 }

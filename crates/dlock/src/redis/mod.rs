@@ -114,7 +114,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::options::Metadata;
+use crate::options::{Metadata, Owner};
 use crate::url::ConnectUrl;
 
 mod conn;
@@ -800,7 +800,7 @@ impl Backend for RedisBackend {
             inner: Arc::clone(inner),
             name: req.name.clone(),
             keys,
-            owner: req.owner.as_str().to_owned(),
+            owner: req.owner.clone(),
             fence,
             released: std::sync::atomic::AtomicBool::new(false),
             granted_at,
@@ -841,7 +841,7 @@ impl Backend for RedisBackend {
         let slot = inner
             .handoffs
             .as_ref()
-            .map(|h| h.register(&keys.lock, req.acquisition, req.owner.as_str()));
+            .map(|h| h.register(&keys.lock, req.acquisition, &req.owner));
         Ok(Box::new(RedisWaiter {
             watch,
             poll: inner.poll,
@@ -1018,7 +1018,7 @@ impl Drop for RedisWaiter {
             let result = match leftover {
                 handoff::Leftover::Grant(held) => held.release().await,
                 handoff::Leftover::Maybe { owner, nonce } => {
-                    inner.abandon(&keys, &owner, &nonce).await
+                    inner.abandon(&keys, owner.as_str(), &nonce).await
                 }
             };
             if let Err(e) = result {
@@ -1032,7 +1032,7 @@ struct RedisHeld {
     inner: Arc<Inner>,
     name: LockName,
     keys: Keys,
-    owner: String,
+    owner: Owner,
     fence: u64,
     released: std::sync::atomic::AtomicBool,
     /// Set on a grant handed over in-process: when the hand-off was sent.
@@ -1078,9 +1078,9 @@ impl RedisHeld {
             .key(&self.keys.lock)
             .key(&self.keys.counter)
             .key(&self.keys.signal)
-            .arg(&self.owner)
+            .arg(self.owner.as_str())
             .arg(self.fence)
-            .arg(offer.owner())
+            .arg(offer.owner().as_str())
             .arg(u64::try_from(want.ttl.as_millis()).unwrap_or(u64::MAX))
             .arg(&want.metadata)
             .arg(&want.nonce)
@@ -1093,13 +1093,13 @@ impl RedisHeld {
                     inner: Arc::clone(&self.inner),
                     name: self.name.clone(),
                     keys: self.keys.clone(),
-                    owner: offer.owner().to_owned(),
+                    owner: offer.owner().clone(),
                     fence,
                     released: std::sync::atomic::AtomicBool::new(false),
                     granted_at: Some(sent_at),
                     counted: std::sync::atomic::AtomicBool::new(true),
                 };
-                handoffs.note_held(&self.keys.lock, offer.owner(), sent_at + want.ttl);
+                handoffs.note_held(&self.keys.lock, offer.owner().as_str(), sent_at + want.ttl);
                 match handoffs.deliver(&self.keys.lock, offer, grant) {
                     Ok(()) => crate::telemetry::handoff(self.inner.scheme()),
                     // The waiter left while the hand-off was on its way.
@@ -1141,7 +1141,7 @@ impl HeldLock for RedisHeld {
         let held = self
             .inner
             .renewer
-            .renew(&self.keys, &self.owner, self.fence, ttl)
+            .renew(&self.keys, self.owner.as_str(), self.fence, ttl)
             .await?;
         if held {
             if let Some(h) = &self.inner.handoffs {
@@ -1183,7 +1183,7 @@ impl HeldLock for RedisHeld {
             Err(e) => Err(e),
             Ok(false) => self
                 .inner
-                .release(&self.keys, &self.owner, self.fence)
+                .release(&self.keys, self.owner.as_str(), self.fence)
                 .await
                 .map(|_| ()),
         };
