@@ -168,8 +168,9 @@ pub(crate) fn handoff(scheme: &'static str) {
 }
 
 /// The level of sqlx's report that a pool connection took long to come (its default is
-/// a warning): on a busy backend, waiting for a connection is part of waiting for a
-/// lock — every held lock of a session mode keeps one — and the wait shows in
-/// `dlock_acquire_seconds`. Kept at debug so `RUST_LOG=sqlx=debug` still shows it.
+/// a warning): on a busy backend, waiting for a pool connection is part of waiting for
+/// a lock (64 tasks taking locks through an SQLite pool of a few connections wait for
+/// them in turn), and the wait shows in `dlock_acquire_seconds`. At debug, a filter
+/// such as `sqlx=debug` (the `dlock` CLI's `--log`) still shows it.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) const POOL_WAIT_LOG: log::LevelFilter = log::LevelFilter::Debug;

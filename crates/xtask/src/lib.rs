@@ -26,38 +26,45 @@ pub fn cpu_model() -> String {
         .unwrap_or_default()
 }
 
-/// Write `section` over the last section of the document at `path` — everything from
-/// `heading`, which begins `section`, to the end — keeping what comes before it; the
-/// whole of `section` is appended when the document has no such heading yet.
-///
-/// # Errors
-/// When the document cannot be written.
-pub fn replace_last_section(path: &str, heading: &str, section: &str) -> std::io::Result<()> {
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    let kept = old.find(heading).map_or(old.as_str(), |at| &old[..at]);
-    std::fs::write(path, format!("{kept}{section}"))
+/// Where the line `heading` begins in `doc` (a whole line, not part of one).
+fn heading_at(doc: &str, heading: &str) -> Option<usize> {
+    let line_end = |at: usize| {
+        doc[at + heading.len()..].is_empty() || doc[at + heading.len()..].starts_with('\n')
+    };
+    if doc.starts_with(heading) && line_end(0) {
+        return Some(0);
+    }
+    doc.match_indices(&format!("\n{heading}"))
+        .map(|(i, _)| i + 1)
+        .find(|&at| line_end(at))
 }
 
-/// Write `section` over the section of the document at `path` that begins with
-/// `heading` — everything from it to the next `## ` heading, or to the end — keeping
-/// what comes before and after it. A document without that heading yet gets `section`
-/// inserted before the heading `before`, or appended if it has neither.
+/// Write `section` over the section of the document at `path` that begins with the
+/// line `heading` — everything from it to the next `## ` heading, or to the end —
+/// keeping what comes before and after it. A document without that heading yet gets
+/// `section` inserted before the line `before`, or appended if it has neither (or
+/// `before` is `None`); a document that does not exist yet is made.
 ///
 /// # Errors
-/// When the document cannot be written.
+/// When the document exists but cannot be read, or cannot be written.
 pub fn replace_section(
     path: &str,
     heading: &str,
-    before: &str,
+    before: Option<&str>,
     section: &str,
 ) -> std::io::Result<()> {
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    let Some(at) = old.find(heading) else {
-        let at = old.find(before).unwrap_or(old.len());
+    let old = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    let Some(at) = heading_at(&old, heading) else {
+        let at = before
+            .and_then(|b| heading_at(&old, b))
+            .unwrap_or(old.len());
         return std::fs::write(path, format!("{}{section}{}", &old[..at], &old[at..]));
     };
-    let rest = &old[at + heading.len()..];
-    let end = rest
+    let end = old[at + heading.len()..]
         .find("\n## ")
         .map_or(old.len(), |i| at + heading.len() + i + 1);
     std::fs::write(path, format!("{}{section}{}", &old[..at], &old[end..]))
@@ -75,46 +82,41 @@ mod tests {
         let path = dir.path().join("DOC.md");
         let path = path.to_str().expect("utf-8 path");
         std::fs::write(path, "# Doc\n\n## A\n\na\n## B\n\nb\n").expect("write");
-        replace_section(path, "## A", "## B", "## A\n\nnew\n").expect("replace");
+        replace_section(path, "## A", Some("## B"), "## A\n\nnew\n").expect("replace");
         assert_eq!(
             std::fs::read_to_string(path).expect("read"),
             "# Doc\n\n## A\n\nnew\n## B\n\nb\n"
         );
-        replace_section(path, "## B", "## Z", "## B\n\nlast\n").expect("replace the last");
+        replace_section(path, "## B", None, "## B\n\nlast\n").expect("replace the last");
         assert_eq!(
             std::fs::read_to_string(path).expect("read"),
             "# Doc\n\n## A\n\nnew\n## B\n\nlast\n"
         );
-        replace_section(path, "## C", "## Z", "## C\n\nc\n").expect("append");
+        replace_section(path, "## C", Some("## Z"), "## C\n\nc\n").expect("append");
         assert!(
             std::fs::read_to_string(path)
                 .expect("read")
                 .ends_with("## B\n\nlast\n## C\n\nc\n")
         );
-        replace_section(path, "## A0", "## B", "## A0\n\nz\n").expect("insert");
+        replace_section(path, "## A0", Some("## B"), "## A0\n\nz\n").expect("insert");
         assert_eq!(
             std::fs::read_to_string(path).expect("read"),
             "# Doc\n\n## A\n\nnew\n## A0\n\nz\n## B\n\nlast\n## C\n\nc\n"
         );
-    }
-
-    /// The last section is replaced from its heading on; a document without it gets
-    /// the section appended; what came before is kept byte for byte.
-    #[test]
-    fn the_last_section_is_replaced_and_the_rest_kept() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("DOC.md");
-        let path = path.to_str().expect("utf-8 path");
-        std::fs::write(path, "# Doc\n\nbefore\n").expect("write");
-        replace_last_section(path, "## Last", "## Last\n\none\n").expect("append");
+        // Only a whole line is the heading: "## A" is not "## A0", nor inside a line.
+        replace_section(path, "## A", None, "## A\n\nagain\n").expect("replace");
         assert_eq!(
             std::fs::read_to_string(path).expect("read"),
-            "# Doc\n\nbefore\n## Last\n\none\n"
+            "# Doc\n\n## A\n\nagain\n## A0\n\nz\n## B\n\nlast\n## C\n\nc\n"
         );
-        replace_last_section(path, "## Last", "## Last\n\ntwo\n").expect("replace");
+        std::fs::write(path, "see ## X here\n").expect("write");
+        replace_section(path, "## X", None, "## X\n\nx\n").expect("append");
         assert_eq!(
             std::fs::read_to_string(path).expect("read"),
-            "# Doc\n\nbefore\n## Last\n\ntwo\n"
+            "see ## X here\n## X\n\nx\n"
         );
+        // A document that cannot be read is an error, not an empty document.
+        let dir_path = dir.path().to_str().expect("utf-8 path");
+        assert!(replace_section(dir_path, "## X", None, "## X\n").is_err());
     }
 }

@@ -142,7 +142,7 @@ pub async fn tasks_on_one_lock(
     let events = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let deadline = start + duration;
-    let mut tasks = Vec::new();
+    let mut set = tokio::task::JoinSet::new();
     for task in 0..waiters {
         let (locker, name, events, opts) = (
             locker.clone(),
@@ -150,7 +150,7 @@ pub async fn tasks_on_one_lock(
             Arc::clone(&events),
             opts.clone(),
         );
-        tasks.push(tokio::spawn(async move {
+        set.spawn(async move {
             while Instant::now() < deadline {
                 let g = match waiting {
                     Waiting::Notified => locker.lock_with(&name, &opts).await?,
@@ -172,29 +172,11 @@ pub async fn tasks_on_one_lock(
                 g.release().await?;
             }
             Ok::<(), dlock::Error>(())
-        }));
+        });
     }
     // On the first failure the other tasks are stopped (and waited for), so none goes on
     // taking the lock behind the caller's back.
-    let mut failed = None;
-    for i in 0..tasks.len() {
-        let got = (&mut tasks[i]).await;
-        let err = match got {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(Failure::from(e)),
-            Err(e) if e.is_cancelled() => None,
-            Err(e) => Some(Failure::internal(e.to_string())),
-        };
-        if failed.is_none()
-            && let Some(e) = err
-        {
-            failed = Some(e);
-            tasks.iter().for_each(tokio::task::JoinHandle::abort);
-        }
-    }
-    if let Some(e) = failed {
-        return Err(e);
-    }
+    crate::bench::tasks::join_or_stop(set).await?;
     let seconds = start.elapsed().as_secs_f64();
     let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
     Ok(summarize(events, waiters, seconds))

@@ -136,11 +136,11 @@ pub async fn take_many(
 ) -> Result<Vec<LockGuard>, Failure> {
     let count = range.end.saturating_sub(range.start);
     let tasks = 64u64.min(count.max(1));
-    let mut joins = Vec::new();
+    let mut set = tokio::task::JoinSet::new();
     for t in 0..tasks {
         let (locker, opts, prefix) = (locker.clone(), opts.clone(), prefix.to_owned());
         let start = range.start;
-        joins.push(tokio::spawn(async move {
+        set.spawn(async move {
             let mut guards: Vec<LockGuard> = Vec::new();
             let mut i = t;
             while i < count && until.is_none_or(|u| Instant::now() < u) {
@@ -152,29 +152,10 @@ pub async fn take_many(
                 i += tasks;
             }
             Ok::<_, dlock::Error>(guards)
-        }));
+        });
     }
-    let mut guards = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
-    // On the first failure the other tasks stop taking locks (theirs are given back as
-    // they drop); every task is waited for.
-    let mut failed = None;
-    for i in 0..joins.len() {
-        let got = (&mut joins[i]).await;
-        let err = match got {
-            Ok(Ok(more)) => {
-                guards.extend(more);
-                None
-            }
-            Ok(Err(e)) => Some(Failure::from(e)),
-            Err(e) if e.is_cancelled() => None,
-            Err(e) => Some(Failure::internal(e.to_string())),
-        };
-        if failed.is_none()
-            && let Some(e) = err
-        {
-            failed = Some(e);
-            joins.iter().for_each(tokio::task::JoinHandle::abort);
-        }
-    }
-    failed.map_or(Ok(guards), Err)
+    // On a failure the other tasks stop; the guards they and the finished ones took
+    // are given back as they drop.
+    let parts = crate::bench::tasks::join_or_stop(set).await?;
+    Ok(parts.into_iter().flatten().collect())
 }

@@ -14,6 +14,7 @@ pub(crate) mod raw_sql;
 mod scaling;
 pub(crate) mod stats;
 mod take;
+mod tasks;
 
 use std::time::{Duration, Instant};
 

@@ -12,9 +12,10 @@
 //!
 //! A level that cannot be reached — its locks not all taken within [`FILL_LIMIT`] (on
 //! SQLite, renewing that many locks every third of their lease takes more commits
-//! than the file can do), or an error (a backend that pins a connection per held lock
-//! runs out of them) — ends its series with the reason; the levels measured before it
-//! stay. The waiters series runs first, since the held one ends with its locks given
+//! than the file can do), one of them lost before its cycles ended, its cycles not
+//! done within [`CYCLES_LIMIT`], or an error (a backend that pins a connection per
+//! held lock runs out of them) — ends its series with the reason; the levels measured
+//! before it stay. The waiters series runs first, since the held one ends with its locks given
 //! back for [`GIVE_BACK_LIMIT`] at most.
 
 use std::time::{Duration, Instant};
@@ -30,6 +31,8 @@ use crate::exit::Failure;
 
 /// How long one level of held names may take to fill.
 const FILL_LIMIT: Duration = Duration::from_secs(60);
+/// How long the timed cycles of one level may take.
+const CYCLES_LIMIT: Duration = Duration::from_secs(60);
 /// How long the held locks are given back for at the end.
 const GIVE_BACK_LIMIT: Duration = Duration::from_secs(20);
 /// The most cycles timed at each level of held names.
@@ -61,8 +64,8 @@ pub struct HeldLevel {
     pub acquire: Latency,
     pub release: Latency,
     /// Resident memory now less before the first level, per held lock (from
-    /// [`MEMORY_FROM`] locks on; both read after the allocator gave back its free
-    /// pages, so what the waiters series freed hides nothing).
+    /// [`MEMORY_FROM`] locks on; with glibc both are read after the allocator gave
+    /// back its free pages, so what the waiters series freed hides nothing).
     pub rss_per_held_lock_bytes: Option<f64>,
 }
 
@@ -95,7 +98,7 @@ enum Counter {
     Redis(String),
     /// The store's revision: one per write.
     Etcd(dlock::etcd::RawClient),
-    /// `Questions`: statements clients sent (one of them the count's own read).
+    /// `Questions`: statements clients sent (the count's own reads among them).
     Mysql(SqlConn),
 }
 
@@ -140,8 +143,16 @@ impl Counter {
                     0,
                 )
                 .await
-                // This read is itself a question.
-                .map(|q| u64::try_from(q.unwrap_or(0)).unwrap_or(0).saturating_sub(1)),
+                .map(|q| u64::try_from(q.unwrap_or(0)).unwrap_or(0)),
+        }
+    }
+
+    /// The clients' requests between two reads.
+    fn between(&self, before: u64, after: u64) -> u64 {
+        match self {
+            // The second read counts itself (the first one counted before its value).
+            Counter::Mysql(_) => after.saturating_sub(before).saturating_sub(1),
+            _ => after.saturating_sub(before),
         }
     }
 }
@@ -156,7 +167,8 @@ pub async fn run(
 ) -> Result<Scaling, Failure> {
     // The waiters first: the held series leaves its locks behind it, giving back what
     // it can within [`GIVE_BACK_LIMIT`].
-    let mut counter = Counter::for_url(url).await?;
+    // Without the server's count the series still runs (its requests are then `None`).
+    let mut counter = Counter::for_url(url).await.ok().flatten();
     let mut waiters = Vec::new();
     let mut waiters_stopped = None;
     for (i, &w) in shape.waiters.iter().enumerate() {
@@ -216,21 +228,21 @@ async fn held_series(
     (levels, stopped)
 }
 
-/// Release `guards` from up to 64 tasks, waiting for every release.
+/// Release `guards` from up to 64 tasks, waiting for every release; dropped unfinished
+/// (the time bound), the tasks are aborted and the guards left release in the
+/// background as they drop.
 async fn give_back(mut guards: Vec<dlock::LockGuard>) {
     let per_task = guards.len().div_ceil(64).max(1);
-    let mut joins = Vec::new();
+    let mut set = tokio::task::JoinSet::new();
     while !guards.is_empty() {
         let part = guards.split_off(guards.len().saturating_sub(per_task));
-        joins.push(tokio::spawn(async move {
+        set.spawn(async move {
             for g in part {
                 let _ = g.release().await;
             }
-        }));
+        });
     }
-    for j in joins {
-        let _ = j.await;
-    }
+    while set.join_next().await.is_some() {}
 }
 
 /// Fill `guards` up to `n` held locks, then time the cycles.
@@ -267,6 +279,13 @@ async fn held_level(
     let (acquire, release) = cycles(locker, &format!("{prefix}:probe"), opts, shape.cycles)
         .await
         .map_err(|e| e.message)?;
+    // The level counts only if every one of its locks was held throughout.
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    if lost > 0 {
+        return Err(format!(
+            "{lost} of the {n} held locks lost by the end of the cycles (their renewals fell behind)"
+        ));
+    }
     Ok(HeldLevel {
         held: n,
         fill_seconds,
@@ -286,7 +305,14 @@ async fn cycles(
 ) -> Result<(Latency, Latency), Failure> {
     let n = cycles.clamp(1, MAX_CYCLES) as usize;
     let (mut acquire, mut release) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for _ in 0..n {
+    let until = Instant::now() + CYCLES_LIMIT;
+    for done in 0..n {
+        if Instant::now() >= until {
+            return Err(Failure::internal(format!(
+                "{done} of {n} cycles in {} s",
+                CYCLES_LIMIT.as_secs()
+            )));
+        }
         let t0 = Instant::now();
         let g = locker.lock_with(name, opts).await?;
         let t1 = Instant::now();
@@ -321,7 +347,10 @@ async fn waiters_level(
     let cpu = cpu_seconds() - cpu;
     let grants = run.acquisitions.max(1) as f64;
     let requests_per_grant = match (counter, before) {
-        (Some(c), Some(b)) => Some(c.read().await?.saturating_sub(b) as f64 / grants),
+        (Some(c), Some(b)) => {
+            let after = c.read().await?;
+            Some(c.between(b, after) as f64 / grants)
+        }
         _ => None,
     };
     Ok(WaitersLevel {

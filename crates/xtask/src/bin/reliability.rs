@@ -27,7 +27,7 @@ fn main() {
     };
     if args.get(4).map(String::as_str) == Some("--only-primitives") {
         let section = primitive_section(&dlock, &matrix, ops / 2);
-        if let Err(e) = xtask::replace_last_section(out, PRIMITIVES_HEADING, &section) {
+        if let Err(e) = xtask::replace_section(out, PRIMITIVES_HEADING, None, &section) {
             eprintln!("cannot write {out}: {e}");
             std::process::exit(1);
         }

@@ -243,13 +243,15 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         listener,
     };
     // An idle session connection is dropped well before the server ends it for
-    // silence: one the server ended would fail the next acquisition that took it.
+    // silence (one the server ended would fail the next acquisition that took it),
+    // and after 5 min at most.
+    let session_idle = (silent / 2).min(Duration::from_secs(300));
     Ok(Arc::new(SqlBackend::new(
         dialect,
         opts,
         hub,
         durable,
-        silent / 2,
+        session_idle,
     )))
 }
 

@@ -175,7 +175,8 @@ fn main() {
     };
     if args.get(4).map(String::as_str) == Some("--only-scaling") {
         let section = scaling::section(&dlock, &matrix, &scaling::plot_path(out));
-        if let Err(e) = xtask::replace_section(out, scaling::HEADING, primitives::HEADING, &section)
+        if let Err(e) =
+            xtask::replace_section(out, scaling::HEADING, Some(primitives::HEADING), &section)
         {
             eprintln!("cannot write {out}: {e}");
             std::process::exit(1);
@@ -185,7 +186,7 @@ fn main() {
     }
     if args.get(4).map(String::as_str) == Some("--only-primitives") {
         let section = primitives::section(&dlock, &matrix);
-        if let Err(e) = xtask::replace_last_section(out, primitives::HEADING, &section) {
+        if let Err(e) = xtask::replace_section(out, primitives::HEADING, None, &section) {
             eprintln!("cannot write {out}: {e}");
             std::process::exit(1);
         }

@@ -159,11 +159,13 @@ pub fn section(dlock: &Path, matrix: &Matrix, plot: &Path) -> String {
     format!(
         "{HEADING}\n\n\
          `dlock bench --scenario scaling --cycles 1000 --duration 3s --scale-held \
-         1,1000,100000 --scale-waiters 1,10,100,1000`, one run per backend. **Names \
+         1,1000,100000 --scale-waiters 1,10,100,1000`, one run per configuration below. **Names \
          held:** one `Locker` takes N other locks (auto-renewed, 64 tasks), then times \
-         1,000 acquire + release cycles of one more lock; *× at 1* is the acquire's p50 \
+         1,000 acquire + release cycles of one more lock (a level counts only if every one \
+         of its locks was still held after them); *× at 1* is the acquire's p50 \
          over its p50 with one other lock held; RSS per held lock is the client's resident \
-         memory growth over the locks held (from 1,000 on). A session mode (PostgreSQL \
+         memory growth over the locks held (from 1,000 on, read after glibc's \
+         `malloc_trim`). A session mode (PostgreSQL \
          advisory and row, MariaDB named and row) pins one connection per held lock, so \
          the server's connection limit bounds the names one process can hold there. \
          **Waiters:** W tasks wait on one name behind its holder (the hand-off run with \
@@ -173,7 +175,7 @@ pub fn section(dlock: &Path, matrix: &Matrix, plot: &Path) -> String {
          them, where it keeps a count the bench reads; client CPU per grant from \
          `getrusage`.\n\n\
          {plot_line}\
-         | backend | names held | time to take them (s) | acquire p50 / p99 µs | × at 1 | release p50 / p99 µs | RSS per held lock (B) |\n\
+         | backend | names held | time to take the level's new ones (s) | acquire p50 / p99 µs | × at 1 | release p50 / p99 µs | RSS per held lock (B) |\n\
          |---|---|---|---|---|---|---|\n{held_rows}\n\
          | backend | waiters | grants/s | hand-offs/s | hand-off p50 / p99 µs | requests per grant | client CPU per grant (µs) |\n\
          |---|---|---|---|---|---|---|\n{waiter_rows}\n{stopped}"
@@ -201,6 +203,8 @@ fn series(runs: &[(String, Value)], list: &str, x: &str, y: (&str, &str)) -> Ser
                 .into_iter()
                 .flatten()
                 .filter_map(|l| Some((l[x].as_f64()?, l[y.0][y.1].as_f64()?)))
+                // A level without the figure (no hand-off at all) has no point on a log axis.
+                .filter(|(_, v)| *v > 0.0)
                 .collect();
             (label.clone(), points)
         })
@@ -239,6 +243,10 @@ fn draw(runs: &[(String, Value)], path: &Path) -> Result<(), String> {
             .iter()
             .flat_map(|(_, p)| p.iter().map(|q| q.1))
             .fold(10.0, f64::max);
+        let min_y = data
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|q| q.1))
+            .fold(max_y, f64::min);
         let mut chart = ChartBuilder::on(&area)
             .caption(title, ("sans-serif", 20))
             .margin(12)
@@ -246,7 +254,7 @@ fn draw(runs: &[(String, Value)], path: &Path) -> Result<(), String> {
             .y_label_area_size(60)
             .build_cartesian_2d(
                 (1.0..max_x * 1.5).log_scale(),
-                (10.0..max_y * 2.0).log_scale(),
+                (min_y / 2.0..max_y * 2.0).log_scale(),
             )
             .map_err(|x| e(&x))?;
         chart
