@@ -3,25 +3,27 @@
 
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
+/// The two hex digits of `b`.
+fn digits(b: u8) -> [u8; 2] {
+    [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0x0f)]]
+}
+
 /// `bytes` as lower-case hex, two digits per byte.
 pub(crate) fn encode(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    for d in bytes.iter().flat_map(|b| digits(*b)) {
+        out.push(char::from(d));
     }
     out
 }
 
-/// `bytes` as lower-case hex written into `out` (twice as long), without allocating.
-pub(crate) fn encode_into<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
+/// 16 bytes as 32 lower-case hex digits (ASCII), without allocating.
+pub(crate) fn encode_16(bytes: &[u8; 16]) -> [u8; 32] {
+    let mut out = [0u8; 32];
     for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = DIGITS[usize::from(b >> 4)];
-        pair[1] = DIGITS[usize::from(b & 0x0f)];
+        pair.copy_from_slice(&digits(*b));
     }
-    let n = (bytes.len() * 2).min(out.len());
-    // Only ASCII digits were written.
-    std::str::from_utf8(&out[..n]).unwrap_or_default()
+    out
 }
 
 #[cfg_attr(not(any(feature = "redis", feature = "zookeeper")), allow(dead_code))]
@@ -40,7 +42,10 @@ mod tests {
             assert_eq!(u128_32(n), format!("{n:032x}"));
         }
         assert_eq!(encode(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
-        let mut out = [0u8; 8];
-        assert_eq!(encode_into(&[0x00, 0x0f, 0xa5, 0xff], &mut out), "000fa5ff");
+        let n = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210_u128;
+        assert_eq!(
+            std::str::from_utf8(&encode_16(&n.to_be_bytes())).expect("ASCII"),
+            format!("{n:032x}")
+        );
     }
 }

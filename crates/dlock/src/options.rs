@@ -51,8 +51,10 @@ impl Owner {
             pool[*used..*used + 16].fill(0);
             *used += 16;
         });
-        let mut text = [0u8; 32];
-        Owner(Arc::from(crate::hex::encode_into(&bytes, &mut text)))
+        // Hex digits are ASCII: the lossy view borrows them as they are.
+        Owner(Arc::from(&*String::from_utf8_lossy(
+            &crate::hex::encode_16(&bytes),
+        )))
     }
 
     /// The token text.

@@ -68,32 +68,11 @@ impl Layout {
 
     /// The keys of lock `name` (with the configured key prefix already applied).
     pub(crate) fn keys(self, name: &str) -> Keys {
-        match self {
-            Layout::Redisson => Keys {
-                lock: name.to_owned(),
-                counter: suffixed("redisson_lock_token", name),
-                signal: suffixed("redisson_lock__channel", name),
-                meta: None,
-                fair_queue: true,
-            },
-            Layout::RedisPy => Keys {
-                lock: name.to_owned(),
-                counter: suffixed("dlock_token", name),
-                signal: suffixed("dlock_unlock", name),
-                meta: Some(suffixed("dlock_meta", name)),
-                fair_queue: false,
-            },
-            Layout::PythonRedisLock => {
-                let lock = format!("lock:{name}");
-                Keys {
-                    counter: suffixed("dlock_token", &lock),
-                    signal: format!("lock-signal:{name}"),
-                    meta: Some(suffixed("dlock_meta", &lock)),
-                    fair_queue: false,
-                    lock,
-                }
-            }
-        }
+        let lock = match self {
+            Layout::Redisson | Layout::RedisPy => name.to_owned(),
+            Layout::PythonRedisLock => format!("{PYTHON_REDIS_LOCK_PREFIX}{name}"),
+        };
+        Keys { lock, layout: self }
     }
 
     pub(crate) fn acquire_script(self) -> &'static Script {
@@ -126,27 +105,55 @@ impl Layout {
     }
 }
 
-/// The keys one lock uses.
+/// python-redis-lock's lock key is the name after this.
+const PYTHON_REDIS_LOCK_PREFIX: &str = "lock:";
+
+/// The keys one lock uses: the lock's own, kept (a held lock keeps its `Keys`); the
+/// others made from it when used, since a held lock needs them only to renew and
+/// release, and 100,000 held locks would keep 300,000 more strings.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     /// The lock itself.
     pub lock: String,
-    /// dlock's (or RFencedLock's) fencing-token counter; never expires.
-    pub counter: String,
-    /// The unlock channel (or, for python-redis-lock, the signal list).
-    pub signal: String,
-    /// Plain layouts: where dlock keeps the holder's metadata (same lease as the lock).
-    pub meta: Option<String>,
-    /// Whether the layout has a fair mode (see [`Keys::queue`]).
-    pub fair_queue: bool,
+    layout: Layout,
 }
 
 impl Keys {
+    /// dlock's (or RFencedLock's) fencing-token counter; never expires.
+    pub(crate) fn counter(&self) -> String {
+        match self.layout {
+            Layout::Redisson => suffixed("redisson_lock_token", &self.lock),
+            Layout::RedisPy | Layout::PythonRedisLock => suffixed("dlock_token", &self.lock),
+        }
+    }
+
+    /// The unlock channel (or, for python-redis-lock, the signal list).
+    pub(crate) fn signal(&self) -> String {
+        match self.layout {
+            Layout::Redisson => suffixed("redisson_lock__channel", &self.lock),
+            Layout::RedisPy => suffixed("dlock_unlock", &self.lock),
+            Layout::PythonRedisLock => {
+                let name = self
+                    .lock
+                    .strip_prefix(PYTHON_REDIS_LOCK_PREFIX)
+                    .unwrap_or(&self.lock);
+                format!("lock-signal:{name}")
+            }
+        }
+    }
+
+    /// Plain layouts: where dlock keeps the holder's metadata (same lease as the lock).
+    pub(crate) fn meta(&self) -> Option<String> {
+        match self.layout {
+            Layout::Redisson => None,
+            Layout::RedisPy | Layout::PythonRedisLock => Some(suffixed("dlock_meta", &self.lock)),
+        }
+    }
+
     /// Redisson layout, fair mode: the FIFO list of waiters and their deadlines
     /// (dlock's own keys: Redisson's RFairLock keeps different semantics in its own).
-    /// Made on demand: most locks are never fair, and a held lock keeps its keys.
     pub(crate) fn queue(&self) -> Option<(String, String)> {
-        self.fair_queue.then(|| {
+        (self.layout == Layout::Redisson).then(|| {
             (
                 suffixed("dlock_lock_queue", &self.lock),
                 suffixed("dlock_lock_timeout", &self.lock),
@@ -220,17 +227,29 @@ mod tests {
     fn redisson_naming_rule() {
         let k = Layout::Redisson.keys("orders:42");
         assert_eq!(k.lock, "orders:42");
-        assert_eq!(k.counter, "redisson_lock_token:{orders:42}");
-        assert_eq!(k.signal, "redisson_lock__channel:{orders:42}");
+        assert_eq!(k.counter(), "redisson_lock_token:{orders:42}");
+        assert_eq!(k.signal(), "redisson_lock__channel:{orders:42}");
+        assert_eq!(k.meta(), None);
         let k = Layout::Redisson.keys("{user1}:cart");
-        assert_eq!(k.signal, "redisson_lock__channel:{user1}:cart");
+        assert_eq!(k.signal(), "redisson_lock__channel:{user1}:cart");
     }
 
     #[test]
     fn python_redis_lock_keys() {
         let k = Layout::PythonRedisLock.keys("job");
         assert_eq!(k.lock, "lock:job");
-        assert_eq!(k.signal, "lock-signal:job");
-        assert_eq!(k.counter, "dlock_token:{lock:job}");
+        assert_eq!(k.signal(), "lock-signal:job");
+        assert_eq!(k.counter(), "dlock_token:{lock:job}");
+        assert_eq!(k.meta().as_deref(), Some("dlock_meta:{lock:job}"));
+    }
+
+    #[test]
+    fn redis_py_keys() {
+        let k = Layout::RedisPy.keys("job");
+        assert_eq!(k.lock, "job");
+        assert_eq!(k.signal(), "dlock_unlock:{job}");
+        assert_eq!(k.counter(), "dlock_token:{job}");
+        assert_eq!(k.meta().as_deref(), Some("dlock_meta:{job}"));
+        assert_eq!(k.queue(), None);
     }
 }

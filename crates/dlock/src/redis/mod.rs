@@ -587,14 +587,14 @@ impl Inner {
 
     async fn release(&self, keys: &Keys, owner: &str, fence: u64) -> Result<i64> {
         let mut inv = self.layout.release_script().prepare_invoke();
-        inv.key(&keys.lock).key(&keys.signal).arg(owner);
-        match &keys.meta {
+        inv.key(&keys.lock).key(keys.signal()).arg(owner);
+        match &keys.meta() {
             None => {
                 inv.arg(fence);
             }
             Some(meta) => {
                 inv.key(meta)
-                    .key(&keys.counter)
+                    .key(keys.counter())
                     .arg(self.signal_kind())
                     .arg(fence);
             }
@@ -608,7 +608,7 @@ impl Inner {
     async fn abandon(&self, keys: &Keys, owner: &str, nonce: &str) -> Result<()> {
         let _: i64 = layout::REDISSON_ABANDON
             .key(&keys.lock)
-            .key(&keys.signal)
+            .key(keys.signal())
             .arg(owner)
             .arg(nonce)
             .invoke_async(&mut self.conn.clone())
@@ -739,7 +739,7 @@ impl Backend for RedisBackend {
             && !req.fair
             && inner.layout.publishes()
             && barging_is_waiting
-            && inner.subscriber.watchers(&keys.signal) > 0
+            && inner.subscriber.watchers(&keys.signal()) > 0
         {
             return Ok(Attempt::Busy { retry_after: None });
         }
@@ -755,13 +755,13 @@ impl Backend for RedisBackend {
             };
             let mut inv = script.prepare_invoke();
             inv.key(&keys.lock)
-                .key(&keys.counter)
+                .key(keys.counter())
                 .arg(ttl_ms)
                 .arg(req.owner.as_str())
                 .arg(&metadata)
                 .arg(&nonce)
                 .arg(if recovering { "1" } else { "0" });
-            if let Some(meta) = &keys.meta {
+            if let Some(meta) = &keys.meta() {
                 inv.key(meta);
             }
             if let Some((queue, deadlines)) = fair_queue {
@@ -831,7 +831,7 @@ impl Backend for RedisBackend {
         let keys = inner.keys(&req.name);
         // Without pub/sub (e.g. an ACL user without channel rights, or the connection
         // cannot be made now) waiting falls back to polling: never a failed lock().
-        let watch = match inner.subscriber.watch(&keys.signal).await {
+        let watch = match inner.subscriber.watch(&keys.signal()).await {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::debug!(lock = %req.name, error = %e, "no unlock messages; polling");
@@ -861,9 +861,9 @@ impl Backend for RedisBackend {
         let inner = &self.inner;
         let keys = inner.keys(name);
         let mut inv = inner.layout.break_script().prepare_invoke();
-        inv.key(&keys.lock).key(&keys.signal);
-        if let Some(meta) = &keys.meta {
-            inv.key(meta).key(&keys.counter);
+        inv.key(&keys.lock).key(keys.signal());
+        if let Some(meta) = &keys.meta() {
+            inv.key(meta).key(keys.counter());
         }
         inv.arg(fence).arg(inner.signal_kind());
         let broke: i64 = inv
@@ -887,7 +887,7 @@ impl Backend for RedisBackend {
         let _: i64 = layout::REDISSON_LEAVE_QUEUE
             .key(queue)
             .key(deadlines)
-            .key(&keys.signal)
+            .key(keys.signal())
             .arg(queue_entry(req))
             .invoke_async(&mut self.inner.conn.clone())
             .await
@@ -905,7 +905,7 @@ impl Backend for RedisBackend {
                 redis::pipe()
                     .hgetall(&keys.lock)
                     .pttl(&keys.lock)
-                    .get(&keys.counter)
+                    .get(keys.counter())
                     .zcard(&deadlines)
                     .query_async(&mut conn)
                     .await
@@ -926,12 +926,12 @@ impl Backend for RedisBackend {
             info.waiters = Some(waiters);
             info
         } else {
-            let meta_key = keys.meta.clone().unwrap_or_default();
+            let meta_key = keys.meta().unwrap_or_default();
             let (owner, pttl, counter, meta): (Option<String>, i64, Option<u64>, Option<String>) =
                 redis::pipe()
                     .get(&keys.lock)
                     .pttl(&keys.lock)
-                    .get(&keys.counter)
+                    .get(keys.counter())
                     .get(&meta_key)
                     .query_async(&mut conn)
                     .await
@@ -1076,8 +1076,8 @@ impl RedisHeld {
         let want = &offer.want;
         let answer: redis::RedisResult<(i64, u64)> = layout::REDISSON_HANDOFF
             .key(&self.keys.lock)
-            .key(&self.keys.counter)
-            .key(&self.keys.signal)
+            .key(self.keys.counter())
+            .key(self.keys.signal())
             .arg(self.owner.as_str())
             .arg(self.fence)
             .arg(offer.owner().as_str())

@@ -287,9 +287,9 @@ impl Inner {
         let plain = Layout::RedisPy.keys(&key);
         Keys {
             token: suffixed("dlock_fence", &key),
+            counter: plain.counter(),
+            meta: plain.meta().unwrap_or_default(),
             lock: plain.lock,
-            counter: plain.counter,
-            meta: plain.meta.unwrap_or_default(),
         }
     }
 
