@@ -51,24 +51,32 @@ fn json_line(out: &std::process::Output) -> Option<Value> {
     })
 }
 
-/// `dlock bench --json` on `url`.
-fn bench(dlock: &Path, url: &str, extra: &[&str]) -> Option<Value> {
+/// `dlock bench --url URL --json ARGS`, pinned to the client CPU and without
+/// `DLOCK_URL`: its JSON report, or `None` (said on stderr) when it failed.
+fn dlock_bench(dlock: &Path, url: &str, args: &[&str]) -> Option<Value> {
     let out = pinned(dlock)
-        .args(["bench", "--url", url, "--json", "--cycles", "3000"])
-        .args(["--processes", "8", "--waiters", "50", "--tasks", "64"])
-        .args(["--duration", "3s"])
-        .args(extra)
+        .args(["bench", "--url", url, "--json"])
+        .args(args)
         .env_remove("DLOCK_URL")
         .output()
         .ok()?;
     if !out.status.success() {
         eprintln!(
-            "benchmarks: dlock bench {url} failed: {}",
+            "benchmarks: dlock bench {} on {url} failed: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
         return None;
     }
     json_line(&out)
+}
+
+/// `dlock bench --json` on `url`: the main table's scenarios.
+fn bench(dlock: &Path, url: &str, extra: &[&str]) -> Option<Value> {
+    let mut args = vec!["--cycles", "3000", "--processes", "8", "--waiters", "50"];
+    args.extend(["--tasks", "64", "--duration", "3s"]);
+    args.extend(extra);
+    dlock_bench(dlock, url, &args)
 }
 
 /// A peer script (Python, or Node for `.js`): one JSON line with `ops_per_sec`,

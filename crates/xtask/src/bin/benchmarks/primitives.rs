@@ -8,7 +8,7 @@ use std::path::Path;
 use dlock_testkit::Matrix;
 use serde_json::Value;
 
-use crate::{json_line, num, pinned, row};
+use crate::{dlock_bench, num, row};
 
 /// The section's heading: everything from it to the end of the file is this section.
 pub const HEADING: &str = "## Primitives beyond the mutex";
@@ -20,21 +20,21 @@ const PRIMITIVES: [&str; 4] = ["semaphore", "read", "write", "election"];
 
 /// One `dlock bench --json --primitive` run on `url`.
 fn bench(dlock: &Path, url: &str, primitive: &str) -> Option<Value> {
-    let out = pinned(dlock)
-        .args(["bench", "--url", url, "--json", "--primitive", primitive])
-        .args(["--permits", "3", "--cycles", "1000", "--processes", "8"])
-        .args(["--duration", "2s", "--scenario", "uncontended,contended"])
-        .env_remove("DLOCK_URL")
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        eprintln!(
-            "benchmarks: dlock bench --primitive {primitive} {url} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        return None;
-    }
-    json_line(&out)
+    let args = [
+        "--primitive",
+        primitive,
+        "--permits",
+        "3",
+        "--cycles",
+        "1000",
+        "--processes",
+        "8",
+        "--duration",
+        "2s",
+        "--scenario",
+        "uncontended,contended",
+    ];
+    dlock_bench(dlock, url, &args)
 }
 
 /// The section, measured now.

@@ -10,7 +10,7 @@ use dlock_testkit::Matrix;
 use plotters::prelude::*;
 use serde_json::Value;
 
-use crate::{json_line, num, pinned};
+use crate::{dlock_bench, num};
 
 /// The section's heading: everything from it to the next `## ` heading is this section.
 pub const HEADING: &str = "## How cost grows";
@@ -19,7 +19,7 @@ pub const HEADING: &str = "## How cost grows";
 pub const PLOT: &str = "BENCHMARKS-scaling.png";
 
 /// Where a TrueType font for the plot's text is looked for (Debian's fonts-dejavu-core,
-/// which `scripts/benchmarks` installs).
+/// which `scripts/install-servers` installs).
 const FONTS: [&str; 2] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
@@ -40,7 +40,7 @@ const TARGETS: [&str; 9] = [
 ];
 
 /// The arguments every scaling run gets.
-const ARGS: [&str; 8] = [
+const ARGS: [&str; 10] = [
     "--scenario",
     "scaling",
     "--cycles",
@@ -49,25 +49,13 @@ const ARGS: [&str; 8] = [
     "3s",
     "--scale-held",
     "1,1000,100000",
+    "--scale-waiters",
+    "1,10,100,1000",
 ];
 
-/// One `dlock bench --scenario scaling --json` run on `url`.
+/// One `dlock bench --scenario scaling --json` run on `url`: its `scaling` report.
 fn bench(dlock: &Path, url: &str) -> Option<Value> {
-    let out = pinned(dlock)
-        .args(["bench", "--url", url, "--json"])
-        .args(ARGS)
-        .args(["--scale-waiters", "1,10,100,1000"])
-        .env_remove("DLOCK_URL")
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        eprintln!(
-            "benchmarks: dlock bench --scenario scaling {url} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        return None;
-    }
-    json_line(&out).map(|r| r["scaling"].clone())
+    dlock_bench(dlock, url, &ARGS).map(|r| r["scaling"].clone())
 }
 
 fn us(v: &Value) -> String {
@@ -261,6 +249,8 @@ fn draw(runs: &[(String, Value)], path: &Path) -> Result<(), String> {
             .configure_mesh()
             .x_desc(x_label)
             .y_desc("µs")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
             .draw()
             .map_err(|x| e(&x))?;
         for (i, (label, points)) in data.iter().enumerate() {
@@ -269,7 +259,9 @@ fn draw(runs: &[(String, Value)], path: &Path) -> Result<(), String> {
                 .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
                 .map_err(|x| e(&x))?
                 .label(label.clone())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(3))
+                });
             chart
                 .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
                 .map_err(|x| e(&x))?;
@@ -292,4 +284,41 @@ pub fn plot_path(out: &str) -> PathBuf {
         .parent()
         .unwrap_or_else(|| Path::new("."))
         .join(PLOT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plot is drawn from reports as `dlock bench --scenario scaling --json` writes
+    /// them: series of several levels, a backend with one level only, and a level
+    /// without a hand-off (p50 0, which a log axis cannot show, is left out).
+    #[test]
+    fn the_plot_is_drawn_from_scaling_reports() {
+        let level =
+            |held: u64, p50: u64| serde_json::json!({"held": held, "acquire": {"p50_us": p50}});
+        let waiters =
+            |w: u64, p50: u64| serde_json::json!({"waiters": w, "handoff": {"p50_us": p50}});
+        let runs = vec![
+            (
+                "a".to_owned(),
+                serde_json::json!({
+                    "held": [level(1, 90), level(1000, 95), level(100_000, 120)],
+                    "waiters": [waiters(1, 0), waiters(10, 100), waiters(1000, 140)],
+                }),
+            ),
+            (
+                "b".to_owned(),
+                serde_json::json!({"held": [level(1, 500)], "waiters": []}),
+            ),
+        ];
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join(PLOT);
+        draw(&runs, &path).expect("the plot (fonts-dejavu-core: scripts/install-servers)");
+        let png = std::fs::read(&path).expect("the plot's file");
+        assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+        assert!(png.len() > 10_000, "an empty picture: {} bytes", png.len());
+        let points = series(&runs, "waiters", "waiters", ("handoff", "p50_us"));
+        assert_eq!(points[0].1, [(10.0, 100.0), (1000.0, 140.0)]);
+    }
 }
