@@ -28,9 +28,10 @@
 //! another boot id (the machine rebooted) is judged by its wall-clock expiry instead.
 //!
 //! # Writes
-//! An unfair acquisition, a renewal and a release are one autocommitted statement each;
-//! fair acquisitions and queue changes are short `BEGIN IMMEDIATE` transactions (WAL
-//! mode). SQLite's busy handler is switched off and dlock retries `SQLITE_BUSY` itself
+//! An unfair acquisition and a release are one autocommitted statement each; fair
+//! acquisitions and queue changes are short `BEGIN IMMEDIATE` transactions (WAL mode).
+//! Renewals are batched: the renewals waiting when the writer connection is free are
+//! one transaction, so one commit (one fsync) renews many leases. SQLite's busy handler is switched off and dlock retries `SQLITE_BUSY` itself
 //! after 50–500 µs, which hands the write lock over much faster than SQLite's own
 //! 1, 2, 5, 10 … ms back-off.
 //!
@@ -75,10 +76,12 @@ use crate::options::{Metadata, Owner};
 use crate::url::ConnectUrl;
 
 mod clock;
+mod renewer;
 mod shared;
 mod statements;
 
 use clock::{Now, read_boot_id};
+use renewer::{Lease, Renewer};
 use shared::SharedHold;
 pub use statements::SCHEMA;
 use statements::{Hold, Outcome, Upkeep};
@@ -144,10 +147,6 @@ enum Op<'a> {
         metadata: &'a str,
         delay: Duration,
     },
-    Renew {
-        hold: Hold<'a>,
-        ttl: Duration,
-    },
     Release {
         hold: Hold<'a>,
     },
@@ -158,10 +157,6 @@ enum Op<'a> {
     AcquireShared {
         req: &'a AcquireRequest,
         metadata: &'a str,
-    },
-    RenewShared {
-        hold: SharedHold<'a>,
-        ttl: Duration,
     },
     ReleaseShared {
         hold: SharedHold<'a>,
@@ -176,7 +171,6 @@ enum Op<'a> {
 enum Done {
     Nothing,
     Acquired(Outcome),
-    Flag(bool),
 }
 
 impl Op<'_> {
@@ -186,11 +180,7 @@ impl Op<'_> {
         match self {
             Op::Schema | Op::Collect | Op::LeaveQueue { .. } | Op::AcquireShared { .. } => true,
             Op::Acquire { req, .. } => req.fair,
-            Op::Renew { .. }
-            | Op::Release { .. }
-            | Op::RenewShared { .. }
-            | Op::ReleaseShared { .. }
-            | Op::LeaveShared { .. } => false,
+            Op::Release { .. } | Op::ReleaseShared { .. } | Op::LeaveShared { .. } => false,
         }
     }
 
@@ -216,17 +206,17 @@ impl Op<'_> {
                 metadata,
                 delay,
             } => Done::Acquired(statements::acquire(conn, req, now, metadata, *delay).await?),
-            Op::Renew { hold, ttl } => Done::Flag(statements::renew(conn, hold, *ttl, now).await?),
-            Op::Release { hold } => Done::Flag(statements::release(conn, hold).await?),
+            Op::Release { hold } => {
+                // Nothing to drop (already released, or lost) is fine too.
+                statements::release(conn, hold).await?;
+                Done::Nothing
+            }
             Op::LeaveQueue { name, entry } => {
                 statements::leave_queue(conn, name, entry).await?;
                 Done::Nothing
             }
             Op::AcquireShared { req, metadata } => {
                 Done::Acquired(shared::acquire(conn, req, now, metadata).await?)
-            }
-            Op::RenewShared { hold, ttl } => {
-                Done::Flag(shared::renew(conn, hold, *ttl, now).await?)
             }
             Op::ReleaseShared { hold } => {
                 shared::release(conn, hold).await?;
@@ -243,6 +233,8 @@ impl Op<'_> {
 #[derive(Debug)]
 struct Inner {
     writer: SqlitePool,
+    /// Renews every held lease of this backend, many in one commit.
+    renewer: Renewer,
     reader: SqlitePool,
     boot_id: Arc<str>,
     changes: ChangeHub,
@@ -318,10 +310,12 @@ impl SqliteBackend {
         } else {
             Self::pool(opts, 2, false, false, &target).await?
         };
+        let boot_id = read_boot_id();
         let inner = Arc::new(Inner {
+            renewer: Renewer::start(writer.clone(), boot_id.clone()),
             writer,
             reader,
-            boot_id: read_boot_id(),
+            boot_id,
             changes: ChangeHub::default(),
             poll,
             durable,
@@ -430,13 +424,15 @@ impl Inner {
         }
     }
 
-    /// Run a renewal; [`Error::NotOwner`] when it found no live hold.
-    async fn renewed(&self, op: Op<'_>, name: &LockName) -> Result<()> {
-        match self.run(op).await? {
-            Done::Flag(true) => Ok(()),
-            _ => Err(Error::NotOwner {
+    /// Renew `lease` (batched with whatever other renewals are waiting: [`renewer`]);
+    /// [`Error::NotOwner`] when it found no live hold.
+    async fn renewed(&self, lease: Lease, ttl: Duration, name: &LockName) -> Result<()> {
+        if self.renewer.renew(lease, ttl).await? {
+            Ok(())
+        } else {
+            Err(Error::NotOwner {
                 name: name.as_str().to_owned(),
-            }),
+            })
         }
     }
 
@@ -662,11 +658,12 @@ impl HeldLock for SqliteHeld {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let op = Op::Renew {
-            hold: self.hold(),
-            ttl,
+        let lease = Lease::Lock {
+            name: self.name.clone(),
+            owner: self.owner.clone(),
+            fence: self.fence,
         };
-        self.inner.renewed(op, &self.name).await
+        self.inner.renewed(lease, ttl, &self.name).await
     }
 
     async fn release(&self) -> Result<()> {
@@ -753,11 +750,14 @@ impl HeldLock for SqliteSharedHeld {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let op = Op::RenewShared {
-            hold: self.hold(),
-            ttl,
+        let lease = Lease::Shared {
+            name: self.name.clone(),
+            family: self.family,
+            owner: self.owner.clone(),
+            acquisition: self.acquisition,
+            fence: self.fence,
         };
-        self.inner.renewed(op, &self.name).await
+        self.inner.renewed(lease, ttl, &self.name).await
     }
 
     async fn release(&self) -> Result<()> {
@@ -863,6 +863,83 @@ mod tests {
             h.fencing_token()
         );
         h.release().await.expect("release");
+    }
+
+    /// Renewals waiting together are one batch, and each answers for its own lease:
+    /// one no longer held is refused while the others in its batch are extended.
+    #[tokio::test]
+    async fn waiting_renewals_are_one_batch_and_answer_each_for_itself() {
+        let dir = tempfile::tempdir().expect("dir");
+        let url = format!("sqlite://{}/r.db", dir.path().display());
+        let b = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open");
+        let mut held = Vec::new();
+        for i in 0..40 {
+            held.push(Arc::new(grant(&b, &format!("n{i}")).await));
+        }
+        let expiries = || async {
+            let mut all = Vec::new();
+            for i in 0..40 {
+                let ms: i64 =
+                    sqlx::query_scalar("SELECT expires_boot_ms FROM dlock_locks WHERE name = ?1")
+                        .bind(format!("n{i}"))
+                        .fetch_one(&b.inner.reader)
+                        .await
+                        .expect("expiry");
+                all.push(ms);
+            }
+            all
+        };
+        let before = expiries().await;
+        // One lease is given back: its renewal must fail alone.
+        held[7].release().await.expect("release");
+        let batches = b.inner.renewer.batches();
+        // With the writer connection busy, every renewal queues behind it.
+        let busy = b.inner.writer.acquire().await.expect("writer");
+        let tasks: Vec<_> = held
+            .iter()
+            .map(|h| {
+                let h = h.clone();
+                tokio::spawn(async move { h.renew(Duration::from_secs(90)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(busy);
+        for (i, t) in tasks.into_iter().enumerate() {
+            let outcome = t.await.expect("task");
+            if i == 7 {
+                assert!(
+                    matches!(outcome, Err(Error::NotOwner { .. })),
+                    "n7: {outcome:?}"
+                );
+            } else {
+                outcome.unwrap_or_else(|e| panic!("n{i}: {e}"));
+            }
+        }
+        assert_eq!(
+            b.inner.renewer.batches() - batches,
+            1,
+            "40 waiting renewals in one batch"
+        );
+        let after = expiries().await;
+        for i in 0..40 {
+            if i == 7 {
+                assert_eq!(after[i], before[i], "the released lease was renewed");
+            } else {
+                assert!(
+                    after[i] >= before[i] + 50_000,
+                    "n{i}: {} -> {}",
+                    before[i],
+                    after[i]
+                );
+            }
+        }
+        for (i, h) in held.iter().enumerate() {
+            if i != 7 {
+                h.release().await.expect("release");
+            }
+        }
     }
 
     /// Opening a database whose schema exists takes no write lock and opens no reader:
