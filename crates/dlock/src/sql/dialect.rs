@@ -3,6 +3,7 @@
 //! everything else — the modes, holds, sessions, waiting and `inspect` — is written
 //! once in [`super::engine`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -93,6 +94,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// Lease mode: extend to at least `ttl` from now (never shorten); `false` when the
     /// hold is gone.
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool>;
+    /// Lease mode: [`Dialect::lease_renew`] for several holds at once (at most
+    /// [`super::renewer::MAX_BATCH`]), in as few statements as the server allows; one
+    /// answer per hold, in order.
+    async fn lease_renew_many(&self, holds: &[Arc<Hold>], ttl: Duration) -> Result<Vec<bool>>;
     /// Lease mode: an operator's forced release of the hold granted with `fence`
     /// (`false`: it is not the one held); wakes waiters in other processes where the
     /// server can.

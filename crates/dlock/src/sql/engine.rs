@@ -9,6 +9,7 @@ use sqlx::Connection as _;
 use tokio_util::sync::CancellationToken;
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
+use super::renewer::LeaseRenewer;
 use super::session::{IdleConns, Pinned, Session};
 use super::{Mode, SqlOptions, SqlWaiter, hex, lock_key, metadata_from};
 use crate::backend::{
@@ -29,6 +30,8 @@ pub(crate) struct SqlBackend<D: Dialect> {
     durable: bool,
     /// The semaphore and read-write lock tables exist (made on first use).
     shared_ready: tokio::sync::OnceCell<()>,
+    /// Renews lease-mode holds, many per statement.
+    renewer: LeaseRenewer,
 }
 
 impl<D: Dialect> std::fmt::Debug for SqlBackend<D> {
@@ -52,8 +55,10 @@ impl<D: Dialect> SqlBackend<D> {
         durable: bool,
         max_idle: Duration,
     ) -> Self {
+        let dialect = Arc::new(dialect);
         SqlBackend {
-            dialect: Arc::new(dialect),
+            renewer: LeaseRenewer::start(Arc::clone(&dialect)),
+            dialect,
             idle: Arc::new(IdleConns::new(opts.sessions, max_idle)),
             opts,
             hub,
@@ -95,8 +100,9 @@ impl<D: Dialect> SqlBackend<D> {
         match self.dialect.lease_acquire(req, &key).await? {
             LeaseAnswer::Granted(fence) => Ok(Attempt::Acquired(Box::new(LeaseHeld {
                 dialect: Arc::clone(&self.dialect),
+                renewer: self.renewer.clone(),
                 hub: Arc::clone(&self.hub),
-                hold: self.hold(req, key, fence),
+                hold: Arc::new(self.hold(req, key, fence)),
                 lock_delay: !self.opts.lock_delay.is_zero(),
             }))),
             LeaseAnswer::Busy(retry_after) => Ok(Attempt::Busy { retry_after }),
@@ -287,8 +293,9 @@ impl<D: Dialect> Backend for SqlBackend<D> {
 /// A lease-mode hold: a row the statements renew and release by (owner, token).
 struct LeaseHeld<D> {
     dialect: Arc<D>,
+    renewer: LeaseRenewer,
     hub: Arc<WakeOne<[u8; 32]>>,
-    hold: Hold,
+    hold: Arc<Hold>,
     lock_delay: bool,
 }
 
@@ -307,7 +314,7 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        if self.dialect.lease_renew(&self.hold, ttl).await? {
+        if self.renewer.renew(&self.hold, ttl).await? {
             Ok(())
         } else {
             Err(Error::NotOwner {

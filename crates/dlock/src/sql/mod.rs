@@ -49,6 +49,7 @@ pub mod mysql;
 mod own_conns;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod renewer;
 mod session;
 mod shared;
 

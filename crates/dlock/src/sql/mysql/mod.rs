@@ -374,6 +374,51 @@ impl Dialect for Mysql {
         Ok(done.rows_affected() > 0)
     }
 
+    async fn lease_renew_many(&self, holds: &[Arc<Hold>], ttl: Duration) -> Result<Vec<bool>> {
+        let (Some(last), false) = (holds.last(), holds.len() == 1) else {
+            let mut flags = Vec::with_capacity(holds.len());
+            for h in holds {
+                flags.push(self.lease_renew(h, ttl).await?);
+            }
+            return Ok(flags);
+        };
+        // Padded up to a size with a statement by repeating the last hold, which
+        // changes nothing: a row is found once however often the list names it.
+        let Some((size, sql)) = self.sql.renew_many.iter().find(|(n, _)| *n >= holds.len()) else {
+            return Err(crate::Error::backend(
+                BACKEND,
+                "renewal batch larger than the largest statement",
+            ));
+        };
+        let hold = |i: usize| holds.get(i).unwrap_or(last);
+        let done = self
+            .own_execute(|| {
+                let mut q = sqlx::query(AssertSqlSafe(sql.as_str())).bind(micros(ttl));
+                for i in 0..*size {
+                    q = q.bind(&hold(i).key[..]);
+                }
+                for i in 0..*size {
+                    let h = hold(i);
+                    q = q
+                        .bind(&h.key[..])
+                        .bind(h.owner.as_str().as_bytes())
+                        .bind(h.fence);
+                }
+                q
+            })
+            .await?;
+        if done.rows_affected() == super::renewer::distinct(holds) as u64 {
+            return Ok(vec![true; holds.len()]);
+        }
+        // One or more are no longer held: ask each alone which (renewing one twice
+        // changes nothing, renewals never shorten).
+        let mut flags = Vec::with_capacity(holds.len());
+        for h in holds {
+            flags.push(self.lease_renew(h, ttl).await?);
+        }
+        Ok(flags)
+    }
+
     async fn lease_break(&self, key: &[u8; 32], fence: u64) -> Result<bool> {
         let done = retrying(self.timeout, || {
             sqlx::query(AssertSqlSafe(&*self.sql.break_lease))

@@ -14,6 +14,24 @@
 //! very first insert of a name can race with another first insert; the rare deadlock
 //! that InnoDB may report there (1213) is retried by the backend.
 
+/// The batch sizes [`Statements::renew_many`] has a text for (few texts, so few
+/// prepared statements per connection).
+pub(super) const RENEW_MANY_SIZES: [usize; 4] = [4, 16, 64, 256];
+
+/// The renewal of `n` holds in one statement. Binds: ttl µs, then the `n` keys, then
+/// `n` times key, owner, fence. Found rows: how many of the holds were renewed (a grant
+/// named twice counts once). The key list alone lets the server look the rows up by
+/// primary key whatever it makes of the row-value list.
+fn renew_many(p: &str, n: usize) -> String {
+    let keys = vec!["?"; n].join(", ");
+    let rows = vec!["(?, ?, ?)"; n].join(", ");
+    format!(
+        "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
+         WHERE lock_key IN ({keys}) AND (lock_key, owner, fence) IN ({rows})
+           AND holds > 0 AND expires_at > {NOW}"
+    )
+}
+
 /// The SQL text for one table prefix.
 #[derive(Debug)]
 pub(super) struct Statements {
@@ -21,6 +39,9 @@ pub(super) struct Statements {
     pub tables: String,
     pub acquire: String,
     pub renew: String,
+    /// [`Statements::renew`] for several holds, one text per size of
+    /// [`RENEW_MANY_SIZES`] (a batch is padded up to the next one).
+    pub renew_many: Vec<(usize, String)>,
     pub release: String,
     /// An operator's forced release of the hold with a given token.
     pub break_lease: String,
@@ -216,6 +237,10 @@ impl Statements {
                 "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
                  WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0 AND expires_at > {NOW}"
             ),
+            renew_many: RENEW_MANY_SIZES
+                .iter()
+                .map(|&n| (n, renew_many(p, n)))
+                .collect(),
             // Binds: key, owner, fence.
             break_lease: format!(
                 "UPDATE {p}_locks SET holds = 0, expires_at = {NOW} - INTERVAL {d} MICROSECOND

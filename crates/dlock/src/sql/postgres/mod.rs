@@ -377,6 +377,33 @@ impl Dialect for Postgres {
         Ok(done.rows_affected() > 0)
     }
 
+    async fn lease_renew_many(&self, holds: &[Arc<Hold>], ttl: Duration) -> Result<Vec<bool>> {
+        if let [one] = holds {
+            return Ok(vec![self.lease_renew(one, ttl).await?]);
+        }
+        let keys: Vec<&[u8]> = holds.iter().map(|h| &h.key[..]).collect();
+        let owners: Vec<&str> = holds.iter().map(|h| h.owner.as_str()).collect();
+        let fences: Vec<i64> = holds.iter().map(|h| fence_i64(h.fence)).collect();
+        let mut c = self.own_conn().await?;
+        let renewed: Vec<(Vec<u8>, i64)> = timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_as(AssertSqlSafe(&*self.sql.renew_many))
+                .bind(&keys)
+                .bind(&owners)
+                .bind(&fences)
+                .bind(micros(ttl))
+                .fetch_all(&mut c.conn),
+        )
+        .await?;
+        self.own.put(c);
+        let renewed: std::collections::HashSet<(Vec<u8>, i64)> = renewed.into_iter().collect();
+        Ok(holds
+            .iter()
+            .map(|h| renewed.contains(&(h.key.to_vec(), fence_i64(h.fence))))
+            .collect())
+    }
+
     async fn lease_break(&self, key: &[u8; 32], fence: u64) -> Result<bool> {
         let broke = timed(
             BACKEND,

@@ -16,6 +16,8 @@ pub(super) struct Statements {
     pub channel: String,
     pub acquire: String,
     pub renew: String,
+    /// [`Statements::renew`] for several holds: see [`super::super::renewer`].
+    pub renew_many: String,
     pub release: String,
     /// An operator's forced release of the hold with a given token.
     pub break_lease: String,
@@ -232,6 +234,17 @@ impl Statements {
                 "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, statement_timestamp() + $4 * interval '1 microsecond')
                  WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
                    AND expires_at > statement_timestamp()"
+            ),
+            // The same for several holds, in one statement. Binds: 1 keys, 2 owners,
+            // 3 fences (arrays, one element per hold), 4 ttl µs. Returns the renewed
+            // rows' key and fence (a grant renewed twice in the batch, once).
+            renew_many: format!(
+                "UPDATE {p}_locks l
+                 SET expires_at = GREATEST(l.expires_at, statement_timestamp() + $4 * interval '1 microsecond')
+                 FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS v(lock_key, owner, fence)
+                 WHERE l.lock_key = v.lock_key AND l.owner = v.owner AND l.fence = v.fence
+                   AND l.holds > 0 AND l.expires_at > statement_timestamp()
+                 RETURNING l.lock_key, l.fence"
             ),
             // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. Notifies at the last hold.
             break_lease: format!(
