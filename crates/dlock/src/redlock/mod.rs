@@ -37,7 +37,9 @@
 //!
 //! Each round's grants carry a nonce in their metadata on every node: release, renewal
 //! and the clean-up of a failed round act on that grant only, never on another task's
-//! grant of the same owner. A renewal never shortens a lease.
+//! grant of the same owner. A renewal never shortens a lease. Renewals waiting at the
+//! same moment go to each node as one script call (each grant still counts its own
+//! quorum), so many held locks cost a node a few calls per tick.
 //!
 //! # Breaking a lock
 //! [`Locker::break_lock`](crate::Locker::break_lock) finds the grant inspect shows
@@ -89,8 +91,10 @@ use crate::redis::layout::{Layout, suffixed};
 use crate::url::ConnectUrl;
 
 mod node;
+mod renewer;
 
 use node::{Job, Node};
+use renewer::{Grant, Renewer};
 
 const SCHEME: &str = "redlock";
 
@@ -123,6 +127,8 @@ struct Inner {
     poll: Duration,
     fencing: Fencing,
     shown: String,
+    /// Renews every held grant, many per script call.
+    renewer: Renewer,
 }
 
 impl std::fmt::Debug for RedlockBackend {
@@ -266,7 +272,7 @@ impl RedlockBackend {
             Fencing::BestEffort
         };
         Ok(Arc::new(RedlockBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|inner| Inner {
                 nodes,
                 quorum,
                 prefix,
@@ -276,6 +282,7 @@ impl RedlockBackend {
                 poll,
                 fencing,
                 shown: url.to_string(),
+                renewer: Renewer::start(inner.clone()),
             }),
         }))
     }
@@ -741,22 +748,15 @@ impl HeldLock for RedlockHeld {
         let n = inner.nodes.len();
         let start = Instant::now();
         let timeout = inner.node_timeout(ttl);
-        let mut inv = RENEW.prepare_invoke();
-        inv.key(&self.keys.lock)
-            .key(&self.keys.meta)
-            .key(&self.keys.token)
-            .arg(&self.owner)
-            .arg(millis(ttl))
-            .arg(&self.nonce);
-        let answers = inner
-            .fan_out::<i64>(
-                &inner.all(),
-                timeout,
-                Job::Script(inv),
-                |v| *v == 1,
-                inner.quorum,
-            )
-            .await;
+        // Batched with the other grants' renewals waiting now (`renewer`).
+        let grant = Grant {
+            lock: self.keys.lock.clone(),
+            meta: self.keys.meta.clone(),
+            token: self.keys.token.clone(),
+            owner: self.owner.clone(),
+            nonce: self.nonce.clone(),
+        };
+        let answers = inner.renewer.renew(grant, ttl).await?;
         let extended = answers.iter().filter(|a| matches!(a, Some(Ok(1)))).count();
         let gone: Vec<usize> = (0..n)
             .filter(|&i| matches!(answers[i], Some(Ok(0))))
@@ -825,6 +825,133 @@ mod tests {
         RedlockBackend::open(ConnectUrl::parse(url).expect("parses"))
             .await
             .expect_err(url)
+    }
+
+    /// Script calls a node has run (`EVALSHA`).
+    async fn script_calls(side: &mut redis::aio::MultiplexedConnection) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(side)
+            .await
+            .expect("info");
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Renewals waiting together go to each node as one script call, and each grant
+    /// answers for itself: one given back is refused, the others are renewed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiting_renewals_are_one_call_per_node_and_answer_each_for_itself() {
+        const N: usize = 40;
+        let Some(mut nodes) =
+            dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default())
+        else {
+            return;
+        };
+        let url = format!("{}?node_timeout=3s", nodes.url());
+        let backend = RedlockBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open");
+        let mut held = Vec::new();
+        for i in 0..N {
+            let req = AcquireRequest {
+                name: LockName::new(&format!("batch-{i}")).expect("name"),
+                owner: crate::options::Owner::random(),
+                acquisition: crate::backend::AcquisitionId::new(),
+                ttl: Duration::from_secs(30),
+                fair: false,
+                enqueue: None,
+                metadata: Metadata::default(),
+                attempt: 0,
+                will_wait: false,
+                primitive: crate::backend::Primitive::Lock,
+                campaign: None,
+            };
+            match backend.try_acquire(&req).await.expect("acquire") {
+                Attempt::Acquired(h) => held.push(Arc::new(h)),
+                Attempt::Busy { .. } => panic!("busy"),
+            }
+        }
+        let mut sides = Vec::new();
+        for i in 0..3 {
+            let addr = nodes.node(i).addr();
+            let client = redis::Client::open(format!("redis://{addr}")).expect("client");
+            sides.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("side"),
+            );
+        }
+        // Loads the script on every node, so that each call below is one EVALSHA.
+        for h in &held {
+            h.renew(Duration::from_secs(30))
+                .await
+                .expect("warm-up renewal");
+        }
+        held[7].release().await.expect("release");
+        let mut before = Vec::new();
+        for side in &mut sides {
+            before.push(script_calls(side).await);
+        }
+        // Every node holds its clients for a moment: the first renewal waits, and the
+        // others queue behind it in the renewal task.
+        for side in &mut sides {
+            let () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(500)
+                .arg("ALL")
+                .query_async(side)
+                .await
+                .expect("pause");
+        }
+        let renew = |h: &Arc<Box<dyn HeldLock>>| {
+            let h = Arc::clone(h);
+            tokio::spawn(async move { h.renew(Duration::from_secs(60)).await })
+        };
+        let first = renew(&held[0]);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let rest: Vec<_> = held[1..].iter().map(renew).collect();
+        let mut answers = vec![first.await.expect("task")];
+        for t in rest {
+            answers.push(t.await.expect("task"));
+        }
+        for (i, a) in answers.iter().enumerate() {
+            if i == 7 {
+                assert!(
+                    matches!(a, Err(Error::NotOwner { .. })),
+                    "the given-back grant: {a:?}"
+                );
+            } else {
+                assert!(a.is_ok(), "grant {i}: {a:?}");
+            }
+        }
+        for (i, side) in sides.iter_mut().enumerate() {
+            let calls = script_calls(side).await - before[i];
+            assert_eq!(
+                calls,
+                2,
+                "node {i}: {calls} script calls for the first renewal and the {} behind it",
+                N - 1
+            );
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg("batch-3")
+                .query_async(side)
+                .await
+                .expect("pttl");
+            assert!(
+                pttl > 45_000,
+                "node {i}: batch-3 not renewed to 60 s: {pttl} ms left"
+            );
+        }
+        for (i, h) in held.iter().enumerate() {
+            if i != 7 {
+                h.release().await.expect("release");
+            }
+        }
     }
 
     #[tokio::test]

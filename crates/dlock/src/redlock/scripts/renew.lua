@@ -1,24 +1,32 @@
--- dlock Redlock renew on one node. Never shortens a lease.
--- KEYS[1] the lock key, KEYS[2] metadata key, KEYS[3] token key.
--- ARGV[1] owner token, ARGV[2] lease in ms, ARGV[3] the grant's nonce.
--- Returns 1 held (extended to at least the lease), 0 the key is gone (expired, or the
--- node restarted empty), -1 another grant (of another owner, or a later one of the
--- same owner) holds it here.
-local v = redis.call('get', KEYS[1])
-if v == ARGV[1] then
-  local meta = redis.call('get', KEYS[2])
-  if meta and string.find(meta, ARGV[3], 1, true) then
-    local lease = tonumber(ARGV[2])
-    if redis.call('pttl', KEYS[1]) < lease then
-      redis.call('pexpire', KEYS[1], lease)
-      redis.call('pexpire', KEYS[2], lease)
-      redis.call('pexpire', KEYS[3], lease)
+-- dlock Redlock renew on one node, for one or many grants at once. Never shortens a
+-- lease.
+-- KEYS: three per grant: its lock key, metadata key, token key.
+-- ARGV[1] lease in ms; then two per grant: its owner token and its nonce.
+-- Returns one answer per grant, in order: 1 held (extended to at least the lease), 0
+-- the key is gone (expired, or the node restarted empty), -1 another grant (of another
+-- owner, or a later one of the same owner) holds it here.
+local lease = tonumber(ARGV[1])
+local out = {}
+for i = 1, #KEYS / 3 do
+  local lock, meta_key, token = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local owner, nonce = ARGV[2 * i], ARGV[2 * i + 1]
+  local v = redis.call('get', lock)
+  local answer = 0
+  if v == owner then
+    local meta = redis.call('get', meta_key)
+    if meta and string.find(meta, nonce, 1, true) then
+      if redis.call('pttl', lock) < lease then
+        redis.call('pexpire', lock, lease)
+        redis.call('pexpire', meta_key, lease)
+        redis.call('pexpire', token, lease)
+      end
+      answer = 1
+    else
+      answer = -1
     end
-    return 1
+  elseif v then
+    answer = -1
   end
-  return -1
+  out[i] = answer
 end
-if v then
-  return -1
-end
-return 0
+return out
