@@ -562,3 +562,38 @@ async fn an_idle_session_connection_is_dropped_before_the_server_ends_it() {
     };
     tokio::join!(after_a_pause("advisory"), after_a_pause("row"));
 }
+
+/// The lease statements' own connections are not kept idle past the server's limit
+/// for idle sessions either (`idle_session_timeout`, set here server-wide as an
+/// operator would): they were kept for 5 min, so the first lock after a pause met a
+/// connection the server had ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_lease_connection_is_dropped_before_the_server_ends_it() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let mut admin = sqlx::PgConnection::connect(&pg.url()).await.expect("admin");
+    sqlx::query("ALTER SYSTEM SET idle_session_timeout = '2s'")
+        .execute(&mut admin)
+        .await
+        .expect("set");
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&mut admin)
+        .await
+        .expect("reload");
+    let _ = admin.close().await;
+    // A reload reaches new sessions at once; give the postmaster a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let locker = Locker::connect(&pg.url()).await.expect("connect");
+    let name = unique("idle-lease");
+    for round in 0..3 {
+        let g = locker
+            .try_lock(&name)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the lock after a pause: {e}"))
+            .expect("free");
+        g.release().await.expect("release");
+        // Past the server's 2 s, with the lease connections idle.
+        tokio::time::sleep(Duration::from_millis(2_600)).await;
+    }
+}

@@ -49,9 +49,12 @@ impl LeaseRenewer {
                     }
                 }
                 while let Some(ttl) = batch.first().map(|r| r.ttl) {
-                    let (same, rest): (Vec<Request>, Vec<Request>) =
+                    let (mut same, rest): (Vec<Request>, Vec<Request>) =
                         batch.into_iter().partition(|r| r.ttl == ttl);
                     batch = rest;
+                    // In key order: two batches touching the same rows (an owner shared
+                    // by two processes) lock them in one order.
+                    same.sort_by_key(|r| r.hold.key);
                     let holds: Vec<Arc<Hold>> = same.iter().map(|r| Arc::clone(&r.hold)).collect();
                     match dialect.lease_renew_many(&holds, ttl).await {
                         Ok(flags) => {

@@ -3,9 +3,9 @@
 //! # Modes
 //! - `mode=lease` (default): a lease row per name in `<prefix>_locks`; expiry by the
 //!   server's clock (`UTC_TIMESTAMP(6)`); the row is the name's fencing counter
-//!   (`LAST_INSERT_ID(fence + 1)`). One autocommitted single-row statement per acquire,
-//!   renew and release (see [`statements`](self) for why that cannot deadlock). Reentrant
-//!   for the same owner.
+//!   (`LAST_INSERT_ID(fence + 1)`). One autocommitted single-row statement per acquire
+//!   and release, one for all the renewals waiting together (see [`statements`](self)
+//!   for why that cannot deadlock). Reentrant for the same owner.
 //! - `mode=named`: `GET_LOCK(name, 0)` on a pinned connection. The server-side name is
 //!   the 64 hex digits of SHA-256 of the dlock name: it fits MySQL's 64-character limit
 //!   (MariaDB allows 192) and no server's case folding or trailing-space rules can

@@ -8,11 +8,15 @@
 //! trip) and tokens of a name strictly increase for as long as the table lives.
 //!
 //! # Why this cannot deadlock
-//! Every statement touches exactly one row, by primary key, in its own autocommitted
-//! transaction (READ COMMITTED, so no gap locks). Once a name's row exists, taking and
-//! giving back the lock are single-row updates that queue on one record lock. Only the
-//! very first insert of a name can race with another first insert; the rare deadlock
-//! that InnoDB may report there (1213) is retried by the backend.
+//! Every statement but the batched renewal touches exactly one row, by primary key, in
+//! its own autocommitted transaction (READ COMMITTED, so no gap locks). Once a name's
+//! row exists, taking and giving back the lock are single-row updates that queue on one
+//! record lock. The batched renewal ([`Statements::renew_many`]) locks its rows in
+//! primary-key order (it reads them by the key list, through the primary key), so two
+//! of them take their locks in one order, and a single-row statement it waits for holds
+//! nothing else. Only the very first insert of a name can race with another first
+//! insert; the rare deadlock that InnoDB may report there (1213) is retried by the
+//! backend.
 
 /// The batch sizes [`Statements::renew_many`] has a text for (few texts, so few
 /// prepared statements per connection).

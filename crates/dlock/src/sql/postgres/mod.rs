@@ -4,8 +4,8 @@
 //! - `mode=lease` (default): a lease row per name in `<prefix>_locks`; expiry by the
 //!   server's clock (`statement_timestamp()`); the fencing token is `nextval` of the
 //!   sequence `<prefix>_fence`, committed by the statement that grants it. One
-//!   autocommitted statement per acquire, renew and release: works through transaction
-//!   poolers (PgBouncer). Reentrant for the same owner.
+//!   autocommitted statement per acquire and release, and one for all the renewals
+//!   waiting together: works through transaction poolers (PgBouncer). Reentrant for the same owner.
 //! - `mode=advisory`: a session `pg_try_advisory_lock(key)` on a pinned connection;
 //!   `key` is the first 8 bytes of SHA-256 of the name (`advisory_key=sha256`, default)
 //!   or the name itself read as a decimal int8 (`advisory_key=number`, to share locks
@@ -221,6 +221,17 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         sqlx::query_scalar("SELECT current_setting('server_version_num')::int").fetch_one(&pool),
     )
     .await?;
+    // The server's own limit for idle sessions (PostgreSQL 14 and later, in ms; 0 =
+    // none), as the lease statements' connections get it: they are dropped well
+    // before it.
+    let server_idle_ms: Option<String> = timed(
+        BACKEND,
+        opts.timeout,
+        sqlx::query_scalar("SELECT setting FROM pg_settings WHERE name = 'idle_session_timeout'")
+            .fetch_optional(&pool),
+    )
+    .await?;
+    let own_idle = own_idle_limit(server_idle_ms.and_then(|ms| ms.parse().ok()));
     let silent = (opts.heartbeat * 5).max(Duration::from_secs(5));
     let silent_ms = silent.as_millis().to_string();
     let mut session_options = vec![
@@ -234,7 +245,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     session_options.push(("idle_in_transaction_session_timeout", silent_ms));
     let dialect = Postgres {
         pool,
-        own: OwnConns::new(opts.pool.max(2), Duration::from_secs(300)),
+        own: OwnConns::new(opts.pool.max(2), own_idle),
         plain: connect.clone(),
         connect: connect.options(session_options),
         sql,
@@ -313,6 +324,16 @@ impl Postgres {
 }
 
 /// A token as PostgreSQL stores it (`bigint`).
+/// How long a lease statement's connection may stay idle: half the server's limit for
+/// idle sessions (`idle_session_timeout`, ms, 0 = none) and at most 5 min.
+fn own_idle_limit(server_idle_ms: Option<u64>) -> Duration {
+    let most = Duration::from_secs(300);
+    match server_idle_ms {
+        Some(ms) if ms > 0 => (Duration::from_millis(ms) / 2).min(most),
+        _ => most,
+    }
+}
+
 fn fence_i64(fence: u64) -> i64 {
     i64::try_from(fence).unwrap_or(i64::MAX)
 }
