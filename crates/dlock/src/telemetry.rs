@@ -169,8 +169,8 @@ pub(crate) fn handoff(scheme: &'static str) {
 
 /// The level of sqlx's report that a pool connection took long to come (its default is
 /// a warning): on a busy backend, waiting for a pool connection is part of waiting for
-/// a lock (64 tasks taking locks through an SQLite pool of a few connections wait for
-/// them in turn), and the wait shows in `dlock_acquire_seconds`. At debug, a filter
+/// a lock (64 tasks taking locks through SQLite's one writing connection wait for it
+/// in turn), and the wait shows in `dlock_acquire_seconds`. At debug, a filter
 /// such as `sqlx=debug` (the `dlock` CLI's `--log`) still shows it.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) const POOL_WAIT_LOG: log::LevelFilter = log::LevelFilter::Debug;
