@@ -53,9 +53,99 @@ const ARGS: [&str; 10] = [
     "1,10,100,1000",
 ];
 
+/// Runs per configuration; each figure is their median.
+const RUNS: usize = 3;
+
 /// One `dlock bench --scenario scaling --json` run on `url`: its `scaling` report.
 fn bench(dlock: &Path, url: &str) -> Option<Value> {
     dlock_bench(dlock, url, &ARGS).map(|r| r["scaling"].clone())
+}
+
+/// The median of several reports' values of one shape, leaf by leaf: a number is the
+/// median of the numbers (the lower middle one of an even count, so always a value some
+/// run measured), anything else the first report's.
+fn median_value(values: &[&Value]) -> Value {
+    match values.first() {
+        Some(Value::Object(first)) => Value::Object(
+            first
+                .keys()
+                .map(|k| {
+                    let leaves: Vec<&Value> = values.iter().map(|v| &v[k]).collect();
+                    (k.clone(), median_value(&leaves))
+                })
+                .collect(),
+        ),
+        Some(Value::Number(_)) => {
+            let mut numbers: Vec<&Value> =
+                values.iter().copied().filter(|v| v.is_number()).collect();
+            numbers.sort_by(|a, b| {
+                let (a, b) = (a.as_f64().unwrap_or(0.0), b.as_f64().unwrap_or(0.0));
+                a.total_cmp(&b)
+            });
+            numbers
+                .get(numbers.len().saturating_sub(1) / 2)
+                .map_or(Value::Null, |v| (*v).clone())
+        }
+        Some(other) => (*other).clone(),
+        None => Value::Null,
+    }
+}
+
+/// Several runs' reports of one configuration as one: each level is the median of the
+/// runs that reached it, with `runs` (how many did) and `range`, the lowest and highest
+/// p50 of its `latency` ("acquire" or "handoff"); a series stopped in any run says how
+/// often and why (the first reason).
+fn combine(reports: &[Value]) -> Value {
+    let mut out = serde_json::Map::new();
+    for (list, latency, stop) in [
+        ("held", "acquire", "held_stopped"),
+        ("waiters", "handoff", "waiters_stopped"),
+    ] {
+        let deepest = reports
+            .iter()
+            .map(|r| r[list].as_array().map_or(0, Vec::len))
+            .max()
+            .unwrap_or(0);
+        let levels: Vec<Value> = (0..deepest)
+            .map(|i| {
+                let reached: Vec<&Value> = reports.iter().filter_map(|r| r[list].get(i)).collect();
+                let mut level = median_value(&reached);
+                let p50s: Vec<f64> = reached
+                    .iter()
+                    .filter_map(|l| l[latency]["p50_us"].as_f64())
+                    .collect();
+                let (low, high) = (
+                    p50s.iter().copied().fold(f64::INFINITY, f64::min),
+                    p50s.iter().copied().fold(0.0, f64::max),
+                );
+                level["runs"] = reached.len().into();
+                if !p50s.is_empty() {
+                    level["range"] = serde_json::json!([low, high]);
+                }
+                level
+            })
+            .collect();
+        out.insert(list.to_owned(), levels.into());
+        let reasons: Vec<&str> = reports.iter().filter_map(|r| r[stop].as_str()).collect();
+        if let Some(first) = reasons.first() {
+            out.insert(
+                stop.to_owned(),
+                format!("in {} of {} runs: {first}", reasons.len(), reports.len()).into(),
+            );
+        }
+    }
+    if let Some(what) = reports.iter().find_map(|r| r["requests_counted"].as_str()) {
+        out.insert("requests_counted".to_owned(), what.into());
+    }
+    Value::Object(out)
+}
+
+/// "low–high" of a level's p50 range, in µs.
+fn range(level: &Value) -> String {
+    match (level["range"][0].as_f64(), level["range"][1].as_f64()) {
+        (Some(low), Some(high)) => format!("{low:.0}–{high:.0}"),
+        _ => "–".to_owned(),
+    }
 }
 
 fn us(v: &Value) -> String {
@@ -75,9 +165,14 @@ pub fn section(dlock: &Path, matrix: &Matrix, plot: &Path) -> String {
         .iter()
         .filter(|t| TARGETS.contains(&t.label.as_str()))
     {
-        eprintln!("benchmarks: scaling on {}", t.label);
-        if let Some(s) = bench(dlock, &t.url) {
-            runs.push((t.label.clone(), s));
+        let reports: Vec<Value> = (1..=RUNS)
+            .filter_map(|run| {
+                eprintln!("benchmarks: scaling on {} (run {run} of {RUNS})", t.label);
+                bench(dlock, &t.url)
+            })
+            .collect();
+        if !reports.is_empty() {
+            runs.push((t.label.clone(), combine(&reports)));
         }
     }
     let mut held_rows = String::new();
@@ -93,10 +188,12 @@ pub fn section(dlock: &Path, matrix: &Matrix, plot: &Path) -> String {
             };
             let _ = writeln!(
                 held_rows,
-                "| {label} | {} | {} | {} | {growth} | {} | {} |",
+                "| {label} | {} | {} | {} | {} | {} | {growth} | {} | {} |",
                 l["held"],
+                l["runs"],
                 num(&l["fill_seconds"]),
                 p50_p99(&l["acquire"]),
+                range(l),
                 p50_p99(&l["release"]),
                 l["rss_per_held_lock_bytes"]
                     .as_f64()
@@ -111,11 +208,13 @@ pub fn section(dlock: &Path, matrix: &Matrix, plot: &Path) -> String {
             };
             let _ = writeln!(
                 waiter_rows,
-                "| {label} | {} | {} | {} | {} | {requests} | {} |",
+                "| {label} | {} | {} | {} | {} | {} | {} | {requests} | {} |",
                 l["waiters"],
+                l["runs"],
                 num(&l["grants_per_sec"]),
                 num(&l["handoffs_per_sec"]),
                 p50_p99(&l["handoff"]),
+                range(l),
                 num(&l["client_cpu_us_per_grant"]),
             );
         }
@@ -147,7 +246,9 @@ pub fn section(dlock: &Path, matrix: &Matrix, plot: &Path) -> String {
     format!(
         "{HEADING}\n\n\
          `dlock bench --scenario scaling --cycles 1000 --duration 3s --scale-held \
-         1,1000,100000 --scale-waiters 1,10,100,1000`, one run per configuration below. **Names \
+         1,1000,100000 --scale-waiters 1,10,100,1000`, three runs per configuration below: \
+         each figure is the median of the runs that reached the level (*runs*; of two, the \
+         lower), and *p50 range* the lowest and highest p50 among them. **Names \
          held:** one `Locker` takes N other locks (auto-renewed, 64 tasks), then times \
          1,000 acquire + release cycles of one more lock (a level counts only if every one \
          of its locks was still held after them); *× at 1* is the acquire's p50 \
@@ -163,10 +264,10 @@ pub fn section(dlock: &Path, matrix: &Matrix, plot: &Path) -> String {
          them, where it keeps a count the bench reads; client CPU per grant from \
          `getrusage`.\n\n\
          {plot_line}\
-         | backend | names held | time to take the level's new ones (s) | acquire p50 / p99 µs | × at 1 | release p50 / p99 µs | RSS per held lock (B) |\n\
-         |---|---|---|---|---|---|---|\n{held_rows}\n\
-         | backend | waiters | grants/s | hand-offs/s | hand-off p50 / p99 µs | requests per grant | client CPU per grant (µs) |\n\
-         |---|---|---|---|---|---|---|\n{waiter_rows}\n{stopped}"
+         | backend | names held | runs | time to take the level's new ones (s) | acquire p50 / p99 µs | acquire p50 range µs | × at 1 | release p50 / p99 µs | RSS per held lock (B) |\n\
+         |---|---|---|---|---|---|---|---|---|\n{held_rows}\n\
+         | backend | waiters | runs | grants/s | hand-offs/s | hand-off p50 / p99 µs | hand-off p50 range µs | requests per grant | client CPU per grant (µs) |\n\
+         |---|---|---|---|---|---|---|---|---|\n{waiter_rows}\n{stopped}"
     )
 }
 
@@ -289,6 +390,35 @@ pub fn plot_path(out: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Three runs make one report: medians per level over the runs that reached it,
+    /// integers kept, the p50 range, and how often a series stopped.
+    #[test]
+    fn runs_are_combined_into_medians_per_level() {
+        let level = |held: u64, p50: u64, rss: f64| serde_json::json!({"held": held, "fill_seconds": 0.5, "acquire": {"p50_us": p50, "p99_us": p50 * 2}, "rss_per_held_lock_bytes": rss});
+        let reports = [
+            serde_json::json!({"held": [level(1, 100, 0.0), level(1000, 300, 900.0)], "waiters": [], "held_stopped": "at 100000 held: slow"}),
+            serde_json::json!({"held": [level(1, 120, 0.0), level(1000, 200, 800.0), level(100_000, 250, 700.0)], "waiters": [], "requests_counted": "commands"}),
+            serde_json::json!({"held": [level(1, 90, 0.0)], "waiters": [], "held_stopped": "at 1000 held: lost"}),
+        ];
+        let c = combine(&reports);
+        let held = c["held"].as_array().expect("held levels");
+        assert_eq!(held.len(), 3);
+        assert_eq!(held[0]["held"], 1);
+        assert_eq!(held[0]["runs"], 3);
+        assert_eq!(held[0]["acquire"]["p50_us"], 100);
+        assert_eq!(range(&held[0]), "90–120");
+        // Two runs reached 1,000: the lower of the two.
+        assert_eq!(held[1]["runs"], 2);
+        assert_eq!(held[1]["acquire"]["p50_us"], 200);
+        assert_eq!(held[1]["acquire"]["p99_us"], 400);
+        assert_eq!(held[1]["rss_per_held_lock_bytes"], 800.0);
+        assert_eq!(held[2]["runs"], 1);
+        assert_eq!(held[2]["held"], 100_000);
+        assert_eq!(c["held_stopped"], "in 2 of 3 runs: at 100000 held: slow");
+        assert!(c.get("waiters_stopped").is_none());
+        assert_eq!(c["requests_counted"], "commands");
+    }
 
     /// The plot is drawn from reports as `dlock bench --scenario scaling --json` writes
     /// them: series of several levels, a backend with one level only, and a level
