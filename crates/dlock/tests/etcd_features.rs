@@ -453,6 +453,44 @@ async fn a_release_after_an_unseen_session_expiry_reports_the_loss() {
     again.release().await.expect("release");
 }
 
+/// An attempt made on a session whose lease ended unseen (revoked here; under load it
+/// expires) fails with a retryable connection error, not a server error the caller
+/// would give up on; the session is marked lost at once (the lock held under it fires
+/// `lost()`), and the next attempt opens a new session and works.
+#[tokio::test]
+async fn an_attempt_on_an_ended_session_is_retryable_and_ends_the_session() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&format!("{}?session_ttl=30s", etcd.url()))
+        .await
+        .expect("connect");
+    let held = locker.lock("ended-a").await.expect("lock");
+    let listed = etcd.etcdctl_output(&["lease", "list"]);
+    let leases: Vec<&str> = listed
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(leases.len(), 1, "{listed}");
+    let _ = etcd.etcdctl_output(&["lease", "revoke", leases[0]]);
+    let attempt = locker.try_lock("ended-b").await;
+    match &attempt {
+        Err(e @ Error::Connection { .. }) => assert!(e.is_retryable()),
+        other => panic!("an attempt on the ended session: {other:?}"),
+    }
+    tokio::time::timeout(Duration::from_secs(2), held.lost())
+        .await
+        .expect("the lock held under the ended session did not fire lost()");
+    let again = locker
+        .try_lock("ended-b")
+        .await
+        .expect("the next attempt")
+        .expect("free");
+    again.release().await.expect("release");
+}
+
 /// Lines of a child's stdout, as they come (read on a thread of their own).
 fn lines_of(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
     let out = child.stdout.take().expect("stdout");

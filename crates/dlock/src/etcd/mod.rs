@@ -156,6 +156,26 @@ pub(crate) fn map_err(e: &RpcError) -> Error {
     }
 }
 
+/// The error of a write attached to `session`'s lease. etcd refusing the lease
+/// ("requested lease not found": it expired or was revoked before the keep-alive
+/// noticed) means the session is over: it is marked lost at once (every lock under it
+/// fires `lost()`: their keys went with the lease), and the attempt fails with a
+/// connection error, retryable, because the next one opens a new session.
+fn session_err(session: &Session, e: &RpcError) -> Error {
+    let lease_gone = matches!(e, RpcError::Status(tonic::Code::NotFound, msg) if msg.contains("lease not found"));
+    if lease_gone {
+        session.lost.cancel();
+        return Error::connection(
+            SCHEME,
+            format!(
+                "the session's lease {:x} has ended ({e}); the next attempt opens a new session",
+                session.id
+            ),
+        );
+    }
+    map_err(e)
+}
+
 /// A local acquisition queued for a directory's slot.
 struct LocalWaiter {
     acquisition: AcquisitionId,
@@ -636,7 +656,11 @@ impl Inner {
             success: vec![Self::put_mine(req, &key, &session)],
             failure: vec![Self::first_created(dir)],
         };
-        let resp = self.client.txn(txn).await.map_err(|e| map_err(&e))?;
+        let resp = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(|e| session_err(&session, &e))?;
         if resp.succeeded {
             let rev = revision(resp.header.as_ref());
             return self.granted(dir, key, req, session, rev);
@@ -671,7 +695,10 @@ impl Inner {
             ],
             failure: vec![get_mine, Self::first_created(dir)],
         };
-        let resp = client.txn(txn).await.map_err(|e| map_err(&e))?;
+        let resp = client
+            .txn(txn)
+            .await
+            .map_err(|e| session_err(&session, &e))?;
         let ranges: Vec<Option<&proto::RangeResponse>> = resp
             .responses
             .iter()

@@ -217,7 +217,11 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
                 ..proto::PutRequest::default()
             };
             // On an error the entry stays: `leave_queue` deletes the key.
-            inner.client.put(put).await.map_err(|e| map_err(&e))?;
+            inner
+                .client
+                .put(put)
+                .await
+                .map_err(|e| super::session_err(&session, &e))?;
             inner.shared().remove(&slot);
             (key, session, true)
         }
