@@ -582,8 +582,22 @@ async fn an_idle_lease_connection_is_dropped_before_the_server_ends_it() {
         .await
         .expect("reload");
     let _ = admin.close().await;
-    // A reload reaches new sessions at once; give the postmaster a moment.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The reload reaches new sessions once the postmaster has read it: wait until one
+    // sees it (bounded).
+    let mut seen = String::new();
+    for _ in 0..50 {
+        let mut probe = sqlx::PgConnection::connect(&pg.url()).await.expect("probe");
+        seen = sqlx::query_scalar("SHOW idle_session_timeout")
+            .fetch_one(&mut probe)
+            .await
+            .expect("show");
+        let _ = probe.close().await;
+        if seen == "2s" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen, "2s", "the server never took the setting");
     let locker = Locker::connect(&pg.url()).await.expect("connect");
     let name = unique("idle-lease");
     for round in 0..3 {

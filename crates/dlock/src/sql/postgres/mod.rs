@@ -4,8 +4,9 @@
 //! - `mode=lease` (default): a lease row per name in `<prefix>_locks`; expiry by the
 //!   server's clock (`statement_timestamp()`); the fencing token is `nextval` of the
 //!   sequence `<prefix>_fence`, committed by the statement that grants it. One
-//!   autocommitted statement per acquire and release, and one for all the renewals
-//!   waiting together: works through transaction poolers (PgBouncer). Reentrant for the same owner.
+//!   autocommitted statement per acquire and release, and renewals batched (one
+//!   statement per TTL for those waiting together): works through transaction poolers
+//!   (PgBouncer). Reentrant for the same owner.
 //! - `mode=advisory`: a session `pg_try_advisory_lock(key)` on a pinned connection;
 //!   `key` is the first 8 bytes of SHA-256 of the name (`advisory_key=sha256`, default)
 //!   or the name itself read as a decimal int8 (`advisory_key=number`, to share locks
@@ -186,10 +187,25 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     }
     // One direct connection first: a refused or unreachable server is said at once
     // (the pool would retry until its timeout and only say that it timed out).
-    let probe = timed(BACKEND, opts.timeout, PgConnection::connect_with(&connect)).await?;
+    let mut probe = timed(BACKEND, opts.timeout, PgConnection::connect_with(&connect)).await?;
+    // The server's own limit for idle sessions (PostgreSQL 14 and later, in ms; 0 =
+    // none; set server-, database- or role-wide), as connections like the probe get
+    // it: the pool's and the lease statements' own idle connections are dropped well
+    // before it. Read once, at open; unreadable counts as none.
+    let server_idle_ms: Option<String> = timed(
+        BACKEND,
+        opts.timeout,
+        sqlx::query_scalar("SELECT setting FROM pg_settings WHERE name = 'idle_session_timeout'")
+            .fetch_optional(&mut probe),
+    )
+    .await
+    .ok()
+    .flatten();
+    let own_idle = own_idle_limit(server_idle_ms.and_then(|ms| ms.parse().ok()));
     let _ = probe.close().await;
     let pool = PgPoolOptions::new()
         .max_connections(opts.pool.max(2))
+        .idle_timeout(own_idle)
         .acquire_timeout(opts.timeout)
         // A ping before every statement would double the round trips; a broken
         // connection shows up as a connection error on the statement instead.
@@ -221,17 +237,6 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         sqlx::query_scalar("SELECT current_setting('server_version_num')::int").fetch_one(&pool),
     )
     .await?;
-    // The server's own limit for idle sessions (PostgreSQL 14 and later, in ms; 0 =
-    // none), as the lease statements' connections get it: they are dropped well
-    // before it.
-    let server_idle_ms: Option<String> = timed(
-        BACKEND,
-        opts.timeout,
-        sqlx::query_scalar("SELECT setting FROM pg_settings WHERE name = 'idle_session_timeout'")
-            .fetch_optional(&pool),
-    )
-    .await?;
-    let own_idle = own_idle_limit(server_idle_ms.and_then(|ms| ms.parse().ok()));
     let silent = (opts.heartbeat * 5).max(Duration::from_secs(5));
     let silent_ms = silent.as_millis().to_string();
     let mut session_options = vec![
@@ -323,7 +328,6 @@ impl Postgres {
     }
 }
 
-/// A token as PostgreSQL stores it (`bigint`).
 /// How long a lease statement's connection may stay idle: half the server's limit for
 /// idle sessions (`idle_session_timeout`, ms, 0 = none) and at most 5 min.
 fn own_idle_limit(server_idle_ms: Option<u64>) -> Duration {
@@ -334,6 +338,7 @@ fn own_idle_limit(server_idle_ms: Option<u64>) -> Duration {
     }
 }
 
+/// A token as PostgreSQL stores it (`bigint`).
 fn fence_i64(fence: u64) -> i64 {
     i64::try_from(fence).unwrap_or(i64::MAX)
 }
