@@ -362,6 +362,25 @@ impl Inner {
         counts: impl Fn(&T) -> bool,
         need: usize,
     ) -> Vec<Option<Result<T>>> {
+        self.fan_out_until(targets, timeout, job, |answers| {
+            answers
+                .iter()
+                .filter(|a| matches!(a, Some(Ok(v)) if counts(v)))
+                .count()
+                >= need
+        })
+        .await
+    }
+
+    /// [`Inner::fan_out`], waiting until `enough` says the answers so far (one per
+    /// node, `None` while it has not answered) settle the question.
+    async fn fan_out_until<T: FromRedisValue + Send + 'static>(
+        &self,
+        targets: &[usize],
+        timeout: Duration,
+        job: Job,
+        enough: impl Fn(&[Option<Result<T>>]) -> bool,
+    ) -> Vec<Option<Result<T>>> {
         let mut out: Vec<Option<Result<T>>> = (0..self.nodes.len()).map(|_| None).collect();
         let job = Arc::new(job);
         let (tx, mut rx) = tokio::sync::mpsc::channel(targets.len().max(1));
@@ -374,13 +393,9 @@ impl Inner {
             });
         }
         drop(tx);
-        let mut hits = 0;
         while let Some((i, answer)) = rx.recv().await {
-            if matches!(&answer, Ok(v) if counts(v)) {
-                hits += 1;
-            }
             out[i] = Some(answer);
-            if hits >= need {
+            if enough(&out) {
                 break;
             }
         }
@@ -897,12 +912,13 @@ mod tests {
         for side in &mut sides {
             before.push(script_calls(side).await);
         }
-        // Every node holds its clients for a moment: the first renewal waits, and the
-        // others queue behind it in the renewal task.
+        // Every node holds its clients for a moment: the first renewals, one after
+        // another, are each a batch of their own and wait, taking every batch place;
+        // the others queue behind them in the renewal task.
         for side in &mut sides {
             let () = redis::cmd("CLIENT")
                 .arg("PAUSE")
-                .arg(500)
+                .arg(1_500)
                 .arg("ALL")
                 .query_async(side)
                 .await
@@ -912,11 +928,16 @@ mod tests {
             let h = Arc::clone(h);
             tokio::spawn(async move { h.renew(Duration::from_secs(60)).await })
         };
-        let first = renew(&held[0]);
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        let rest: Vec<_> = held[1..].iter().map(renew).collect();
-        let mut answers = vec![first.await.expect("task")];
-        for t in rest {
+        let blocked = renewer::IN_FLIGHT;
+        let mut tasks = Vec::new();
+        for h in &held[..blocked] {
+            tasks.push(renew(h));
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tasks.extend(held[blocked..].iter().map(renew));
+        let mut answers = Vec::new();
+        for t in tasks {
             answers.push(t.await.expect("task"));
         }
         for (i, a) in answers.iter().enumerate() {
@@ -933,9 +954,9 @@ mod tests {
             let calls = script_calls(side).await - before[i];
             assert_eq!(
                 calls,
-                2,
-                "node {i}: {calls} script calls for the first renewal and the {} behind it",
-                N - 1
+                blocked as u64 + 1,
+                "node {i}: {calls} script calls for {blocked} renewals alone and the {} behind them",
+                N - blocked
             );
             let pttl: i64 = redis::cmd("PTTL")
                 .arg("batch-3")

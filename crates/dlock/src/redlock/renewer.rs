@@ -4,12 +4,17 @@
 //! ten thousand a second. The answers per node are split back per grant, and each
 //! grant decides on its own quorum exactly as a renewal alone would.
 //!
-//! The task keeps only a weak reference to the backend, so it ends with it.
+//! A batch is what waited while the batches before it ran (at most 512 grants, at most
+//! four batches at once), one call per TTL among them. A request whose keeper stopped
+//! waiting for it is dropped unrun. The task keeps only a weak reference to the
+//! backend, so it ends with it; it runs on the runtime that opened the backend, which
+//! must not outlive it. Several grants' keys in one call: every node must be a plain
+//! Redis master (a cluster or a proxy that splits keys by slot refuses such a call).
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::node::Job;
 use super::{Inner, RENEW};
@@ -18,6 +23,9 @@ use crate::lease::millis;
 
 /// Most grants in one script call (bounded so one call never blocks a node for long).
 const MAX_BATCH: usize = 512;
+
+/// Batches running at once: a slow node holds up only its own batch.
+pub(super) const IN_FLIGHT: usize = 4;
 
 /// What each node answered for one grant (`None`: not waited for).
 pub(super) type Answers = Vec<Option<Result<i64>>>;
@@ -47,7 +55,12 @@ impl Renewer {
     pub(super) fn start(inner: Weak<Inner>) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
         tokio::spawn(async move {
+            let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
             while let Some(first) = rx.recv().await {
+                // While every batch place is taken, requests gather for the next.
+                let Ok(place) = Arc::clone(&in_flight).acquire_owned().await else {
+                    return;
+                };
                 let mut batch = vec![first];
                 while batch.len() < MAX_BATCH {
                     match rx.try_recv() {
@@ -55,15 +68,21 @@ impl Renewer {
                         Err(_) => break,
                     }
                 }
+                // A request whose keeper stopped waiting is not run: the keeper sends
+                // another if the grant still stands.
+                batch.retain(|r| !r.reply.is_closed());
                 let Some(inner) = inner.upgrade() else {
                     return;
                 };
-                while let Some(ttl) = batch.first().map(|r| r.ttl) {
-                    let (same, rest): (Vec<Request>, Vec<Request>) =
-                        batch.into_iter().partition(|r| r.ttl == ttl);
-                    batch = rest;
-                    run(&inner, same, ttl).await;
-                }
+                tokio::spawn(async move {
+                    while let Some(ttl) = batch.first().map(|r| r.ttl) {
+                        let (same, rest): (Vec<Request>, Vec<Request>) =
+                            batch.into_iter().partition(|r| r.ttl == ttl);
+                        batch = rest;
+                        run(&inner, same, ttl).await;
+                    }
+                    drop(place);
+                });
             }
         });
         Renewer { tx }
@@ -83,9 +102,10 @@ impl Renewer {
     }
 }
 
-/// One script call per node for `batch`, all of TTL `ttl`. Stops waiting once a quorum
-/// of nodes held every grant (as a renewal alone stops at its quorum); otherwise waits
-/// for every node (each bounded by the call timeout).
+/// One script call per node for `batch`, all of TTL `ttl`. Stops waiting once every
+/// grant's answer is settled — held by a quorum of nodes, or refused or unanswered by
+/// so many that no quorum is left — as a renewal alone would; each node's call is
+/// bounded by the call timeout.
 async fn run(inner: &Inner, batch: Vec<Request>, ttl: Duration) {
     let mut inv = RENEW.prepare_invoke();
     inv.arg(millis(ttl));
@@ -97,14 +117,29 @@ async fn run(inner: &Inner, batch: Vec<Request>, ttl: Duration) {
             .arg(&g.owner)
             .arg(&g.nonce);
     }
-    let n = batch.len();
+    let (n, nodes, quorum) = (batch.len(), inner.nodes.len(), inner.quorum);
     let per_node = inner
-        .fan_out::<Vec<i64>>(
+        .fan_out_until::<Vec<i64>>(
             &inner.all(),
             inner.node_timeout(ttl),
             Job::Script(inv),
-            |v| v.len() == n && v.iter().all(|&a| a == 1),
-            inner.quorum,
+            |answers| {
+                (0..n).all(|i| {
+                    let held = answers
+                        .iter()
+                        .filter(|a| matches!(a, Some(Ok(v)) if v.get(i) == Some(&1)))
+                        .count();
+                    let not = answers
+                        .iter()
+                        .filter(|a| match a {
+                            Some(Ok(v)) => v.get(i) != Some(&1),
+                            Some(Err(_)) => true,
+                            None => false,
+                        })
+                        .count();
+                    held >= quorum || not > nodes - quorum
+                })
+            },
         )
         .await;
     for (i, r) in batch.into_iter().enumerate() {

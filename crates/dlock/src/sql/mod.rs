@@ -6,8 +6,9 @@
 //! # Modes
 //! - `mode=lease` (default): one row per name in `<prefix>_locks` (owner, hold count,
 //!   fencing token, expiry computed by the **server's** clock). Acquire and release are
-//!   one autocommitted statement each, and the renewals waiting together one more, so it
-//!   works through connection poolers. A
+//!   one autocommitted statement each, and renewals are batched (the renewals waiting
+//!   together: one statement per TTL, up to 256 holds), so it works through connection
+//!   poolers. A
 //!   holder that dies keeps the lock until its lease ends.
 //! - session modes (`mode=advisory` on PostgreSQL, `mode=named` on MySQL, `mode=row` on
 //!   both): the lock is held by one database session on a pinned connection and ends

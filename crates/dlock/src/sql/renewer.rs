@@ -5,21 +5,28 @@
 //! its own costs the server a statement and a commit per renewal: 100,000 held leases
 //! renewed every 10 s are 10,000 a second, competing with the acquisitions.
 //!
-//! Each hold still answers for itself (one no longer held is refused, the others are
-//! renewed), and expiry is still `max(current, now + ttl)` with the server's `now` of
-//! the statement — after every request in the batch was sent. Requests of different
-//! TTLs go in separate statements.
+//! A batch is what waited while the batches before it ran (at most [`MAX_BATCH`], at
+//! most [`IN_FLIGHT`] batches at once), one statement per TTL among them. Each hold
+//! still answers for itself (one no longer held is refused, the others are renewed),
+//! and expiry is still `max(current, now + ttl)` with the server's `now` of the
+//! statement — after every request in the batch was sent. A request whose keeper
+//! stopped waiting for it is dropped unrun. The task runs on the runtime that opened
+//! the backend, which must not outlive it (its connections are bound to it too).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::dialect::{Dialect, Hold};
 use crate::error::{Error, Result};
 
 /// Most holds in one statement (bounded so one statement stays short on the server).
 pub(crate) const MAX_BATCH: usize = 256;
+
+/// Batches running at once: a statement that hangs (a row locked by someone else, a
+/// slow network) holds up only its own batch.
+const IN_FLIGHT: usize = 4;
 
 #[derive(Debug)]
 struct Request {
@@ -40,7 +47,12 @@ impl LeaseRenewer {
     pub(crate) fn start<D: Dialect>(dialect: Arc<D>) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
         tokio::spawn(async move {
+            let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
             while let Some(first) = rx.recv().await {
+                // While every batch place is taken, requests gather for the next.
+                let Ok(place) = Arc::clone(&in_flight).acquire_owned().await else {
+                    return;
+                };
                 let mut batch = vec![first];
                 while batch.len() < MAX_BATCH {
                     match rx.try_recv() {
@@ -48,27 +60,14 @@ impl LeaseRenewer {
                         Err(_) => break,
                     }
                 }
-                while let Some(ttl) = batch.first().map(|r| r.ttl) {
-                    let (mut same, rest): (Vec<Request>, Vec<Request>) =
-                        batch.into_iter().partition(|r| r.ttl == ttl);
-                    batch = rest;
-                    // In key order: two batches touching the same rows (an owner shared
-                    // by two processes) lock them in one order.
-                    same.sort_by_key(|r| r.hold.key);
-                    let holds: Vec<Arc<Hold>> = same.iter().map(|r| Arc::clone(&r.hold)).collect();
-                    match dialect.lease_renew_many(&holds, ttl).await {
-                        Ok(flags) => {
-                            for (r, held) in same.into_iter().zip(flags) {
-                                let _ = r.reply.send(Ok(held));
-                            }
-                        }
-                        Err(e) => {
-                            for r in same {
-                                let _ = r.reply.send(Err(e.clone()));
-                            }
-                        }
-                    }
-                }
+                // A request whose keeper stopped waiting is not run: the keeper sends
+                // another if the hold still stands.
+                batch.retain(|r| !r.reply.is_closed());
+                let dialect = Arc::clone(&dialect);
+                tokio::spawn(async move {
+                    run(&*dialect, batch).await;
+                    drop(place);
+                });
             }
         });
         LeaseRenewer {
@@ -89,6 +88,32 @@ impl LeaseRenewer {
             })
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
+    }
+}
+
+/// Renew `batch`: one statement per TTL among its requests, each request answered.
+async fn run<D: Dialect>(dialect: &D, mut batch: Vec<Request>) {
+    while let Some(ttl) = batch.first().map(|r| r.ttl) {
+        let (mut same, rest): (Vec<Request>, Vec<Request>) =
+            batch.into_iter().partition(|r| r.ttl == ttl);
+        batch = rest;
+        // In key order, which makes two batches touching the same rows (an owner
+        // shared by two processes) likely to lock them in one order; a deadlock the
+        // server still reports fails that batch, whose keepers retry.
+        same.sort_by_key(|r| r.hold.key);
+        let holds: Vec<Arc<Hold>> = same.iter().map(|r| Arc::clone(&r.hold)).collect();
+        match dialect.lease_renew_many(&holds, ttl).await {
+            Ok(flags) => {
+                for (r, held) in same.into_iter().zip(flags) {
+                    let _ = r.reply.send(Ok(held));
+                }
+            }
+            Err(e) => {
+                for r in same {
+                    let _ = r.reply.send(Err(e.clone()));
+                }
+            }
+        }
     }
 }
 
@@ -138,23 +163,25 @@ mod tests {
 
     /// A server's own connection, for what the test does beside the backend.
     trait Side: Sized {
-        async fn block_row(&mut self, key: &[u8; 32]);
+        async fn block_rows(&mut self, keys: &[[u8; 32]]);
         async fn unblock(&mut self);
         /// Each lease's expiry, in µs on the server's clock.
         async fn expiries(&mut self, keys: &[[u8; 32]]) -> Vec<i64>;
     }
 
     impl Side for sqlx::PgConnection {
-        async fn block_row(&mut self, key: &[u8; 32]) {
+        async fn block_rows(&mut self, keys: &[[u8; 32]]) {
             sqlx::query("BEGIN")
                 .execute(&mut *self)
                 .await
                 .expect("begin");
-            sqlx::query("SELECT 1 FROM dlock_locks WHERE lock_key = $1 FOR UPDATE")
-                .bind(&key[..])
-                .execute(&mut *self)
-                .await
-                .expect("row lock");
+            for key in keys {
+                sqlx::query("SELECT 1 FROM dlock_locks WHERE lock_key = $1 FOR UPDATE")
+                    .bind(&key[..])
+                    .execute(&mut *self)
+                    .await
+                    .expect("row lock");
+            }
         }
         async fn unblock(&mut self) {
             sqlx::query("COMMIT")
@@ -179,16 +206,18 @@ mod tests {
     }
 
     impl Side for sqlx::MySqlConnection {
-        async fn block_row(&mut self, key: &[u8; 32]) {
+        async fn block_rows(&mut self, keys: &[[u8; 32]]) {
             sqlx::query(AssertSqlSafe("BEGIN"))
                 .execute(&mut *self)
                 .await
                 .expect("begin");
-            sqlx::query("SELECT 1 FROM dlock_locks WHERE lock_key = ? FOR UPDATE")
-                .bind(&key[..])
-                .execute(&mut *self)
-                .await
-                .expect("row lock");
+            for key in keys {
+                sqlx::query("SELECT 1 FROM dlock_locks WHERE lock_key = ? FOR UPDATE")
+                    .bind(&key[..])
+                    .execute(&mut *self)
+                    .await
+                    .expect("row lock");
+            }
         }
         async fn unblock(&mut self) {
             sqlx::query(AssertSqlSafe("COMMIT"))
@@ -212,31 +241,33 @@ mod tests {
         }
     }
 
-    /// Renew every hold at once, the first held up by a row lock of `side` so that
-    /// the others wait together for the renewal task; their answers, in order.
+    /// Renew every hold at once: the first [`super::IN_FLIGHT`], one after another, are
+    /// each a batch of their own held up by a row lock of `side`, so that every batch
+    /// place is taken and the others wait together for the renewal task; their
+    /// answers, in order.
     async fn renew_together(
         held: &[Arc<Box<dyn HeldLock>>],
         side: &mut impl Side,
-        first_key: &[u8; 32],
+        keys: &[[u8; 32]],
         ttl: Duration,
     ) -> Vec<crate::error::Result<()>> {
-        side.block_row(first_key).await;
-        let first = {
-            let h = Arc::clone(&held[0]);
+        let blocked = super::IN_FLIGHT;
+        side.block_rows(&keys[..blocked]).await;
+        let renew = |h: &Arc<Box<dyn HeldLock>>| {
+            let h = Arc::clone(h);
             tokio::spawn(async move { h.renew(ttl).await })
         };
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let rest: Vec<_> = held[1..]
-            .iter()
-            .map(|h| {
-                let h = Arc::clone(h);
-                tokio::spawn(async move { h.renew(ttl).await })
-            })
-            .collect();
+        let mut tasks = Vec::new();
+        for h in &held[..blocked] {
+            tasks.push(renew(h));
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tasks.extend(held[blocked..].iter().map(renew));
         tokio::time::sleep(Duration::from_millis(300)).await;
         side.unblock().await;
-        let mut answers = vec![first.await.expect("task")];
-        for t in rest {
+        let mut answers = Vec::new();
+        for t in tasks {
             answers.push(t.await.expect("task"));
         }
         answers
@@ -256,19 +287,19 @@ mod tests {
                 Attempt::Busy { .. } => panic!("{label}: busy"),
             }
         }
-        let answers = renew_together(&held, side, &keys[0], Duration::from_secs(90)).await;
+        let answers = renew_together(&held, side, &keys, Duration::from_secs(90)).await;
         for (i, a) in answers.iter().enumerate() {
             assert!(a.is_ok(), "{label}: hold {i}: {a:?}");
         }
         let after_first = side.expiries(&keys).await;
+        let together = &after_first[super::IN_FLIGHT..];
         assert!(
-            after_first[1..].iter().all(|&e| e == after_first[1]),
-            "{label}: the {} renewals that waited together were not one statement: {:?}",
-            N - 1,
-            &after_first[1..]
+            together.iter().all(|&e| e == together[0]),
+            "{label}: the {} renewals that waited together were not one statement: {together:?}",
+            together.len(),
         );
         held[7].release().await.expect("release");
-        let answers = renew_together(&held, side, &keys[0], Duration::from_secs(120)).await;
+        let answers = renew_together(&held, side, &keys, Duration::from_secs(120)).await;
         let after = side.expiries(&keys).await;
         for (i, a) in answers.iter().enumerate() {
             if i == 7 {

@@ -30,10 +30,11 @@
 //! # Writes
 //! An unfair acquisition and a release are one autocommitted statement each; fair
 //! acquisitions and queue changes are short `BEGIN IMMEDIATE` transactions (WAL mode).
-//! Renewals are batched: the renewals waiting when the writer connection is free are
-//! one transaction, so one commit (one fsync) renews many leases. SQLite's busy handler is switched off and dlock retries `SQLITE_BUSY` itself
-//! after 50–500 µs, which hands the write lock over much faster than SQLite's own
-//! 1, 2, 5, 10 … ms back-off.
+//! Renewals are batched: those waiting when the writer connection is free (up to 256)
+//! are one transaction, so one commit (one fsync) renews many leases. SQLite's busy
+//! handler is switched off and dlock retries `SQLITE_BUSY` itself after 50–500 µs,
+//! which hands the write lock over much faster than SQLite's own 1, 2, 5, 10 … ms
+//! back-off.
 //!
 //! # Waiting
 //! Waiters in the same process are woken at once by a release from that process; other

@@ -10,7 +10,11 @@
 //! all the same). Expiry is `max(current, now + ttl)` as before, with `now` read when
 //! the transaction starts — after every request in it was sent, so no lease ends before
 //! the instant its keeper counts from. A batch that fails for anything but a busy
-//! database is tried again one request at a time, so no lease's error is another's.
+//! database is tried again one request at a time, so no lease's error is another's. A
+//! request whose keeper stopped waiting for it is dropped unrun.
+//!
+//! The task runs on the runtime that opened the backend: the backend must not outlive
+//! it (the connections' I/O is bound to it too).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,13 +120,19 @@ impl Renewer {
                         continue;
                     }
                 };
-                // Everything that came while waiting for the connection goes along.
+                // Everything that came while waiting for the connection goes along,
+                // but not a request whose keeper stopped waiting for it (it gave up on
+                // this renewal and will send another if the hold still stands).
                 let mut batch = vec![first];
                 while batch.len() < MAX_BATCH {
                     match rx.try_recv() {
                         Ok(r) => batch.push(r),
                         Err(_) => break,
                     }
+                }
+                batch.retain(|r| !r.reply.is_closed());
+                if batch.is_empty() {
+                    continue;
                 }
                 counted.fetch_add(1, Ordering::Relaxed);
                 match renew_retrying(&mut conn, &boot_id, &batch).await {
@@ -131,7 +141,9 @@ impl Renewer {
                             let _ = r.reply.send(Ok(held));
                         }
                     }
-                    Err(e) if batch.len() > 1 => {
+                    // A database still busy after the back-off would be as busy for
+                    // each request alone: that is the answer for all of them.
+                    Err(e) if batch.len() > 1 && !super::is_busy(&e) => {
                         tracing::debug!(error = %e, n = batch.len(), "sqlite: batched renewal failed; renewing one at a time");
                         for r in batch {
                             let one = renew_retrying(&mut conn, &boot_id, std::slice::from_ref(&r))

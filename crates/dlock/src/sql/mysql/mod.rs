@@ -4,8 +4,8 @@
 //! - `mode=lease` (default): a lease row per name in `<prefix>_locks`; expiry by the
 //!   server's clock (`UTC_TIMESTAMP(6)`); the row is the name's fencing counter
 //!   (`LAST_INSERT_ID(fence + 1)`). One autocommitted single-row statement per acquire
-//!   and release, one for all the renewals waiting together (see [`statements`](self)
-//!   for why that cannot deadlock). Reentrant for the same owner.
+//!   and release, and renewals batched (one statement per TTL for those waiting
+//!   together; see [`statements`](self) for why that cannot deadlock). Reentrant for the same owner.
 //! - `mode=named`: `GET_LOCK(name, 0)` on a pinned connection. The server-side name is
 //!   the 64 hex digits of SHA-256 of the dlock name: it fits MySQL's 64-character limit
 //!   (MariaDB allows 192) and no server's case folding or trailing-space rules can
@@ -52,9 +52,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::{
-    MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlSslMode,
+    MySqlArguments, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlSslMode,
 };
-use sqlx::{AssertSqlSafe, Connection, Executor, Row};
+use sqlx::{Arguments as _, AssertSqlSafe, Connection, Executor, Row};
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::engine::SqlBackend;
@@ -310,6 +310,35 @@ impl Mysql {
     }
 }
 
+/// The arguments of a statement over `holds` padded to `size` (see
+/// `statements::held_among`): the ttl first when given, the keys, then each hold's key,
+/// owner and token. Padding repeats the last hold, which changes nothing: a row is
+/// found once however often the list names it.
+fn held_args(
+    holds: &[Arc<Hold>],
+    size: usize,
+    ttl: Option<Duration>,
+) -> std::result::Result<MySqlArguments, sqlx::error::BoxDynError> {
+    let mut args = MySqlArguments::default();
+    let Some(last) = holds.last() else {
+        return Ok(args);
+    };
+    let hold = |i: usize| holds.get(i).unwrap_or(last);
+    if let Some(ttl) = ttl {
+        args.add(micros(ttl))?;
+    }
+    for i in 0..size {
+        args.add(&hold(i).key[..])?;
+    }
+    for i in 0..size {
+        let h = hold(i);
+        args.add(&h.key[..])?;
+        args.add(h.owner.as_str().as_bytes())?;
+        args.add(h.fence)?;
+    }
+    Ok(args)
+}
+
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
@@ -375,48 +404,48 @@ impl Dialect for Mysql {
     }
 
     async fn lease_renew_many(&self, holds: &[Arc<Hold>], ttl: Duration) -> Result<Vec<bool>> {
-        let (Some(last), false) = (holds.last(), holds.len() == 1) else {
+        if holds.len() < 2 {
             let mut flags = Vec::with_capacity(holds.len());
             for h in holds {
                 flags.push(self.lease_renew(h, ttl).await?);
             }
             return Ok(flags);
-        };
-        // Padded up to a size with a statement by repeating the last hold, which
-        // changes nothing: a row is found once however often the list names it.
-        let Some((size, sql)) = self.sql.renew_many.iter().find(|(n, _)| *n >= holds.len()) else {
+        }
+        let (Some((size, renew)), Some((_, held))) = (
+            self.sql.renew_many.iter().find(|(n, _)| *n >= holds.len()),
+            self.sql
+                .held_of_many
+                .iter()
+                .find(|(n, _)| *n >= holds.len()),
+        ) else {
             return Err(crate::Error::backend(
                 BACKEND,
                 "renewal batch larger than the largest statement",
             ));
         };
-        let hold = |i: usize| holds.get(i).unwrap_or(last);
+        let bad = |e| crate::Error::backend(BACKEND, format!("renewal arguments: {e}"));
+        let renew_args = held_args(holds, *size, Some(ttl)).map_err(bad)?;
         let done = self
-            .own_execute(|| {
-                let mut q = sqlx::query(AssertSqlSafe(sql.as_str())).bind(micros(ttl));
-                for i in 0..*size {
-                    q = q.bind(&hold(i).key[..]);
-                }
-                for i in 0..*size {
-                    let h = hold(i);
-                    q = q
-                        .bind(&h.key[..])
-                        .bind(h.owner.as_str().as_bytes())
-                        .bind(h.fence);
-                }
-                q
-            })
+            .own_execute(|| sqlx::query_with(AssertSqlSafe(renew.as_str()), renew_args.clone()))
             .await?;
         if done.rows_affected() == super::renewer::distinct(holds) as u64 {
             return Ok(vec![true; holds.len()]);
         }
-        // One or more are no longer held: ask each alone which (renewing one twice
-        // changes nothing, renewals never shorten).
-        let mut flags = Vec::with_capacity(holds.len());
-        for h in holds {
-            flags.push(self.lease_renew(h, ttl).await?);
-        }
-        Ok(flags)
+        // One or more are no longer held: read which still are (one held now was
+        // renewed by the statement above).
+        let held_args = held_args(holds, *size, None).map_err(bad)?;
+        let rows: Vec<(Vec<u8>, i64)> = retrying(self.timeout, || {
+            sqlx::query_as_with(AssertSqlSafe(held.as_str()), held_args.clone())
+                .fetch_all(&self.pool)
+        })
+        .await?;
+        Ok(holds
+            .iter()
+            .map(|h| {
+                rows.iter()
+                    .any(|(k, f)| k[..] == h.key[..] && u64::try_from(*f) == Ok(h.fence))
+            })
+            .collect())
     }
 
     async fn lease_break(&self, key: &[u8; 32], fence: u64) -> Result<bool> {

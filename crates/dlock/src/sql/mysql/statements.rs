@@ -22,17 +22,40 @@
 /// prepared statements per connection).
 pub(super) const RENEW_MANY_SIZES: [usize; 4] = [4, 16, 64, 256];
 
-/// The renewal of `n` holds in one statement. Binds: ttl µs, then the `n` keys, then
-/// `n` times key, owner, fence. Found rows: how many of the holds were renewed (a grant
-/// named twice counts once). The key list alone lets the server look the rows up by
-/// primary key whatever it makes of the row-value list.
-fn renew_many(p: &str, n: usize) -> String {
+// The largest batch the renewer sends fits the largest text.
+const _: () = assert!(RENEW_MANY_SIZES[3] >= crate::sql::renewer::MAX_BATCH);
+
+/// Which of `n` holds are held: `WHERE` of [`renew_many`] and of [`held_of_many`].
+/// Binds: the `n` keys, then `n` times key, owner, fence. The key list alone lets the
+/// server look the rows up by primary key whatever it makes of the row-value list.
+fn held_among(n: usize) -> String {
     let keys = vec!["?"; n].join(", ");
     let rows = vec!["(?, ?, ?)"; n].join(", ");
     format!(
-        "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
-         WHERE lock_key IN ({keys}) AND (lock_key, owner, fence) IN ({rows})
+        "lock_key IN ({keys}) AND (lock_key, owner, fence) IN ({rows})
            AND holds > 0 AND expires_at > {NOW}"
+    )
+}
+
+/// The renewal of `n` holds in one statement. Binds: ttl µs, then as
+/// [`held_among`]. Found rows: how many of the holds were renewed (a grant named twice
+/// counts once).
+fn renew_many(p: &str, n: usize) -> String {
+    format!(
+        "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
+         WHERE {}",
+        held_among(n)
+    )
+}
+
+/// Which of `n` holds are held now (their key and token), read after a
+/// [`renew_many`] that found fewer rows than holds: a row held now was held, and so
+/// renewed, by that statement (a grant's token is never held again once let go).
+/// Binds as [`held_among`].
+fn held_of_many(p: &str, n: usize) -> String {
+    format!(
+        "SELECT lock_key, fence FROM {p}_locks WHERE {}",
+        held_among(n)
     )
 }
 
@@ -46,6 +69,8 @@ pub(super) struct Statements {
     /// [`Statements::renew`] for several holds, one text per size of
     /// [`RENEW_MANY_SIZES`] (a batch is padded up to the next one).
     pub renew_many: Vec<(usize, String)>,
+    /// Which of several holds are held ([`held_of_many`]), per size as `renew_many`.
+    pub held_of_many: Vec<(usize, String)>,
     pub release: String,
     /// An operator's forced release of the hold with a given token.
     pub break_lease: String,
@@ -244,6 +269,10 @@ impl Statements {
             renew_many: RENEW_MANY_SIZES
                 .iter()
                 .map(|&n| (n, renew_many(p, n)))
+                .collect(),
+            held_of_many: RENEW_MANY_SIZES
+                .iter()
+                .map(|&n| (n, held_of_many(p, n)))
                 .collect(),
             // Binds: key, owner, fence.
             break_lease: format!(
