@@ -85,6 +85,13 @@ mod queue;
 pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
+#[cfg(any(
+    feature = "sqlite",
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql"
+))]
+mod renewals;
 mod rwlock;
 mod schemes;
 mod semaphore;

@@ -433,16 +433,7 @@ async fn a_release_after_an_unseen_session_expiry_reports_the_loss() {
         .await
         .expect("connect");
     let guard = locker.lock("revoked").await.expect("lock");
-    // The session's lease, ended by hand (as an expiry the keep-alive has not seen).
-    let listed = etcd.etcdctl_output(&["lease", "list"]);
-    let leases: Vec<&str> = listed
-        .lines()
-        .skip(1)
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    assert_eq!(leases.len(), 1, "{listed}");
-    let _ = etcd.etcdctl_output(&["lease", "revoke", leases[0]]);
+    revoke_the_one_lease(&etcd);
     let released = guard.release().await;
     assert!(
         matches!(released, Err(Error::LockLost { .. })),
@@ -466,15 +457,7 @@ async fn an_attempt_on_an_ended_session_is_retryable_and_ends_the_session() {
         .await
         .expect("connect");
     let held = locker.lock("ended-a").await.expect("lock");
-    let listed = etcd.etcdctl_output(&["lease", "list"]);
-    let leases: Vec<&str> = listed
-        .lines()
-        .skip(1)
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    assert_eq!(leases.len(), 1, "{listed}");
-    let _ = etcd.etcdctl_output(&["lease", "revoke", leases[0]]);
+    revoke_the_one_lease(&etcd);
     let attempt = locker.try_lock("ended-b").await;
     match &attempt {
         Err(e @ Error::Connection { .. }) => assert!(e.is_retryable()),
@@ -489,6 +472,20 @@ async fn an_attempt_on_an_ended_session_is_retryable_and_ends_the_session() {
         .expect("the next attempt")
         .expect("free");
     again.release().await.expect("release");
+}
+
+/// End the one lease the server has (the session's) by hand, as an expiry its
+/// keep-alive has not seen yet.
+fn revoke_the_one_lease(etcd: &EtcdServer) {
+    let listed = etcd.etcdctl_output(&["lease", "list"]);
+    let leases: Vec<&str> = listed
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(leases.len(), 1, "{listed}");
+    let _ = etcd.etcdctl_output(&["lease", "revoke", leases[0]]);
 }
 
 /// Lines of a child's stdout, as they come (read on a thread of their own).

@@ -43,12 +43,10 @@ impl Renewer {
         let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
-                let mut batch = vec![first];
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(r) => batch.push(r),
-                        Err(_) => break,
-                    }
+                let batch =
+                    crate::renewals::gather(first, &mut rx, MAX_BATCH, |r| r.reply.is_closed());
+                if batch.is_empty() {
+                    continue;
                 }
                 if cluster {
                     for r in batch {

@@ -61,16 +61,8 @@ impl Renewer {
                 let Ok(place) = Arc::clone(&in_flight).acquire_owned().await else {
                     return;
                 };
-                let mut batch = vec![first];
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(r) => batch.push(r),
-                        Err(_) => break,
-                    }
-                }
-                // A request whose keeper stopped waiting is not run: the keeper sends
-                // another if the grant still stands.
-                batch.retain(|r| !r.reply.is_closed());
+                let mut batch =
+                    crate::renewals::gather(first, &mut rx, MAX_BATCH, |r| r.reply.is_closed());
                 let Some(inner) = inner.upgrade() else {
                     return;
                 };

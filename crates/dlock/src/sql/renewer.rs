@@ -53,16 +53,8 @@ impl LeaseRenewer {
                 let Ok(place) = Arc::clone(&in_flight).acquire_owned().await else {
                     return;
                 };
-                let mut batch = vec![first];
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(r) => batch.push(r),
-                        Err(_) => break,
-                    }
-                }
-                // A request whose keeper stopped waiting is not run: the keeper sends
-                // another if the hold still stands.
-                batch.retain(|r| !r.reply.is_closed());
+                let batch =
+                    crate::renewals::gather(first, &mut rx, MAX_BATCH, |r| r.reply.is_closed());
                 let dialect = Arc::clone(&dialect);
                 tokio::spawn(async move {
                     run(&*dialect, batch).await;

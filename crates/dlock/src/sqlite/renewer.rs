@@ -123,14 +123,8 @@ impl Renewer {
                 // Everything that came while waiting for the connection goes along,
                 // but not a request whose keeper stopped waiting for it (it gave up on
                 // this renewal and will send another if the hold still stands).
-                let mut batch = vec![first];
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(r) => batch.push(r),
-                        Err(_) => break,
-                    }
-                }
-                batch.retain(|r| !r.reply.is_closed());
+                let batch =
+                    crate::renewals::gather(first, &mut rx, MAX_BATCH, |r| r.reply.is_closed());
                 if batch.is_empty() {
                     continue;
                 }
