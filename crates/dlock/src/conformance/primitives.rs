@@ -131,7 +131,7 @@ fn crowd_opts(owner: Option<&Owner>) -> LockOptions {
 /// A semaphore of 3: ten tasks on two lockers (four of them sharing one owner) take
 /// permits with waits without end, random timeouts, no-wait attempts and
 /// cancellations, for a bounded time. Never more than 3 inside, every token granted
-/// once, 3 inside at once at some point (it is a semaphore of 3, not a lock); then 3
+/// once, more than one inside at some point (it is a semaphore, not a lock); then 3
 /// permits can be taken at once and a 4th cannot — nothing was left held.
 ///
 /// # Panics
@@ -236,7 +236,13 @@ pub async fn semaphore_admits_at_most_its_permits(h: &Harness) {
         "only {} sections: the test proves little",
         r.sections
     );
-    assert_eq!(r.most, 3, "never 3 permit holders at once");
+    // The crowd overlapped (more than one inside: not a lock). How many overlap depends
+    // on the machine's load — under load ZooKeeper's hand-offs outlast the 1–8 ms
+    // sections — so 3 at once is proven above, deterministically, not here.
+    assert!(
+        r.most >= 2,
+        "never 2 permit holders at once: the crowd never overlapped"
+    );
 }
 
 /// A permit whose holder vanished without releasing (a crash: its renewals stop) is
@@ -280,11 +286,12 @@ pub async fn semaphore_permit_of_a_dead_holder_frees(h: &Harness) {
 
 /// Eight tasks on two lockers, readers and writers (a writer and a reader sharing an
 /// owner among them), with random waits and cancellations: a writer is never inside
-/// with another owner's reader or writer, readers are inside together, and nothing is
-/// left held.
+/// with another owner's reader or writer, and nothing is left held; then two owners read
+/// at once while a write is refused.
 ///
 /// # Panics
-/// On a writer overlapping another owner, readers that never overlap, or a hold left.
+/// On a writer overlapping another owner, a hold left, a second reader refused or a
+/// write granted beside readers.
 pub async fn rwlock_readers_share_and_a_writer_excludes(h: &Harness) {
     let (a, b) = (h.locker().await, h.locker().await);
     if !offers_rwlock(&a).await {
@@ -294,12 +301,10 @@ pub async fn rwlock_readers_share_and_a_writer_excludes(h: &Harness) {
     let room = SharedRoom::default();
     let shared = Owner::random();
     let stop = Instant::now() + Duration::from_secs(4);
-    let readers_together = Arc::new(Mutex::new(0usize));
     let mut tasks = Vec::new();
     for t in 0..8 {
         let rw = if t % 2 == 0 { &a } else { &b }.rwlock(&name);
         let room = room.clone();
-        let together = Arc::clone(&readers_together);
         let writer = t % 4 == 0 || t == 5;
         let owner = (t == 0 || t == 1).then(|| shared.clone());
         tasks.push(tokio::spawn(async move {
@@ -325,14 +330,7 @@ pub async fn rwlock_readers_share_and_a_writer_excludes(h: &Harness) {
                     attempt.await
                 };
                 match got {
-                    Ok(g) => {
-                        if !writer {
-                            let n = room.room().inside.len();
-                            let mut most = together.lock().unwrap_or_else(|p| p.into_inner());
-                            *most = (*most).max(n + 1);
-                        }
-                        inside(&room, g, None, Some(writer)).await;
-                    }
+                    Ok(g) => inside(&room, g, None, Some(writer)).await,
                     // The shared owner's writer while its reader holds.
                     Err(Error::Timeout { .. } | Error::UpgradeRefused { .. }) => {}
                     Err(e) => panic!("{}: {e}", if writer { "write" } else { "read" }),
@@ -364,15 +362,29 @@ pub async fn rwlock_readers_share_and_a_writer_excludes(h: &Harness) {
         came,
         "the write is not free after the crowd: a hold was left"
     );
-    let r = room.room();
-    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    {
+        let r = room.room();
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert!(
+            r.sections > 20,
+            "only {} sections: the test proves little",
+            r.sections
+        );
+    }
+    // Readers share: two owners read at once while a writer is refused. (How often the
+    // crowd's readers overlapped depends on the machine's load: proven here instead.)
+    let (ra, rb) = (a.rwlock(&name), b.rwlock(&name));
+    let first = ra.try_read().await.expect("try_read").expect("a free read");
+    let second = rb.try_read().await.expect("try_read");
+    assert!(second.is_some(), "a second reader was refused");
     assert!(
-        r.sections > 20,
-        "only {} sections: the test proves little",
-        r.sections
+        rb.try_write().await.expect("try_write").is_none(),
+        "a write while two read"
     );
-    let together = *readers_together.lock().unwrap_or_else(|p| p.into_inner());
-    assert!(together >= 2, "readers were never inside together");
+    first.release().await.expect("release");
+    if let Some(g) = second {
+        g.release().await.expect("release");
+    }
 }
 
 /// Two readers keep the lock read without a gap; a writer that comes is granted within
