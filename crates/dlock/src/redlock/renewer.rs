@@ -20,6 +20,7 @@ use super::node::Job;
 use super::{Inner, RENEW};
 use crate::error::{Error, Result};
 use crate::lease::millis;
+use crate::renewals::{Batching, by_ttl};
 
 /// Most grants in one script call (bounded so one call never blocks a node for long).
 const MAX_BATCH: usize = 512;
@@ -49,35 +50,34 @@ struct Request {
 #[derive(Debug)]
 pub(super) struct Renewer {
     tx: mpsc::UnboundedSender<Request>,
+    /// The batch places (tests watch which are taken).
+    #[cfg_attr(not(test), allow(dead_code))]
+    places: Arc<Semaphore>,
 }
 
 impl Renewer {
     pub(super) fn start(inner: Weak<Inner>) -> Self {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
-        tokio::spawn(async move {
-            let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
-            while let Some(first) = rx.recv().await {
-                // While every batch place is taken, requests gather for the next.
-                let Ok(place) = Arc::clone(&in_flight).acquire_owned().await else {
-                    return;
-                };
-                let mut batch =
-                    crate::renewals::gather(first, &mut rx, MAX_BATCH, |r| r.reply.is_closed());
-                let Some(inner) = inner.upgrade() else {
-                    return;
-                };
-                tokio::spawn(async move {
-                    while let Some(ttl) = batch.first().map(|r| r.ttl) {
-                        let (same, rest): (Vec<Request>, Vec<Request>) =
-                            batch.into_iter().partition(|r| r.ttl == ttl);
-                        batch = rest;
-                        run(&inner, same, ttl).await;
-                    }
-                    drop(place);
-                });
-            }
+        let (tx, rx) = mpsc::unbounded_channel::<Request>();
+        let batching = Batching {
+            max: MAX_BATCH,
+            in_flight: IN_FLIGHT,
+            abandoned: |r: &Request| r.reply.is_closed(),
+        };
+        let places = batching.spawn(rx, move |batch| {
+            let inner = inner.upgrade()?;
+            Some(async move {
+                for (ttl, same) in by_ttl(batch, |r| r.ttl) {
+                    run(&inner, same, ttl).await;
+                }
+            })
         });
-        Renewer { tx }
+        Renewer { tx, places }
+    }
+
+    /// How many batches are running now.
+    #[cfg(test)]
+    pub(super) fn batches_running(&self) -> usize {
+        IN_FLIGHT - self.places.available_permits()
     }
 
     /// Renew `grant` to `ttl` on every node; each node's answer.
@@ -95,9 +95,11 @@ impl Renewer {
 }
 
 /// One script call per node for `batch`, all of TTL `ttl`. Stops waiting once every
-/// grant's answer is settled — held by a quorum of nodes, or refused or unanswered by
-/// so many that no quorum is left — as a renewal alone would; each node's call is
-/// bounded by the call timeout.
+/// grant's answer is settled — held by a quorum of nodes, or refused (`0` or `-1`) by
+/// so many that no quorum is left, the two answers a renewal alone decides on before
+/// every node answered; an error or a timeout settles nothing, so a grant refused by
+/// a majority is told `NotOwner`, not `NoQuorum`. Each node's call is bounded by the
+/// call timeout.
 async fn run(inner: &Inner, batch: Vec<Request>, ttl: Duration) {
     let mut inv = RENEW.prepare_invoke();
     inv.arg(millis(ttl));
@@ -121,15 +123,11 @@ async fn run(inner: &Inner, batch: Vec<Request>, ttl: Duration) {
                         .iter()
                         .filter(|a| matches!(a, Some(Ok(v)) if v.get(i) == Some(&1)))
                         .count();
-                    let not = answers
+                    let refused = answers
                         .iter()
-                        .filter(|a| match a {
-                            Some(Ok(v)) => v.get(i) != Some(&1),
-                            Some(Err(_)) => true,
-                            None => false,
-                        })
+                        .filter(|a| matches!(a, Some(Ok(v)) if matches!(v.get(i), Some(0 | -1))))
                         .count();
-                    held >= quorum || not > nodes - quorum
+                    held >= quorum || refused > nodes - quorum
                 })
             },
         )

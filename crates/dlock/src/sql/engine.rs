@@ -57,7 +57,10 @@ impl<D: Dialect> SqlBackend<D> {
     ) -> Self {
         let dialect = Arc::new(dialect);
         SqlBackend {
-            renewer: LeaseRenewer::start(Arc::clone(&dialect)),
+            renewer: LeaseRenewer::start(
+                Arc::clone(&dialect),
+                super::renewer::in_flight(opts.pool),
+            ),
             dialect,
             idle: Arc::new(IdleConns::new(opts.sessions, max_idle)),
             opts,

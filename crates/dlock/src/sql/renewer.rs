@@ -16,17 +16,25 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::dialect::{Dialect, Hold};
 use crate::error::{Error, Result};
+use crate::renewals::{Batching, by_ttl};
 
 /// Most holds in one statement (bounded so one statement stays short on the server).
 pub(crate) const MAX_BATCH: usize = 256;
 
-/// Batches running at once: a statement that hangs (a row locked by someone else, a
-/// slow network) holds up only its own batch.
-const IN_FLIGHT: usize = 4;
+/// Most batches running at once: a statement that hangs (a row locked by someone else,
+/// a slow network) holds up only its own batch. Fewer with a small pool
+/// ([`in_flight`]).
+pub(crate) const IN_FLIGHT: usize = 4;
+
+/// Batches running at once for a pool of `pool` connections: at most half of it, so
+/// that hung renewals never take every connection from the acquisitions.
+pub(crate) fn in_flight(pool: u32) -> usize {
+    (pool as usize / 2).clamp(1, IN_FLIGHT)
+}
 
 #[derive(Debug)]
 struct Request {
@@ -43,24 +51,18 @@ pub(crate) struct LeaseRenewer {
 }
 
 impl LeaseRenewer {
-    /// Start the batching task.
-    pub(crate) fn start<D: Dialect>(dialect: Arc<D>) -> Self {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
-        tokio::spawn(async move {
-            let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
-            while let Some(first) = rx.recv().await {
-                // While every batch place is taken, requests gather for the next.
-                let Ok(place) = Arc::clone(&in_flight).acquire_owned().await else {
-                    return;
-                };
-                let batch =
-                    crate::renewals::gather(first, &mut rx, MAX_BATCH, |r| r.reply.is_closed());
-                let dialect = Arc::clone(&dialect);
-                tokio::spawn(async move {
-                    run(&*dialect, batch).await;
-                    drop(place);
-                });
-            }
+    /// Start the batching task, with at most `in_flight` batches at once (each holds
+    /// a lease connection while it runs).
+    pub(crate) fn start<D: Dialect>(dialect: Arc<D>, in_flight: usize) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel::<Request>();
+        let batching = Batching {
+            max: MAX_BATCH,
+            in_flight,
+            abandoned: |r: &Request| r.reply.is_closed(),
+        };
+        batching.spawn(rx, move |batch| {
+            let dialect = Arc::clone(&dialect);
+            Some(async move { run(&*dialect, batch).await })
         });
         LeaseRenewer {
             tx,
@@ -84,11 +86,8 @@ impl LeaseRenewer {
 }
 
 /// Renew `batch`: one statement per TTL among its requests, each request answered.
-async fn run<D: Dialect>(dialect: &D, mut batch: Vec<Request>) {
-    while let Some(ttl) = batch.first().map(|r| r.ttl) {
-        let (mut same, rest): (Vec<Request>, Vec<Request>) =
-            batch.into_iter().partition(|r| r.ttl == ttl);
-        batch = rest;
+async fn run<D: Dialect>(dialect: &D, batch: Vec<Request>) {
+    for (ttl, mut same) in by_ttl(batch, |r| r.ttl) {
         // In key order, which makes two batches touching the same rows (an owner
         // shared by two processes) likely to lock them in one order; a deadlock the
         // server still reports fails that batch, whose keepers retry.
@@ -136,6 +135,8 @@ mod tests {
     use crate::url::ConnectUrl;
 
     const N: usize = 40;
+    /// How often the server's lock waits are read.
+    const POLL: Duration = Duration::from_millis(150);
 
     fn request(name: &str) -> AcquireRequest {
         AcquireRequest {
@@ -159,6 +160,11 @@ mod tests {
         async fn unblock(&mut self);
         /// Each lease's expiry, in µs on the server's clock.
         async fn expiries(&mut self, keys: &[[u8; 32]]) -> Vec<i64>;
+        /// How many statements wait for a row lock now (on a connection outside any
+        /// transaction: PostgreSQL's activity view is one snapshot per transaction).
+        /// Read at most every [`POLL`]: InnoDB refreshes its transaction view only
+        /// when it was not read for 100 ms.
+        async fn lock_waits(&mut self) -> i64;
     }
 
     impl Side for sqlx::PgConnection {
@@ -194,6 +200,14 @@ mod tests {
                 all.push(us);
             }
             all
+        }
+        async fn lock_waits(&mut self) -> i64 {
+            sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+            )
+            .fetch_one(&mut *self)
+            .await
+            .expect("lock waits")
         }
     }
 
@@ -231,15 +245,24 @@ mod tests {
             }
             all
         }
+        async fn lock_waits(&mut self) -> i64 {
+            sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
+            )
+            .fetch_one(&mut *self)
+            .await
+            .expect("lock waits")
+        }
     }
 
     /// Renew every hold at once: the first [`super::IN_FLIGHT`], one after another, are
-    /// each a batch of their own held up by a row lock of `side`, so that every batch
-    /// place is taken and the others wait together for the renewal task; their
-    /// answers, in order.
-    async fn renew_together(
+    /// each a batch of their own held up by a row lock of `side` (each seen waiting on
+    /// the server by `watch` before the next is sent), so that every batch place is
+    /// taken and the others wait together for the renewal task; their answers, in
+    /// order.
+    async fn renew_together<S: Side>(
         held: &[Arc<Box<dyn HeldLock>>],
-        side: &mut impl Side,
+        (side, watch): (&mut S, &mut S),
         keys: &[[u8; 32]],
         ttl: Duration,
     ) -> Vec<crate::error::Result<()>> {
@@ -250,12 +273,20 @@ mod tests {
             tokio::spawn(async move { h.renew(ttl).await })
         };
         let mut tasks = Vec::new();
-        for h in &held[..blocked] {
+        for (i, h) in held[..blocked].iter().enumerate() {
             tasks.push(renew(h));
-            tokio::time::sleep(Duration::from_millis(60)).await;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            while watch.lock_waits().await < i as i64 + 1 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "renewal {i} never waited for its row"
+                );
+                tokio::time::sleep(POLL).await;
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
         tasks.extend(held[blocked..].iter().map(renew));
+        // Every request of the others reaches the renewal task while every batch
+        // place is still taken (each is sent at its task's first poll).
         tokio::time::sleep(Duration::from_millis(300)).await;
         side.unblock().await;
         let mut answers = Vec::new();
@@ -268,7 +299,12 @@ mod tests {
     /// Lease renewals waiting together are one statement (every row gets the same
     /// server timestamp), and each answers for itself: a hold given back is refused,
     /// the others in its batch are renewed.
-    async fn batched_on(backend: Arc<dyn Backend>, side: &mut impl Side, label: &str) {
+    async fn batched_on<S: Side>(
+        backend: Arc<dyn Backend>,
+        side: &mut S,
+        watch: &mut S,
+        label: &str,
+    ) {
         let mut held = Vec::new();
         let mut keys = Vec::new();
         for i in 0..N {
@@ -279,7 +315,13 @@ mod tests {
                 Attempt::Busy { .. } => panic!("{label}: busy"),
             }
         }
-        let answers = renew_together(&held, side, &keys, Duration::from_secs(90)).await;
+        let answers = renew_together(
+            &held,
+            (&mut *side, &mut *watch),
+            &keys,
+            Duration::from_secs(90),
+        )
+        .await;
         for (i, a) in answers.iter().enumerate() {
             assert!(a.is_ok(), "{label}: hold {i}: {a:?}");
         }
@@ -291,7 +333,13 @@ mod tests {
             together.len(),
         );
         held[7].release().await.expect("release");
-        let answers = renew_together(&held, side, &keys, Duration::from_secs(120)).await;
+        let answers = renew_together(
+            &held,
+            (&mut *side, &mut *watch),
+            &keys,
+            Duration::from_secs(120),
+        )
+        .await;
         let after = side.expiries(&keys).await;
         for (i, a) in answers.iter().enumerate() {
             if i == 7 {
@@ -327,15 +375,16 @@ mod tests {
         let backend = crate::sql::postgres::open(ConnectUrl::parse(&pg.url()).expect("url"))
             .await
             .expect("open");
-        let mut side = sqlx::PgConnection::connect(&pg.url()).await.expect("side");
-        batched_on(backend, &mut side, "postgres").await;
+        let pg_side = || async { sqlx::PgConnection::connect(&pg.url()).await.expect("side") };
+        let (mut side, mut watch) = (pg_side().await, pg_side().await);
+        batched_on(backend, &mut side, &mut watch, "postgres").await;
         let url = maria.url();
         let backend = crate::sql::mysql::open(ConnectUrl::parse(&url).expect("url"))
             .await
             .expect("open");
-        let mut side = sqlx::MySqlConnection::connect(&url.replacen("mariadb://", "mysql://", 1))
-            .await
-            .expect("side");
-        batched_on(backend, &mut side, "mariadb").await;
+        let my_url = url.replacen("mariadb://", "mysql://", 1);
+        let my_side = || async { sqlx::MySqlConnection::connect(&my_url).await.expect("side") };
+        let (mut side, mut watch) = (my_side().await, my_side().await);
+        batched_on(backend, &mut side, &mut watch, "mariadb").await;
     }
 }
