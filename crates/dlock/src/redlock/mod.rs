@@ -856,6 +856,67 @@ mod tests {
             .unwrap_or(0)
     }
 
+    /// A grant refused by a majority is told `NotOwner` even when an unreachable node
+    /// answered (an error) before the last refusal came: an error settles nothing, so
+    /// the batch waits for the refusal instead of reporting a missing quorum.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_majority_refusal_is_not_owner_though_a_node_failed_first() {
+        let Some(mut nodes) =
+            dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default())
+        else {
+            return;
+        };
+        let url = format!("{}?node_timeout=3s", nodes.url());
+        let backend = RedlockBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open");
+        let req = AcquireRequest {
+            name: LockName::new("refused").expect("name"),
+            owner: crate::options::Owner::random(),
+            acquisition: crate::backend::AcquisitionId::new(),
+            ttl: Duration::from_secs(30),
+            fair: false,
+            enqueue: None,
+            metadata: Metadata::default(),
+            attempt: 0,
+            will_wait: false,
+            primitive: crate::backend::Primitive::Lock,
+            campaign: None,
+        };
+        let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
+            panic!("busy");
+        };
+        let mut sides = Vec::new();
+        for i in [0, 2] {
+            let addr = nodes.node(i).addr();
+            let client = redis::Client::open(format!("redis://{addr}")).expect("client");
+            let mut side = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("side");
+            let () = redis::cmd("DEL")
+                .arg("refused")
+                .query_async(&mut side)
+                .await
+                .expect("del");
+            sides.push(side);
+        }
+        // Node 1 fails at once; node 2's refusal comes last.
+        nodes.node(1).process().kill();
+        let () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(500)
+            .arg("ALL")
+            .query_async(&mut sides[1])
+            .await
+            .expect("pause");
+        let answer = held.renew(Duration::from_secs(30)).await;
+        assert!(
+            matches!(answer, Err(Error::NotOwner { .. })),
+            "refused by 2 of 3 nodes: {answer:?}"
+        );
+    }
+
     /// Renewals waiting together go to each node as one script call, and each grant
     /// answers for itself: one given back is refused, the others are renewed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -866,7 +927,7 @@ mod tests {
         else {
             return;
         };
-        let url = format!("{}?node_timeout=3s", nodes.url());
+        let url = format!("{}?node_timeout=8s", nodes.url());
         let backend = RedlockBackend::open(ConnectUrl::parse(&url).expect("url"))
             .await
             .expect("open");
@@ -912,13 +973,14 @@ mod tests {
         for side in &mut sides {
             before.push(script_calls(side).await);
         }
-        // Every node holds its clients for a moment: the first renewals, one after
-        // another, are each a batch of their own and wait, taking every batch place;
-        // the others queue behind them in the renewal task.
+        // Every node holds its clients for a while: the first renewals, one after
+        // another, are each a batch of their own (each seen taking its batch place
+        // before the next is sent) and wait, taking every batch place; the others
+        // queue behind them in the renewal task.
         for side in &mut sides {
             let () = redis::cmd("CLIENT")
                 .arg("PAUSE")
-                .arg(1_500)
+                .arg(3_000)
                 .arg("ALL")
                 .query_async(side)
                 .await
@@ -930,12 +992,26 @@ mod tests {
         };
         let blocked = renewer::IN_FLIGHT;
         let mut tasks = Vec::new();
-        for h in &held[..blocked] {
+        for (i, h) in held[..blocked].iter().enumerate() {
             tasks.push(renew(h));
-            tokio::time::sleep(Duration::from_millis(60)).await;
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while backend.inner.renewer.batches_running() < i + 1 {
+                assert!(
+                    Instant::now() < deadline,
+                    "renewal {i} never became a batch"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
         tasks.extend(held[blocked..].iter().map(renew));
+        // Every request of the others reaches the renewal task while every batch
+        // place is still taken (each is sent at its task's first poll).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            backend.inner.renewer.batches_running(),
+            blocked,
+            "the nodes answered before the others queued: the pause was too short"
+        );
         let mut answers = Vec::new();
         for t in tasks {
             answers.push(t.await.expect("task"));
@@ -950,8 +1026,15 @@ mod tests {
                 assert!(a.is_ok(), "grant {i}: {a:?}");
             }
         }
+        // A batch stops waiting once a quorum answered: the last node may run its
+        // call a moment after the answers came back.
+        let settle = Instant::now() + Duration::from_secs(5);
         for (i, side) in sides.iter_mut().enumerate() {
-            let calls = script_calls(side).await - before[i];
+            let mut calls = script_calls(side).await - before[i];
+            while calls < blocked as u64 + 1 && Instant::now() < settle {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                calls = script_calls(side).await - before[i];
+            }
             assert_eq!(
                 calls,
                 blocked as u64 + 1,
