@@ -606,8 +606,14 @@ async fn an_idle_lease_connection_is_dropped_before_the_server_ends_it() {
             .await
             .unwrap_or_else(|e| panic!("round {round}: the lock after a pause: {e}"))
             .expect("free");
+        // A statement on the pool too (whose idle connections must go as early).
+        locker
+            .inspect(&name)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: inspect after a pause: {e}"))
+            .expect("held");
         g.release().await.expect("release");
-        // Past the server's 2 s, with the lease connections idle.
+        // Past the server's 2 s, with the lease and pool connections idle.
         tokio::time::sleep(Duration::from_millis(2_600)).await;
     }
 }

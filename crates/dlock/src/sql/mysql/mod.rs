@@ -432,13 +432,17 @@ impl Dialect for Mysql {
             return Ok(vec![true; holds.len()]);
         }
         // One or more are no longer held: read which still are (one held now was
-        // renewed by the statement above).
+        // renewed by the statement above), on a lease connection like the statement's
+        // (a plain read takes no lock: nothing to retry).
         let held_args = held_args(holds, *size, None).map_err(bad)?;
-        let rows: Vec<(Vec<u8>, i64)> = retrying(self.timeout, || {
-            sqlx::query_as_with(AssertSqlSafe(held.as_str()), held_args.clone())
-                .fetch_all(&self.pool)
-        })
+        let mut c = self.own_conn().await?;
+        let rows: Vec<(Vec<u8>, i64)> = timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_as_with(AssertSqlSafe(held.as_str()), held_args).fetch_all(&mut c.conn),
+        )
         .await?;
+        self.own.put(c);
         Ok(holds
             .iter()
             .map(|h| {

@@ -210,6 +210,9 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         // A ping before every statement would double the round trips; a broken
         // connection shows up as a connection error on the statement instead.
         .test_before_acquire(false)
+        // The pool sweeps idle connections only every `idle_timeout`, so one could sit
+        // idle up to twice that (the server's whole limit): lend none idle that long.
+        .before_acquire(move |_, meta| Box::pin(async move { Ok(meta.idle_for < own_idle) }))
         .acquire_slow_level(crate::telemetry::POOL_WAIT_LOG)
         .connect_lazy_with(connect.clone());
     let sql = Statements::new(&opts.prefix, opts.lock_delay);
