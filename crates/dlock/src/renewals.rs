@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
@@ -42,12 +43,13 @@ impl<A> Batching<A> {
     /// Start the task that takes requests from `rx` and runs each batch with `run`, as
     /// a task of its own that keeps its place until it ends. `run` answering `None`
     /// ends the task (its backend is gone); so does the last sender's drop. The task
-    /// runs on the current runtime. Returns the batch places (tests watch them).
+    /// runs on the current runtime. Returns how many batches were formed so far
+    /// (tests watch it).
     pub(crate) fn spawn<R, F, Fut>(
         self,
         mut rx: mpsc::UnboundedReceiver<R>,
         mut run: F,
-    ) -> Arc<Semaphore>
+    ) -> Arc<AtomicUsize>
     where
         A: Fn(&R) -> bool + Send + 'static,
         R: Send + 'static,
@@ -55,13 +57,15 @@ impl<A> Batching<A> {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let places = Arc::new(Semaphore::new(self.in_flight));
-        let task_places = Arc::clone(&places);
+        let formed = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&formed);
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
-                let Ok(place) = Arc::clone(&task_places).acquire_owned().await else {
+                let Ok(place) = Arc::clone(&places).acquire_owned().await else {
                     return;
                 };
                 let batch = gather(first, &mut rx, self.max, &self.abandoned);
+                counted.fetch_add(1, Ordering::Relaxed);
                 let Some(work) = run(batch) else {
                     return;
                 };
@@ -71,7 +75,7 @@ impl<A> Batching<A> {
                 });
             }
         });
-        places
+        formed
     }
 }
 

@@ -42,7 +42,6 @@ struct Room {
     /// Inside now: section id → (owner, writer?).
     inside: HashMap<u64, (String, bool)>,
     next: u64,
-    most: usize,
     tokens: HashSet<u64>,
     violations: Vec<String>,
     sections: u64,
@@ -87,7 +86,6 @@ impl SharedRoom {
         let id = r.next;
         r.inside
             .insert(id, (owner.to_owned(), writer.unwrap_or(false)));
-        r.most = r.most.max(r.inside.len());
         id
     }
 
@@ -131,8 +129,8 @@ fn crowd_opts(owner: Option<&Owner>) -> LockOptions {
 /// A semaphore of 3: ten tasks on two lockers (four of them sharing one owner) take
 /// permits with waits without end, random timeouts, no-wait attempts and
 /// cancellations, for a bounded time. Never more than 3 inside, every token granted
-/// once, more than one inside at some point (it is a semaphore, not a lock); then 3
-/// permits can be taken at once and a 4th cannot — nothing was left held.
+/// once; then 3 permits can be taken at once and a 4th cannot — it is a semaphore of
+/// 3, and nothing was left held.
 ///
 /// # Panics
 /// On more than 3 holders, a token granted twice, a permit left held, or a backend
@@ -236,13 +234,8 @@ pub async fn semaphore_admits_at_most_its_permits(h: &Harness) {
         "only {} sections: the test proves little",
         r.sections
     );
-    // The crowd overlapped (more than one inside: not a lock). How many overlap depends
-    // on the machine's load — under load ZooKeeper's hand-offs outlast the 1–8 ms
-    // sections — so 3 at once is proven above, deterministically, not here.
-    assert!(
-        r.most >= 2,
-        "never 2 permit holders at once: the crowd never overlapped"
-    );
+    // How many were inside at once depends on the machine's load (under load a
+    // ZooKeeper grant outlasts the 1–8 ms sections): 3 at once is proven above.
 }
 
 /// A permit whose holder vanished without releasing (a crash: its renewals stop) is
@@ -372,19 +365,32 @@ pub async fn rwlock_readers_share_and_a_writer_excludes(h: &Harness) {
         );
     }
     // Readers share: two owners read at once while a writer is refused. (How often the
-    // crowd's readers overlapped depends on the machine's load: proven here instead.)
+    // crowd's readers overlapped depends on the machine's load: proven here instead,
+    // once a cancelled writer's queue entry is gone — it may leave in the background.)
     let (ra, rb) = (a.rwlock(&name), b.rwlock(&name));
-    let first = ra.try_read().await.expect("try_read").expect("a free read");
-    let second = rb.try_read().await.expect("try_read");
-    assert!(second.is_some(), "a second reader was refused");
-    assert!(
-        rb.try_write().await.expect("try_write").is_none(),
-        "a write while two read"
-    );
-    first.release().await.expect("release");
-    if let Some(g) = second {
-        g.release().await.expect("release");
-    }
+    let shared = eventually(Duration::from_secs(3), || {
+        let (ra, rb) = (ra.clone(), rb.clone());
+        async move {
+            let Some(first) = ra.try_read().await.expect("try_read") else {
+                return false;
+            };
+            let second = rb.try_read().await.expect("try_read");
+            let both = second.is_some();
+            if both {
+                assert!(
+                    rb.try_write().await.expect("try_write").is_none(),
+                    "a write while two read"
+                );
+            }
+            first.release().await.expect("release");
+            if let Some(g) = second {
+                g.release().await.expect("release");
+            }
+            both
+        }
+    })
+    .await;
+    assert!(shared, "two readers never read at once after the crowd");
 }
 
 /// Two readers keep the lock read without a gap; a writer that comes is granted within

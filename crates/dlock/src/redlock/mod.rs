@@ -53,8 +53,9 @@
 //! Redlock assumes bounded clock drift and bounded pauses; a holder paused past its
 //! validity is exactly the case fencing tokens exist for. No FIFO order, no unlock
 //! notifications (waiters poll), no reentrancy. With a node SIGSTOPped, an acquire or
-//! renewal returns as soon as a majority has answered, but a release or a failed attempt
-//! waits up to `node_timeout` for it.
+//! renewal returns as soon as the answers in decide it (a majority granted, or
+//! refused, or no longer able to), but a release or a failed attempt waits up to
+//! `node_timeout` for it.
 //!
 //! # Options
 //!
@@ -917,6 +918,53 @@ mod tests {
         );
     }
 
+    /// A renewal no answer still to come can decide returns at once: two of three
+    /// nodes failed, the third (paused) can neither make a quorum nor refuse one, so
+    /// `NoQuorum` comes without waiting out the node timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_nothing_can_decide_any_more_returns_at_once() {
+        let Some(mut nodes) =
+            dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default())
+        else {
+            return;
+        };
+        let url = format!("{}?node_timeout=20s&timeout=20s", nodes.url());
+        let backend = RedlockBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open");
+        let req = AcquireRequest {
+            name: LockName::new("undecided").expect("name"),
+            owner: crate::options::Owner::random(),
+            acquisition: crate::backend::AcquisitionId::new(),
+            ttl: Duration::from_secs(60),
+            fair: false,
+            enqueue: None,
+            metadata: Metadata::default(),
+            attempt: 0,
+            will_wait: false,
+            primitive: crate::backend::Primitive::Lock,
+            campaign: None,
+        };
+        let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
+            panic!("busy");
+        };
+        nodes.node(0).process().kill();
+        nodes.node(1).process().kill();
+        nodes.node(2).process().pause();
+        let started = Instant::now();
+        let answer = held.renew(Duration::from_secs(60)).await;
+        let took = started.elapsed();
+        nodes.node(2).process().resume();
+        assert!(
+            matches!(answer, Err(Error::NoQuorum { .. })),
+            "two nodes down: {answer:?}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "waited {took:?} for a node whose answer could change nothing"
+        );
+    }
+
     /// Renewals waiting together go to each node as one script call, and each grant
     /// answers for itself: one given back is refused, the others are renewed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -992,10 +1040,12 @@ mod tests {
         };
         let blocked = renewer::IN_FLIGHT;
         let mut tasks = Vec::new();
+        let formed = || backend.inner.renewer.batches_formed();
+        let base = formed();
         for (i, h) in held[..blocked].iter().enumerate() {
             tasks.push(renew(h));
             let deadline = Instant::now() + Duration::from_secs(2);
-            while backend.inner.renewer.batches_running() < i + 1 {
+            while formed() < base + i + 1 {
                 assert!(
                     Instant::now() < deadline,
                     "renewal {i} never became a batch"
@@ -1008,9 +1058,9 @@ mod tests {
         // place is still taken (each is sent at its task's first poll).
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(
-            backend.inner.renewer.batches_running(),
-            blocked,
-            "the nodes answered before the others queued: the pause was too short"
+            formed(),
+            base + blocked,
+            "a batch place came free before the others queued: the pause was too short"
         );
         let mut answers = Vec::new();
         for t in tasks {

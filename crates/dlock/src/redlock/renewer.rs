@@ -11,10 +11,11 @@
 //! must not outlive it. Several grants' keys in one call: every node must be a plain
 //! Redis master (a cluster or a proxy that splits keys by slot refuses such a call).
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::node::Job;
 use super::{Inner, RENEW};
@@ -50,9 +51,9 @@ struct Request {
 #[derive(Debug)]
 pub(super) struct Renewer {
     tx: mpsc::UnboundedSender<Request>,
-    /// The batch places (tests watch which are taken).
+    /// How many batches were formed (tests watch it).
     #[cfg_attr(not(test), allow(dead_code))]
-    places: Arc<Semaphore>,
+    formed: Arc<AtomicUsize>,
 }
 
 impl Renewer {
@@ -63,7 +64,7 @@ impl Renewer {
             in_flight: IN_FLIGHT,
             abandoned: |r: &Request| r.reply.is_closed(),
         };
-        let places = batching.spawn(rx, move |batch| {
+        let formed = batching.spawn(rx, move |batch| {
             let inner = inner.upgrade()?;
             Some(async move {
                 for (ttl, same) in by_ttl(batch, |r| r.ttl) {
@@ -71,13 +72,13 @@ impl Renewer {
                 }
             })
         });
-        Renewer { tx, places }
+        Renewer { tx, formed }
     }
 
-    /// How many batches are running now.
+    /// How many batches were formed so far.
     #[cfg(test)]
-    pub(super) fn batches_running(&self) -> usize {
-        IN_FLIGHT - self.places.available_permits()
+    pub(super) fn batches_formed(&self) -> usize {
+        self.formed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Renew `grant` to `ttl` on every node; each node's answer.
@@ -95,11 +96,11 @@ impl Renewer {
 }
 
 /// One script call per node for `batch`, all of TTL `ttl`. Stops waiting once every
-/// grant's answer is settled — held by a quorum of nodes, or refused (`0` or `-1`) by
-/// so many that no quorum is left, the two answers a renewal alone decides on before
-/// every node answered; an error or a timeout settles nothing, so a grant refused by
-/// a majority is told `NotOwner`, not `NoQuorum`. Each node's call is bounded by the
-/// call timeout.
+/// grant's answer is settled: held by a quorum of nodes; refused (`0` or `-1`) by so
+/// many that no quorum is left (`NotOwner`); or neither possible whatever the nodes
+/// still to answer say (`NoQuorum`). An error or a timeout is no refusal, so a grant
+/// a majority refuses is told `NotOwner` even when a failed node answered first. Each
+/// node's call is bounded by the call timeout.
 async fn run(inner: &Inner, batch: Vec<Request>, ttl: Duration) {
     let mut inv = RENEW.prepare_invoke();
     inv.arg(millis(ttl));
@@ -127,7 +128,11 @@ async fn run(inner: &Inner, batch: Vec<Request>, ttl: Duration) {
                         .iter()
                         .filter(|a| matches!(a, Some(Ok(v)) if matches!(v.get(i), Some(0 | -1))))
                         .count();
-                    held >= quorum || refused > nodes - quorum
+                    let pending = answers.iter().filter(|a| a.is_none()).count();
+                    // Held, refused, or neither can happen any more (`NoQuorum`).
+                    held >= quorum
+                        || refused > nodes - quorum
+                        || (held + pending < quorum && refused + pending <= nodes - quorum)
                 })
             },
         )

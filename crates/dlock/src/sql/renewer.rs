@@ -28,7 +28,7 @@ pub(crate) const MAX_BATCH: usize = 256;
 /// Most batches running at once: a statement that hangs (a row locked by someone else,
 /// a slow network) holds up only its own batch. Fewer with a small pool
 /// ([`in_flight`]).
-pub(crate) const IN_FLIGHT: usize = 4;
+const IN_FLIGHT: usize = 4;
 
 /// Batches running at once for a pool of `pool` connections: at most half of it, so
 /// that hung renewals never take every connection from the acquisitions.
@@ -137,6 +137,15 @@ mod tests {
     const N: usize = 40;
     /// How often the server's lock waits are read.
     const POLL: Duration = Duration::from_millis(150);
+    /// The backends' pool, and their statement timeout: longer than the test holds
+    /// its row locks, however slowly the machine runs.
+    const POOL: u32 = 10;
+    const OPTIONS: &str = "pool=10&timeout=60s";
+
+    fn with_options(url: &str) -> String {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}{OPTIONS}")
+    }
 
     fn request(name: &str) -> AcquireRequest {
         AcquireRequest {
@@ -255,7 +264,7 @@ mod tests {
         }
     }
 
-    /// Renew every hold at once: the first [`super::IN_FLIGHT`], one after another, are
+    /// Renew every hold at once: the first [`super::in_flight`], one after another, are
     /// each a batch of their own held up by a row lock of `side` (each seen waiting on
     /// the server by `watch` before the next is sent), so that every batch place is
     /// taken and the others wait together for the renewal task; their answers, in
@@ -266,7 +275,7 @@ mod tests {
         keys: &[[u8; 32]],
         ttl: Duration,
     ) -> Vec<crate::error::Result<()>> {
-        let blocked = super::IN_FLIGHT;
+        let blocked = super::in_flight(POOL);
         side.block_rows(&keys[..blocked]).await;
         let renew = |h: &Arc<Box<dyn HeldLock>>| {
             let h = Arc::clone(h);
@@ -326,7 +335,7 @@ mod tests {
             assert!(a.is_ok(), "{label}: hold {i}: {a:?}");
         }
         let after_first = side.expiries(&keys).await;
-        let together = &after_first[super::IN_FLIGHT..];
+        let together = &after_first[super::in_flight(POOL)..];
         assert!(
             together.iter().all(|&e| e == together[0]),
             "{label}: the {} renewals that waited together were not one statement: {together:?}",
@@ -372,14 +381,15 @@ mod tests {
         ) else {
             return;
         };
-        let backend = crate::sql::postgres::open(ConnectUrl::parse(&pg.url()).expect("url"))
-            .await
-            .expect("open");
+        let backend =
+            crate::sql::postgres::open(ConnectUrl::parse(&with_options(&pg.url())).expect("url"))
+                .await
+                .expect("open");
         let pg_side = || async { sqlx::PgConnection::connect(&pg.url()).await.expect("side") };
         let (mut side, mut watch) = (pg_side().await, pg_side().await);
         batched_on(backend, &mut side, &mut watch, "postgres").await;
         let url = maria.url();
-        let backend = crate::sql::mysql::open(ConnectUrl::parse(&url).expect("url"))
+        let backend = crate::sql::mysql::open(ConnectUrl::parse(&with_options(&url)).expect("url"))
             .await
             .expect("open");
         let my_url = url.replacen("mariadb://", "mysql://", 1);

@@ -194,10 +194,15 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let _ = probe.close().await;
     let pool = MySqlPoolOptions::new()
         .max_connections(opts.pool)
+        .idle_timeout(own_idle)
         .acquire_timeout(opts.timeout)
         // A ping before every statement would double the round trips; a broken
         // connection shows up as a connection error on the statement instead.
         .test_before_acquire(false)
+        // The pool sweeps idle connections only every `idle_timeout`, so one could sit
+        // idle up to twice that (the server's whole `wait_timeout`): lend none idle
+        // that long.
+        .before_acquire(move |_, meta| Box::pin(async move { Ok(meta.idle_for < own_idle) }))
         .acquire_slow_level(crate::telemetry::POOL_WAIT_LOG)
         .after_connect(|conn, _| {
             Box::pin(async move {
@@ -219,7 +224,8 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let wait_timeout = wait_timeout(opts.heartbeat);
     let dialect = Mysql {
         pool,
-        own: OwnConns::new(opts.pool.max(1), own_idle),
+        // At least 2: renewal batches take at most half (`sql::renewer::in_flight`).
+        own: OwnConns::new(opts.pool.max(2), own_idle),
         connect,
         sql,
         timeout: opts.timeout,
@@ -287,11 +293,22 @@ impl Mysql {
         build: impl Fn() -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
     ) -> Result<sqlx::mysql::MySqlQueryResult> {
         let mut c = self.own_conn().await?;
+        let done = Self::execute_on(&mut c, self.timeout, build).await?;
+        self.own.put(c);
+        Ok(done)
+    }
+
+    /// [`Mysql::own_execute`] on the connection `c` (given back by the caller, after a
+    /// success only).
+    async fn execute_on<'q>(
+        c: &mut OwnConn<MySqlConnection>,
+        timeout: Duration,
+        build: impl Fn() -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    ) -> Result<sqlx::mysql::MySqlQueryResult> {
         let mut tries = 0;
         loop {
-            let answer = tokio::time::timeout(self.timeout, build().execute(&mut c.conn)).await;
-            if let Some(done) = settle(answer, &mut tries, self.timeout).await? {
-                self.own.put(c);
+            let answer = tokio::time::timeout(timeout, build().execute(&mut c.conn)).await;
+            if let Some(done) = settle(answer, &mut tries, timeout).await? {
                 return Ok(done);
             }
         }
@@ -425,17 +442,19 @@ impl Dialect for Mysql {
         };
         let bad = |e| crate::Error::backend(BACKEND, format!("renewal arguments: {e}"));
         let renew_args = held_args(holds, *size, Some(ttl)).map_err(bad)?;
-        let done = self
-            .own_execute(|| sqlx::query_with(AssertSqlSafe(renew.as_str()), renew_args.clone()))
-            .await?;
+        let mut c = self.own_conn().await?;
+        let done = Self::execute_on(&mut c, self.timeout, || {
+            sqlx::query_with(AssertSqlSafe(renew.as_str()), renew_args.clone())
+        })
+        .await?;
         if done.rows_affected() == super::renewer::distinct(holds) as u64 {
+            self.own.put(c);
             return Ok(vec![true; holds.len()]);
         }
         // One or more are no longer held: read which still are (one held now was
-        // renewed by the statement above), on a lease connection like the statement's
-        // (a plain read takes no lock: nothing to retry).
+        // renewed by the statement above), on the statement's connection (a plain
+        // read takes no lock: nothing to retry).
         let held_args = held_args(holds, *size, None).map_err(bad)?;
-        let mut c = self.own_conn().await?;
         let rows: Vec<(Vec<u8>, i64)> = timed(
             BACKEND,
             self.timeout,
