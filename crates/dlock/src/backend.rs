@@ -323,6 +323,27 @@ pub struct AcquireRequest {
     pub campaign: Option<String>,
 }
 
+impl AcquireRequest {
+    /// A plain lock attempt on `name` by `owner` with lease `ttl`: no wait, no queue,
+    /// no metadata, a new acquisition (what tests and the conformance suite send
+    /// through the backend SPI).
+    pub(crate) fn plain(name: LockName, owner: Owner, ttl: Duration) -> Self {
+        AcquireRequest {
+            name,
+            owner,
+            acquisition: AcquisitionId::new(),
+            ttl,
+            fair: false,
+            enqueue: None,
+            metadata: Metadata::default(),
+            attempt: 0,
+            will_wait: false,
+            primitive: Primitive::Lock,
+            campaign: None,
+        }
+    }
+}
+
 /// The outcome of one attempt.
 #[derive(Debug)]
 #[non_exhaustive]

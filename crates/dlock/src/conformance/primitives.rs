@@ -57,6 +57,18 @@ impl SharedRoom {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// After a crowd: no violation, and enough sections for the test to prove
+    /// something.
+    fn assert_crowd_sound(&self) {
+        let r = self.room();
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert!(
+            r.sections > 20,
+            "only {} sections: the test proves little",
+            r.sections
+        );
+    }
+
     /// A holder enters with its grant's token; `limit`: at most this many inside (a
     /// semaphore), `writer`: a read-write lock's writer (`Some(false)`: a reader).
     fn enter(&self, token: u64, owner: &str, limit: Option<usize>, writer: Option<bool>) -> u64 {
@@ -227,13 +239,7 @@ pub async fn semaphore_admits_at_most_its_permits(h: &Harness) {
     for g in held {
         g.release().await.expect("release");
     }
-    let r = room.room();
-    assert!(r.violations.is_empty(), "{:?}", r.violations);
-    assert!(
-        r.sections > 20,
-        "only {} sections: the test proves little",
-        r.sections
-    );
+    room.assert_crowd_sound();
     // How many were inside at once depends on the machine's load (under load a
     // ZooKeeper grant outlasts the 1–8 ms sections): 3 at once is proven above.
 }
@@ -355,15 +361,7 @@ pub async fn rwlock_readers_share_and_a_writer_excludes(h: &Harness) {
         came,
         "the write is not free after the crowd: a hold was left"
     );
-    {
-        let r = room.room();
-        assert!(r.violations.is_empty(), "{:?}", r.violations);
-        assert!(
-            r.sections > 20,
-            "only {} sections: the test proves little",
-            r.sections
-        );
-    }
+    room.assert_crowd_sound();
     // Readers share: two owners read at once while a writer is refused. (How often the
     // crowd's readers overlapped depends on the machine's load: proven here instead,
     // once a cancelled writer's queue entry is gone — it may leave in the background.)

@@ -702,18 +702,10 @@ pub async fn shared_owner_waiters_leave_nothing(h: &Harness) {
 
 /// One attempt through the backend SPI, as the core would make it.
 fn request(name: &str, owner: &Owner, ttl: Duration) -> crate::backend::AcquireRequest {
+    let name = crate::name::LockName::new(name).expect("name");
     crate::backend::AcquireRequest {
-        name: crate::name::LockName::new(name).expect("name"),
-        owner: owner.clone(),
-        acquisition: crate::backend::AcquisitionId::new(),
-        ttl,
-        fair: false,
-        enqueue: None,
         metadata: crate::Metadata::this_process(),
-        attempt: 0,
-        will_wait: false,
-        primitive: crate::backend::Primitive::Lock,
-        campaign: None,
+        ..crate::backend::AcquireRequest::plain(name, owner.clone(), ttl)
     }
 }
 

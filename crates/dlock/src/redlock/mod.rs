@@ -857,33 +857,29 @@ mod tests {
             .unwrap_or(0)
     }
 
+    /// Three fresh nodes and a backend over them with the URL options `query`.
+    async fn three_nodes(query: &str) -> Option<(dlock_testkit::RedisNodes, Arc<RedlockBackend>)> {
+        let nodes = dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default())?;
+        let url = format!("{}?{query}", nodes.url());
+        let backend = RedlockBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open");
+        Some((nodes, backend))
+    }
+
     /// A grant refused by a majority is told `NotOwner` even when an unreachable node
     /// answered (an error) before the last refusal came: an error settles nothing, so
     /// the batch waits for the refusal instead of reporting a missing quorum.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_majority_refusal_is_not_owner_though_a_node_failed_first() {
-        let Some(mut nodes) =
-            dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default())
-        else {
+        let Some((mut nodes, backend)) = three_nodes("node_timeout=3s").await else {
             return;
         };
-        let url = format!("{}?node_timeout=3s", nodes.url());
-        let backend = RedlockBackend::open(ConnectUrl::parse(&url).expect("url"))
-            .await
-            .expect("open");
-        let req = AcquireRequest {
-            name: LockName::new("refused").expect("name"),
-            owner: crate::options::Owner::random(),
-            acquisition: crate::backend::AcquisitionId::new(),
-            ttl: Duration::from_secs(30),
-            fair: false,
-            enqueue: None,
-            metadata: Metadata::default(),
-            attempt: 0,
-            will_wait: false,
-            primitive: crate::backend::Primitive::Lock,
-            campaign: None,
-        };
+        let req = AcquireRequest::plain(
+            LockName::new("refused").expect("name"),
+            crate::options::Owner::random(),
+            Duration::from_secs(30),
+        );
         let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
             panic!("busy");
         };
@@ -923,28 +919,14 @@ mod tests {
     /// `NoQuorum` comes without waiting out the node timeout.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_renewal_nothing_can_decide_any_more_returns_at_once() {
-        let Some(mut nodes) =
-            dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default())
-        else {
+        let Some((mut nodes, backend)) = three_nodes("node_timeout=20s&timeout=20s").await else {
             return;
         };
-        let url = format!("{}?node_timeout=20s&timeout=20s", nodes.url());
-        let backend = RedlockBackend::open(ConnectUrl::parse(&url).expect("url"))
-            .await
-            .expect("open");
-        let req = AcquireRequest {
-            name: LockName::new("undecided").expect("name"),
-            owner: crate::options::Owner::random(),
-            acquisition: crate::backend::AcquisitionId::new(),
-            ttl: Duration::from_secs(60),
-            fair: false,
-            enqueue: None,
-            metadata: Metadata::default(),
-            attempt: 0,
-            will_wait: false,
-            primitive: crate::backend::Primitive::Lock,
-            campaign: None,
-        };
+        let req = AcquireRequest::plain(
+            LockName::new("undecided").expect("name"),
+            crate::options::Owner::random(),
+            Duration::from_secs(60),
+        );
         let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
             panic!("busy");
         };
@@ -970,30 +952,16 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn waiting_renewals_are_one_call_per_node_and_answer_each_for_itself() {
         const N: usize = 40;
-        let Some(mut nodes) =
-            dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default())
-        else {
+        let Some((mut nodes, backend)) = three_nodes("node_timeout=8s").await else {
             return;
         };
-        let url = format!("{}?node_timeout=8s", nodes.url());
-        let backend = RedlockBackend::open(ConnectUrl::parse(&url).expect("url"))
-            .await
-            .expect("open");
         let mut held = Vec::new();
         for i in 0..N {
-            let req = AcquireRequest {
-                name: LockName::new(&format!("batch-{i}")).expect("name"),
-                owner: crate::options::Owner::random(),
-                acquisition: crate::backend::AcquisitionId::new(),
-                ttl: Duration::from_secs(30),
-                fair: false,
-                enqueue: None,
-                metadata: Metadata::default(),
-                attempt: 0,
-                will_wait: false,
-                primitive: crate::backend::Primitive::Lock,
-                campaign: None,
-            };
+            let req = AcquireRequest::plain(
+                LockName::new(&format!("batch-{i}")).expect("name"),
+                crate::options::Owner::random(),
+                Duration::from_secs(30),
+            );
             match backend.try_acquire(&req).await.expect("acquire") {
                 Attempt::Acquired(h) => held.push(Arc::new(h)),
                 Attempt::Busy { .. } => panic!("busy"),

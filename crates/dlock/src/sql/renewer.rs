@@ -127,10 +127,10 @@ mod tests {
 
     use sqlx::{AssertSqlSafe, Connection};
 
-    use crate::backend::{AcquireRequest, AcquisitionId, Attempt, Backend, HeldLock, Primitive};
+    use crate::backend::{AcquireRequest, Attempt, Backend, HeldLock};
     use crate::error::Error;
     use crate::name::LockName;
-    use crate::options::{Metadata, Owner};
+    use crate::options::Owner;
     use crate::sql::lock_key;
     use crate::url::ConnectUrl;
 
@@ -148,19 +148,8 @@ mod tests {
     }
 
     fn request(name: &str) -> AcquireRequest {
-        AcquireRequest {
-            name: LockName::new(name).expect("name"),
-            owner: Owner::random(),
-            acquisition: AcquisitionId::new(),
-            ttl: Duration::from_secs(30),
-            fair: false,
-            enqueue: None,
-            metadata: Metadata::default(),
-            attempt: 0,
-            will_wait: false,
-            primitive: Primitive::Lock,
-            campaign: None,
-        }
+        let name = LockName::new(name).expect("name");
+        AcquireRequest::plain(name, Owner::random(), Duration::from_secs(30))
     }
 
     /// A server's own connection, for what the test does beside the backend.

@@ -804,19 +804,8 @@ mod tests {
     use super::*;
 
     fn request(name: &str) -> AcquireRequest {
-        AcquireRequest {
-            name: LockName::new(name).expect("name"),
-            owner: Owner::random(),
-            acquisition: crate::backend::AcquisitionId::new(),
-            ttl: Duration::from_secs(30),
-            fair: false,
-            enqueue: None,
-            metadata: Metadata::default(),
-            attempt: 0,
-            will_wait: false,
-            primitive: crate::backend::Primitive::Lock,
-            campaign: None,
-        }
+        let name = LockName::new(name).expect("name");
+        AcquireRequest::plain(name, Owner::random(), Duration::from_secs(30))
     }
 
     async fn grant(b: &SqliteBackend, name: &str) -> Box<dyn HeldLock> {
