@@ -182,7 +182,7 @@ fn main() {
         std::process::exit(1);
     };
     if args.get(4).map(String::as_str) == Some("--only-scaling") {
-        let section = scaling::section(&dlock, &matrix, &scaling::plot_path(out));
+        let section = scaling::section(&dlock, &scaling::plot_path(out));
         if let Err(e) =
             xtask::replace_section(out, scaling::HEADING, Some(primitives::HEADING), &section)
         {
@@ -743,7 +743,7 @@ fn main() {
     } else {
         "the servers run where the scheduler puts them"
     };
-    let scaling_section = scaling::section(&dlock, &matrix, &scaling::plot_path(out));
+    let scaling_section = scaling::section(&dlock, &scaling::plot_path(out));
     let primitive_section = primitives::section(&dlock, &matrix);
     let doc = format!(
         "# Benchmarks\n\n\
