@@ -189,8 +189,10 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         sqlx::query_scalar::<_, i64>("SELECT CAST(@@wait_timeout AS SIGNED)").fetch_one(&mut probe),
     )
     .await?;
-    let own_idle =
-        Duration::from_secs(server_wait.unsigned_abs() / 2).min(Duration::from_secs(300));
+    // Half of it in ms, never zero (an idle timeout of zero would make the pool's
+    // sweep spin).
+    let own_idle = Duration::from_millis(server_wait.unsigned_abs().saturating_mul(500).max(1))
+        .min(Duration::from_secs(300));
     let _ = probe.close().await;
     let pool = MySqlPoolOptions::new()
         .max_connections(opts.pool)

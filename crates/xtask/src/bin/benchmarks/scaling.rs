@@ -157,25 +157,23 @@ fn p50_p99(l: &Value) -> String {
     format!("{} / {}", us(&l["p50_us"]), us(&l["p99_us"]))
 }
 
-/// The section (and the plot, written to `plot`), measured now. Each run gets servers
-/// of its own, started for it: a run on a server an earlier run filled with 100,000
-/// rows measures that server's state too (MariaDB's 32 MB buffer pool overflows: a
-/// second 100,000 fill on one server did not finish in 60 s, the first took 22 s).
+/// The section (and the plot, written to `plot`), measured now. Each configuration's
+/// run gets servers of its own, started for it: a run on a server an earlier run
+/// filled with 100,000 rows measures that server's state too (MariaDB's 32 MB buffer
+/// pool overflows: a second 100,000 fill on one server did not finish in 60 s, the
+/// first took 22 s).
 pub fn section(dlock: &Path, plot: &Path) -> String {
     let mut reports: Vec<(&str, Vec<Value>)> = TARGETS.iter().map(|t| (*t, Vec::new())).collect();
     for run in 1..=RUNS {
-        let Some(matrix) = Matrix::start() else {
-            eprintln!("benchmarks: scaling run {run}: a server is missing");
-            continue;
-        };
-        for t in &matrix.targets {
-            let Some((_, mine)) = reports.iter_mut().find(|(l, _)| *l == t.label) else {
+        for (label, mine) in &mut reports {
+            let Some(matrix) = Matrix::start() else {
+                eprintln!("benchmarks: scaling run {run} on {label}: a server is missing");
                 continue;
             };
-            eprintln!(
-                "benchmarks: scaling on {} (run {run} of {RUNS}, fresh servers)",
-                t.label
-            );
+            let Some(t) = matrix.targets.iter().find(|t| t.label == *label) else {
+                continue;
+            };
+            eprintln!("benchmarks: scaling on {label} (run {run} of {RUNS}, fresh servers)");
             mine.extend(bench(dlock, &t.url));
         }
     }
