@@ -250,8 +250,13 @@ pub fn section(dlock: &Path, plot: &Path) -> String {
     } else {
         format!("Levels not reached:\n\n{stopped}\n")
     };
+    // Regenerated alone (`--only-scaling`) it may come from another machine than the
+    // rest of the file: it names its own.
+    let machine = xtask::cpu_model();
     format!(
         "{HEADING}\n\n\
+         Measured on {machine} (this section is regenerated alone with `--only-scaling`, \
+         so it names its machine): \
          `dlock bench --scenario scaling --cycles 1000 --duration 3s --scale-held \
          1,1000,100000 --scale-waiters 1,10,100,1000`, three runs per configuration below, \
          each on servers started for that run: each figure is the median of the runs that reached the level (*runs*; of two, the \
