@@ -1317,8 +1317,9 @@ fn log_colour_only_on_a_terminal_and_never_with_no_color() {
 }
 
 /// PostgreSQL and MariaDB session locks end with the holder's connection: the lock of a
-/// SIGKILLed holder is free at once (measured from the kill to the next holder's
-/// command running, process start included).
+/// SIGKILLed holder is free long before its lease (30 s) could end (measured from the
+/// kill to the next holder's command running, process start included; the figure is
+/// printed, the bound is generous: a debug build on a loaded CI machine took 514 ms).
 #[test]
 fn sql_session_locks_free_at_once_when_the_holder_is_killed() {
     let (Some(pg), Some(maria)) = (
@@ -1343,7 +1344,7 @@ fn sql_session_locks_free_at_once_when_the_holder_is_killed() {
         let _ = wait_timeout(&mut holder, Duration::from_secs(5));
         assert_eq!(out.status.code(), Some(0), "{label}: {}", text(&out.stderr));
         eprintln!("figure: {label}: SIGKILLed holder -> next holder's command ran after {took:?}");
-        assert!(took < Duration::from_millis(500), "{label}: {took:?}");
+        assert!(took < Duration::from_secs(5), "{label}: {took:?}");
     }
 }
 

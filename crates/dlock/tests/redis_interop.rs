@@ -86,7 +86,7 @@ async fn redisson_holder_excludes_dlock_and_its_unlock_message_wakes_dlock() {
     // Woken by the message, far sooner than the 30 s lease.
     let (guard, took) = within(Duration::from_secs(5), waiter).await;
     let guard = guard.expect("join");
-    assert!(took < Duration::from_millis(500), "woken after {took:?}");
+    assert!(took < Duration::from_secs(3), "woken after {took:?}");
     guard.release().await.expect("release");
 }
 
@@ -158,7 +158,7 @@ async fn redis_py_layout_excludes_both_ways() {
     let _: () = raw.del("job").await.expect("del");
     let (guard, took) = within(Duration::from_secs(5), waiter).await;
     let guard = guard.expect("join");
-    assert!(took < Duration::from_millis(500), "noticed after {took:?}");
+    assert!(took < Duration::from_secs(3), "noticed after {took:?}");
     // dlock holds: the foreign SET NX fails; the value is dlock's owner token.
     let set = set_nx(&mut raw, "job", "foreign-token", "PX", 30_000).await;
     assert!(set.is_none(), "foreign client took a dlock-held lock");
