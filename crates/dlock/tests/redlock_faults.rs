@@ -306,6 +306,12 @@ async fn renewal_reseeds_a_node_that_restarted_empty() {
     let opts = LockOptions::default().ttl(Duration::from_millis(600));
     let g = locker.lock_with("reseed", &opts).await.expect("lock");
     let owner = g.owner().as_str().to_owned();
+    // The acquire returns once a majority granted: node 0's grant may land a moment
+    // later (bounded).
+    let end = Instant::now() + Duration::from_secs(2);
+    while !raw_get(&mut nodes, 0, "reseed").contains(&owner) && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(raw_get(&mut nodes, 0, "reseed").contains(&owner));
     nodes.node(0).restart();
     assert!(
