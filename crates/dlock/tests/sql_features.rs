@@ -259,6 +259,16 @@ async fn least_privilege_roles_lock() {
             .await
             .unwrap_or_else(|e| panic!("{url}: {e}"));
         assert!(g.fencing_token() > 0);
+        // Its own holds are visible to it without server-wide privileges.
+        let seen = locker
+            .inspect(&name)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(
+            seen.map(|i| i.fencing_token),
+            Some(g.fencing_token()),
+            "{url}"
+        );
         g.release().await.unwrap_or_else(|e| panic!("{url}: {e}"));
     }
     for url in [
@@ -275,6 +285,55 @@ async fn least_privilege_roles_lock() {
         );
         assert!(!text.contains("app-pw"), "{text}");
     }
+}
+
+/// MariaDB row mode: an observer that asks who holds a lock every 10 ms sees each new
+/// holder within seconds. (`inspect` once read `INNODB_TRX`, which InnoDB refreshes only
+/// after 100 ms without a reader: such an observer saw the first answer for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_mode_holders_are_seen_by_an_observer_that_polls_fast() {
+    let Some(maria) = MariaDbServer::start() else {
+        return;
+    };
+    let url = format!("{}?mode=row", maria.url());
+    let (a, b, observer) = (
+        Locker::connect(&url).await.expect("connect"),
+        Locker::connect(&url).await.expect("connect"),
+        Locker::connect(&url).await.expect("connect"),
+    );
+    let name = unique("rowseen");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(None::<u64>);
+    let poller = tokio::spawn({
+        let (observer, name, stop) = (observer.clone(), name.clone(), stop.clone());
+        async move {
+            while !stop.is_cancelled() {
+                let now = observer.inspect(&name).await.expect("inspect");
+                seen_tx.send_replace(now.map(|i| i.fencing_token));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    for locker in [&a, &b, &a] {
+        let g = locker.lock(&name).await.expect("lock");
+        let token = g.fencing_token();
+        let shown =
+            tokio::time::timeout(Duration::from_secs(5), seen.wait_for(|t| *t == Some(token)))
+                .await
+                .is_ok();
+        assert!(
+            shown,
+            "holder with token {token} not seen in 5 s; the observer sees {:?}",
+            *seen.borrow()
+        );
+        g.release().await.expect("release");
+        let gone = tokio::time::timeout(Duration::from_secs(5), seen.wait_for(Option::is_none))
+            .await
+            .is_ok();
+        assert!(gone, "a released hold still shown");
+    }
+    stop.cancel();
+    poller.await.expect("poller");
 }
 
 /// Row mode opens its own transaction and inlines its key: a role whose defaults are

@@ -870,7 +870,9 @@ pub async fn rwlock_downgrade_keeps_writers_out(h: &Harness) {
 
 /// Three candidates on three lockers campaign at once: one leads, an observer sees its
 /// value and term (and a watch reports it), the others wait; each resignation hands
-/// leadership to a waiting candidate with a higher term, never to two at once.
+/// leadership to a waiting candidate with a higher term, never to two at once. Each
+/// leader leads until the observer has seen it (at most 10 s), so a slow observer on a
+/// busy machine is not mistaken for a wrong answer.
 ///
 /// # Panics
 /// On two leaders at once, a term that does not increase, or an observer that sees
@@ -879,7 +881,8 @@ pub async fn election_one_leader_terms_increase(h: &Harness) {
     let name = unique("elect");
     let leading = Arc::new(Mutex::new(Vec::<String>::new()));
     let mut candidates = Vec::new();
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, u64)>();
+    type Seen = tokio::sync::oneshot::Sender<()>;
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, u64, Seen)>();
     for c in 0..3 {
         let election = h.locker().await.election(&name);
         let leading = Arc::clone(&leading);
@@ -898,8 +901,9 @@ pub async fn election_one_leader_terms_increase(h: &Harness) {
                 now.push(value.clone());
                 assert_eq!(now.len(), 1, "two leaders at once: {now:?}");
             }
-            let _ = done.send((value.clone(), me.term()));
-            tokio::time::sleep(Duration::from_millis(800)).await;
+            let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
+            let _ = done.send((value.clone(), me.term(), seen_tx));
+            let _ = tokio::time::timeout(Duration::from_secs(10), seen_rx).await;
             assert!(me.is_leader(), "leadership lost while held");
             leading
                 .lock()
@@ -914,12 +918,13 @@ pub async fn election_one_leader_terms_increase(h: &Harness) {
     let _ = observer.leader().await.expect("leader");
     let mut watch = observer.watch(Duration::from_millis(20));
     let mut terms = Vec::new();
-    while let Some((value, term)) = tokio::time::timeout(Duration::from_secs(30), done_rx.recv())
-        .await
-        .expect("a leader within 30 s")
+    while let Some((value, term, seen_tx)) =
+        tokio::time::timeout(Duration::from_secs(30), done_rx.recv())
+            .await
+            .expect("a leader within 30 s")
     {
-        // While it leads (800 ms), an observer sees its value and term.
-        let seen = eventually(Duration::from_millis(700), || {
+        // While it leads, an observer sees its value and term.
+        let seen = eventually(Duration::from_secs(8), || {
             let observer = observer.clone();
             let value = value.clone();
             async move {
@@ -936,6 +941,7 @@ pub async fn election_one_leader_terms_increase(h: &Harness) {
             "an observer never saw {value} (term {term}) lead; it sees {:?}",
             observer.leader().await
         );
+        let _ = seen_tx.send(());
         terms.push(term);
     }
     for c in candidates {

@@ -14,8 +14,9 @@
 //!   transaction held open on a pinned connection (MySQL 8 / MariaDB 10.3 or later).
 //!
 //! Session modes record the holder in `<prefix>_holders` (token counter, owner,
-//! metadata, connection id) for `inspect`; `inspect` in row mode reads
-//! `information_schema.INNODB_TRX`, which needs the PROCESS privilege. Pinned connections
+//! metadata, connection id) for `inspect`; `inspect` in row mode checks that the
+//! holder's connection is alive in `information_schema.PROCESSLIST`, which shows other
+//! users' connections only with the PROCESS privilege. Pinned connections
 //! set `wait_timeout` to 5 heartbeats (at least 5 s) so the server drops a cut-off
 //! holder's session; the heartbeat (`heartbeat`, default 1 s) makes the holder declare
 //! the loss first.
@@ -41,8 +42,8 @@
 //!
 //! `inspect` asks the server what the acquire asks (`IS_USED_LOCK`): a named lock held
 //! outside dlock is reported held, with no token (0). Least privilege (tested): once the
-//! tables exist, `SELECT, INSERT, UPDATE` on them are enough (row-mode `inspect` also
-//! needs `PROCESS`). Semaphores and read-write locks use two tables of their own
+//! tables exist, `SELECT, INSERT, UPDATE` on them are enough (row-mode `inspect` of
+//! another user's holds also needs `PROCESS`). Semaphores and read-write locks use two tables of their own
 //! (`<prefix>_shared_gate`, `<prefix>_shared`), made on first use: they also need
 //! `DELETE` on `<prefix>_shared`, and `CREATE` unless they exist already. Not yet: fair (FIFO) mode, waiting by notification.
 

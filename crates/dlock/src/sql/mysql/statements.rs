@@ -330,12 +330,17 @@ impl Statements {
             row_release: format!(
                 "UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = ? AND fence = ?"
             ),
-            // Binds: key. Needs the PROCESS privilege to see other sessions' transactions.
+            // Binds: key. The holder's connection is alive: its transaction (the row
+            // lock) ends only with a release, which zeroes `conn_id` after COMMIT or
+            // closes the connection. Not `INNODB_TRX`: InnoDB refreshes that view only
+            // when nobody read it for 100 ms, so observers polling faster than that
+            // (a leader watch) kept seeing a past holder, or none, for ever. Seeing
+            // another user's connections needs the PROCESS privilege.
             inspect_row: format!(
                 "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
                  WHERE h.lock_key = ? AND h.conn_id <> 0
-                   AND EXISTS (SELECT 1 FROM information_schema.INNODB_TRX t
-                               WHERE t.trx_mysql_thread_id = h.conn_id)"
+                   AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST t
+                               WHERE t.ID = h.conn_id)"
             ),
         }
     }
