@@ -327,6 +327,7 @@ impl AcquireRequest {
     /// A plain lock attempt on `name` by `owner` with lease `ttl`: no wait, no queue,
     /// no metadata, a new acquisition (what tests and the conformance suite send
     /// through the backend SPI).
+    #[cfg(any(test, feature = "conformance"))]
     pub(crate) fn plain(name: LockName, owner: Owner, ttl: Duration) -> Self {
         AcquireRequest {
             name,

@@ -1,12 +1,17 @@
 //! What the batched renewers of the backends share (SQLite, the SQL lease mode, Redis,
 //! Redlock): a batch is the request that woke the renewer and whatever waits behind it.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
+use std::{
+    future::Future,
+    sync::Arc,
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
 
-use tokio::sync::{Semaphore, mpsc};
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
+use tokio::sync::Semaphore;
+use tokio::sync::mpsc;
 
 /// `first` and the requests waiting behind it in `rx`, up to `max` in all, without
 /// those whose caller stopped waiting (`abandoned`: a keeper that gave up on a renewal
@@ -29,6 +34,7 @@ pub(crate) fn gather<R>(
 }
 
 /// How a renewer that runs several batches at once forms and runs them.
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 pub(crate) struct Batching<A> {
     /// Most requests in one batch.
     pub max: usize,
@@ -39,6 +45,7 @@ pub(crate) struct Batching<A> {
     pub abandoned: A,
 }
 
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 impl<A> Batching<A> {
     /// Start the task that takes requests from `rx` and runs each batch with `run`, as
     /// a task of its own that keeps its place until it ends. `run` answering `None`
@@ -81,6 +88,7 @@ impl<A> Batching<A> {
 
 /// `batch` split by TTL (one statement or call renews to one TTL), in the order each
 /// TTL first appears.
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 pub(crate) fn by_ttl<R>(
     mut batch: Vec<R>,
     ttl: impl Fn(&R) -> Duration,
@@ -94,7 +102,7 @@ pub(crate) fn by_ttl<R>(
     parts
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "redis", feature = "postgres", feature = "mysql")))]
 mod tests {
     use std::time::Duration;
 
