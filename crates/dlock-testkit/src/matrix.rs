@@ -76,8 +76,20 @@ impl Matrix {
     /// Start every server (or skip, see [`crate::skip`], when one is missing).
     /// Redis and the Redlock nodes persist every write (`appendfsync always`), so their
     /// tokens are durable; a second Redis runs without persistence, Redis's default.
+    /// PostgreSQL's three modes share one server, as MariaDB's do.
     #[must_use]
     pub fn start() -> Option<Self> {
+        Self::start_with(false)
+    }
+
+    /// As [`Matrix::start`], but each PostgreSQL and MariaDB mode has a server of its
+    /// own, so runs that fault a server can go on in every mode at once.
+    #[must_use]
+    pub fn start_apart() -> Option<Self> {
+        Self::start_with(true)
+    }
+
+    fn start_with(apart: bool) -> Option<Self> {
         let dir = tempfile::tempdir().expect("temp dir");
         let persistent = RedisOptions {
             persistent: true,
@@ -91,8 +103,16 @@ impl Matrix {
         }
         let etcd = shared(EtcdServer::start()?);
         let zk = shared(ZkServer::start()?);
-        let pg = shared(PgServer::start()?);
-        let maria = shared(MariaDbServer::start()?);
+        let (mut pg, mut maria) = (Vec::new(), Vec::new());
+        for _ in 0..if apart { 3 } else { 1 } {
+            pg.push(shared(PgServer::start()?));
+            maria.push(shared(MariaDbServer::start()?));
+        }
+        // The server of mode `i` (0: lease, 1: advisory or named, 2: row).
+        let (pg, maria) = (
+            |i: usize| pg[i.min(pg.len() - 1)].clone(),
+            |i: usize| maria[i.min(maria.len() - 1)].clone(),
+        );
         let node_addrs: Vec<String> = redlock_nodes
             .iter()
             .map(|n| lock_server(n).addr().to_string())
@@ -103,7 +123,8 @@ impl Matrix {
             url,
             server: Some(server),
         };
-        let (pg_url, maria_url) = (lock_server(&pg).url(), lock_server(&maria).url());
+        let pg_url = |i: usize| lock_server(&pg(i)).url();
+        let maria_url = |i: usize| lock_server(&maria(i)).url();
         let (etcd_url, zk_url) = (lock_server(&etcd).url(), lock_server(&zk).url());
         let sqlite = format!("sqlite://{}", dir.path().join("locks.db").display());
         let targets = vec![
@@ -125,23 +146,23 @@ impl Matrix {
                 format!("{zk_url}/locks?session_timeout=2s"),
                 zk.clone(),
             ),
-            t("postgres lease", pg_url.clone(), pg.clone()),
+            t("postgres lease", pg_url(0), pg(0)),
             t(
                 "postgres advisory",
-                format!("{pg_url}?mode=advisory"),
-                pg.clone(),
+                format!("{}?mode=advisory", pg_url(1)),
+                pg(1),
             ),
-            t("postgres row", format!("{pg_url}?mode=row"), pg.clone()),
-            t("mariadb lease", maria_url.clone(), maria.clone()),
+            t("postgres row", format!("{}?mode=row", pg_url(2)), pg(2)),
+            t("mariadb lease", maria_url(0), maria(0)),
             t(
                 "mariadb named",
-                format!("{maria_url}?mode=named"),
-                maria.clone(),
+                format!("{}?mode=named", maria_url(1)),
+                maria(1),
             ),
             t(
                 "mariadb row",
-                format!("{maria_url}?mode=row"),
-                maria.clone(),
+                format!("{}?mode=row", maria_url(2)),
+                maria(2),
             ),
         ];
         Some(Matrix {

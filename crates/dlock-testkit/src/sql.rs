@@ -105,30 +105,46 @@ impl PgServer {
             )
             .expect("chown the PostgreSQL dir");
         }
-        let pwfile = dir.path().join("pw");
-        std::fs::write(&pwfile, PG_PASSWORD).expect("password file");
-        if let Some((uid, gid)) = user {
-            let _ = nix::unistd::chown(
-                &pwfile,
-                Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
-            );
-        }
-        let mut cmd = Command::new(&initdb);
-        cmd.arg("-D")
-            .arg(dir.path().join("data"))
-            .args(["-U", "postgres", "-E", "UTF8", "--no-sync", "--locale=C"])
-            .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
-            .arg(format!("--pwfile={}", pwfile.display()));
-        if let Some((uid, gid)) = user {
-            cmd.uid(uid).gid(gid);
-        }
-        let out = cmd.output().expect("run initdb");
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // initdb once per machine (see `template`), as the user that runs the server.
+        crate::template::copy_of("postgres", &initdb, &dir.path().join("data"), |staging| {
+            if let Some((uid, gid)) = user {
+                nix::unistd::chown(
+                    staging,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                )
+                .map_err(|e| format!("chown the PostgreSQL staging dir: {e}"))?;
+            }
+            let pwfile = staging.join("pw");
+            std::fs::write(&pwfile, PG_PASSWORD).map_err(|e| format!("password file: {e}"))?;
+            if let Some((uid, gid)) = user {
+                let _ = nix::unistd::chown(
+                    &pwfile,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                );
+            }
+            let mut cmd = Command::new(&initdb);
+            cmd.arg("-D")
+                .arg(staging.join("data"))
+                .args(["-U", "postgres", "-E", "UTF8", "--no-sync", "--locale=C"])
+                .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
+                .arg(format!("--pwfile={}", pwfile.display()));
+            if let Some((uid, gid)) = user {
+                cmd.uid(uid).gid(gid);
+            }
+            let out = cmd.output().map_err(|e| format!("run initdb: {e}"))?;
+            let _ = std::fs::remove_file(&pwfile);
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "initdb failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
         let mut last = String::new();
         for _ in 0..3 {
             let port = free_port();
@@ -162,7 +178,10 @@ impl PgServer {
             .arg("-c")
             .arg(format!("unix_socket_directories={}", dir.display()))
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
-            .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"]);
+            .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"])
+            // In the data dir, not /dev/shm: a killed server cannot remove its segments,
+            // and /dev/shm filled up with them.
+            .args(["-c", "dynamic_shared_memory_type=mmap"]);
         if let Some((uid, gid)) = user {
             cmd.uid(uid).gid(gid);
         }
@@ -298,22 +317,33 @@ impl MariaDbServer {
         // Each server gets its own tmpdir: parallel bootstraps sharing /tmp clash on
         // temporary table file names.
         std::fs::create_dir(dir.path().join("tmp")).expect("tmp dir");
-        let mut cmd = Command::new(install);
-        cmd.arg("--no-defaults")
-            .arg(format!("--datadir={}", dir.path().join("data").display()))
-            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
-            .args(["--innodb-log-file-size=8M", "--innodb-use-native-aio=0"])
-            .arg(format!("--tmpdir={}", dir.path().join("tmp").display()));
-        if nix::unistd::Uid::effective().is_root() {
-            cmd.arg("--user=root");
-        }
-        let out = cmd.output().expect("run mariadb-install-db");
-        assert!(
-            out.status.success(),
-            "mariadb-install-db failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // Bootstrapped once per machine (see `template`).
+        crate::template::copy_of("mariadb", &install, &dir.path().join("data"), |staging| {
+            let tmp = staging.join("tmp");
+            std::fs::create_dir(&tmp).map_err(|e| format!("tmp dir: {e}"))?;
+            let mut cmd = Command::new(&install);
+            cmd.arg("--no-defaults")
+                .arg(format!("--datadir={}", staging.join("data").display()))
+                .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+                .args(["--innodb-log-file-size=8M", "--innodb-use-native-aio=0"])
+                .arg(format!("--tmpdir={}", tmp.display()));
+            if nix::unistd::Uid::effective().is_root() {
+                cmd.arg("--user=root");
+            }
+            let out = cmd
+                .output()
+                .map_err(|e| format!("run mariadb-install-db: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "mariadb-install-db failed: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
         let mut last = String::new();
         for _ in 0..3 {
             let port = free_port();
