@@ -182,7 +182,8 @@ async fn fresh_row_locks_under_contention_never_block_a_waiter() {
 }
 
 /// `advisory_key=number` shares PostgreSQL advisory locks with code that calls
-/// `pg_advisory_lock(N)` itself; a name that is not a number is a typed error.
+/// `pg_advisory_lock(N)` itself; a name that is not a number is a typed error. A
+/// MariaDB named lock or lock row held by SQL outside dlock is reported held (token 0).
 #[tokio::test]
 async fn advisory_numeric_keys_exclude_raw_sql() {
     let Some(pg) = PgServer::start() else {
@@ -242,17 +243,33 @@ async fn least_privilege_roles_lock() {
     );
     let pg_app = format!("postgres://app:app-pw@127.0.0.1:{}/postgres", pg.port());
     let maria_app = format!("mariadb://app:app-pw@127.0.0.1:{}/dlock", maria.port());
-    for url in [
-        pg_app.clone(),
-        format!("{pg_app}?mode=advisory"),
-        format!("{pg_app}?mode=row"),
-        maria_app.clone(),
-        format!("{maria_app}?mode=named"),
-        format!("{maria_app}?mode=row"),
+    for (app, admin, query) in [
+        (&pg_app, pg.url(), ""),
+        (&pg_app, pg.url(), "?mode=advisory"),
+        (&pg_app, pg.url(), "?mode=row"),
+        (&maria_app, maria.url(), ""),
+        (&maria_app, maria.url(), "?mode=named"),
+        (&maria_app, maria.url(), "?mode=row"),
     ] {
+        let url = format!("{app}{query}");
         let locker = Locker::connect(&url)
             .await
             .unwrap_or_else(|e| panic!("{url}: {e}"));
+        // A lock the administrator holds is shown to the role as held.
+        let admin = Locker::connect(&format!("{admin}{query}"))
+            .await
+            .expect("admin");
+        let theirs = admin.lock(&unique("admin")).await.expect("admin lock");
+        let seen = locker
+            .inspect(theirs.name())
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(
+            seen.map(|i| i.fencing_token),
+            Some(theirs.fencing_token()),
+            "{url}: another user's hold"
+        );
+        theirs.release().await.expect("release");
         let name = unique("app");
         let g = locker
             .lock(&name)
@@ -288,8 +305,9 @@ async fn least_privilege_roles_lock() {
 }
 
 /// MariaDB row mode: an observer that asks who holds a lock every 10 ms sees each new
-/// holder within seconds. (`inspect` once read `INNODB_TRX`, which InnoDB refreshes only
-/// after 100 ms without a reader: such an observer saw the first answer for ever.)
+/// holder within seconds, and each release. (`inspect` once read `INNODB_TRX`, which
+/// InnoDB refreshes only after 100 ms without a reader: such an observer saw the first
+/// answer for ever.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_mode_holders_are_seen_by_an_observer_that_polls_fast() {
     let Some(maria) = MariaDbServer::start() else {
@@ -490,6 +508,40 @@ async fn inspect_sees_every_holder_of_an_advisory_key() {
         info.is_some(),
         "a GET_LOCK held outside dlock is reported free"
     );
+    drop(raw);
+
+    // MariaDB row mode: the name's row locked by a transaction outside dlock, after a
+    // dlock holder had come and gone (its record stays, naming it).
+    let url = format!("{}?mode=row", maria.url());
+    let locker = Locker::connect(&url).await.expect("connect");
+    locker
+        .lock("job")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    let mut raw = sqlx::MySqlConnection::connect(&maria.url())
+        .await
+        .expect("raw");
+    sqlx::query("BEGIN").execute(&mut raw).await.expect("begin");
+    sqlx::query("SELECT 1 FROM dlock_rows WHERE lock_key = ? FOR UPDATE")
+        .bind(&key[..])
+        .fetch_one(&mut raw)
+        .await
+        .expect("raw row lock");
+    assert!(locker.try_lock("job").await.expect("try").is_none());
+    let info = locker
+        .inspect("job")
+        .await
+        .expect("inspect")
+        .expect("a row locked outside dlock is reported free");
+    assert_eq!(info.fencing_token, 0, "{info:?}");
+    sqlx::query("ROLLBACK")
+        .execute(&mut raw)
+        .await
+        .expect("end");
+    assert!(locker.inspect("job").await.expect("inspect").is_none());
 }
 
 /// `Locker::list(prefix)` in every mode of both servers: the held locks under the

@@ -183,8 +183,13 @@ impl<D: Dialect> SqlBackend<D> {
     }
 
     fn info(&self, name: &LockName, r: HolderRow) -> LockInfo {
-        if r.owner.is_empty() && self.opts.mode.is_session() && self.opts.mode != Mode::Row {
-            let session = format!("{} {} {}", D::PRODUCT, D::SESSION, r.session);
+        if r.owner.is_empty() && self.opts.mode.is_session() {
+            let session = if r.session == 0 {
+                // A row lock whose holder is not known (MySQL: no record).
+                format!("{} transaction", D::PRODUCT)
+            } else {
+                format!("{} {} {}", D::PRODUCT, D::SESSION, r.session)
+            };
             return super::foreign_holder(name, session);
         }
         let mut info = LockInfo::new(name, r.owner, r.holds, r.fence);

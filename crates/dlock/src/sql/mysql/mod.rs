@@ -14,9 +14,12 @@
 //!   transaction held open on a pinned connection (MySQL 8 / MariaDB 10.3 or later).
 //!
 //! Session modes record the holder in `<prefix>_holders` (token counter, owner,
-//! metadata, connection id) for `inspect`; `inspect` in row mode checks that the
-//! holder's connection is alive in `information_schema.PROCESSLIST`, which shows other
-//! users' connections only with the PROCESS privilege. Pinned connections
+//! metadata, connection id) for `inspect`. `inspect` in row mode asks what the acquire
+//! asks — can the row be locked? — with a shared `NOWAIT` lock for one statement, then
+//! reads the record; an acquire at that very instant finds the row busy (a waiter
+//! polls again; a `try_lock` answers busy). A row held with no record (a transaction
+//! outside dlock, or a holder between its lock and its record) is reported held with
+//! token 0. Pinned connections
 //! set `wait_timeout` to 5 heartbeats (at least 5 s) so the server drops a cut-off
 //! holder's session; the heartbeat (`heartbeat`, default 1 s) makes the holder declare
 //! the loss first.
@@ -40,10 +43,10 @@
 //! | `ssl_mode` | `preferred` | `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` |
 //! | `ssl_ca` | none | PEM file of the CA that signs the server |
 //!
-//! `inspect` asks the server what the acquire asks (`IS_USED_LOCK`): a named lock held
-//! outside dlock is reported held, with no token (0). Least privilege (tested): once the
-//! tables exist, `SELECT, INSERT, UPDATE` on them are enough (row-mode `inspect` of
-//! another user's holds also needs `PROCESS`). Semaphores and read-write locks use two tables of their own
+//! `inspect` asks the server what the acquire asks (`IS_USED_LOCK`, the row's lock): a
+//! lock held outside dlock is reported held, with no token (0). Least privilege
+//! (tested): once the tables exist, `SELECT, INSERT, UPDATE` on them are enough, for
+//! `inspect` too. Semaphores and read-write locks use two tables of their own
 //! (`<prefix>_shared_gate`, `<prefix>_shared`), made on first use: they also need
 //! `DELETE` on `<prefix>_shared`, and `CREATE` unless they exist already. Not yet: fair (FIFO) mode, waiting by notification.
 
@@ -52,9 +55,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{
-    MySqlArguments, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlSslMode,
-};
+use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlSslMode};
 use sqlx::{Arguments as _, AssertSqlSafe, Connection, Executor, Row};
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
@@ -195,18 +196,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let own_idle = Duration::from_millis(server_wait.unsigned_abs().saturating_mul(500).max(1))
         .min(Duration::from_secs(300));
     let _ = probe.close().await;
-    let pool = MySqlPoolOptions::new()
-        .max_connections(opts.pool)
-        .idle_timeout(own_idle)
-        .acquire_timeout(opts.timeout)
-        // A ping before every statement would double the round trips; a broken
-        // connection shows up as a connection error on the statement instead.
-        .test_before_acquire(false)
-        // The pool sweeps idle connections only every `idle_timeout`, so one could sit
-        // idle up to twice that (the server's whole `wait_timeout`): lend none idle
-        // that long.
-        .before_acquire(move |_, meta| Box::pin(async move { Ok(meta.idle_for < own_idle) }))
-        .acquire_slow_level(crate::telemetry::POOL_WAIT_LOG)
+    let pool = super::pool_options::<sqlx::MySql>(opts.pool, own_idle, opts.timeout)
         .after_connect(|conn, _| {
             Box::pin(async move {
                 conn.execute(READ_COMMITTED).await?;
@@ -214,7 +204,19 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
             })
         })
         .connect_lazy_with(connect.clone());
-    let sql = Statements::new(&opts.prefix, opts.lock_delay);
+    let mut sql = Statements::new(&opts.prefix, opts.lock_delay);
+    let version: String = timed(
+        BACKEND,
+        opts.timeout,
+        sqlx::query_scalar("SELECT VERSION()").fetch_one(&pool),
+    )
+    .await?;
+    if !version.contains("MariaDB") {
+        // MySQL 8 has no NOWAIT on `LOCK IN SHARE MODE`.
+        sql.row_probe = sql
+            .row_probe
+            .replace("LOCK IN SHARE MODE NOWAIT", "FOR SHARE NOWAIT");
+    }
     timed(BACKEND, opts.timeout, create_schema(&pool, &sql)).await?;
     let durable: bool = timed(
         BACKEND,
@@ -858,7 +860,24 @@ impl Dialect for Mysql {
             Mode::Named => sqlx::query(AssertSqlSafe(&*self.sql.inspect_named))
                 .bind(hex(key))
                 .bind(&key[..]),
-            _ => sqlx::query(AssertSqlSafe(&*self.sql.inspect_row)).bind(&key[..]),
+            _ => {
+                // For an instant this shares the row's lock: an acquire at that very
+                // moment finds it busy and waits its poll (a `try_lock`: busy).
+                let probe = tokio::time::timeout(
+                    self.timeout,
+                    sqlx::query(AssertSqlSafe(&*self.sql.row_probe))
+                        .bind(&key[..])
+                        .fetch_optional(&self.pool),
+                )
+                .await;
+                match probe {
+                    Ok(Ok(_)) => return Ok(None),
+                    Ok(Err(e)) if has_number(&e, &NOWAIT_BUSY) => {}
+                    Ok(Err(e)) => return Err(db_err(BACKEND, &e)),
+                    Err(_) => return Err(no_answer(BACKEND, self.timeout)),
+                }
+                sqlx::query(AssertSqlSafe(&*self.sql.inspect_row)).bind(&key[..])
+            }
         };
         let row = timed(BACKEND, self.timeout, query.fetch_optional(&self.pool)).await?;
         Ok(row.map(|r| HolderRow {

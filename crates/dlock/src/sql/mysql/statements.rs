@@ -84,6 +84,7 @@ pub(super) struct Statements {
     pub row_lock: String,
     pub row_holder: String,
     pub row_release: String,
+    pub row_probe: String,
     pub inspect_row: String,
     /// Semaphores and read-write locks (`super::super::shared`).
     pub shared: SharedStatements,
@@ -330,17 +331,23 @@ impl Statements {
             row_release: format!(
                 "UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = ? AND fence = ?"
             ),
-            // Binds: key. The holder's connection is alive: its transaction (the row
-            // lock) ends only with a release, which zeroes `conn_id` after COMMIT or
-            // closes the connection. Not `INNODB_TRX`: InnoDB refreshes that view only
-            // when nobody read it for 100 ms, so observers polling faster than that
-            // (a leader watch) kept seeing a past holder, or none, for ever. Seeing
-            // another user's connections needs the PROCESS privilege.
+            // Asks what the acquire asks: can the row be locked? A shared lock, with
+            // NOWAIT, for the one autocommitted statement: busy means held. (Not
+            // `INNODB_TRX`: InnoDB refreshes that view only when nobody read it for
+            // 100 ms, so an observer polling faster saw a past holder or none for
+            // ever; and it needs PROCESS.) MySQL 8 spells it `FOR SHARE NOWAIT`
+            // (`for_mysql`). Binds: key.
+            row_probe: format!(
+                "SELECT 1 FROM {p}_rows WHERE lock_key = ? LOCK IN SHARE MODE NOWAIT"
+            ),
+            // Once the probe found the row held: who holds it, by the holder record
+            // (none: a transaction outside dlock, or a holder about to write its
+            // record). Binds: key.
             inspect_row: format!(
-                "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
-                 WHERE h.lock_key = ? AND h.conn_id <> 0
-                   AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST t
-                               WHERE t.ID = h.conn_id)"
+                "SELECT COALESCE(h.name, ''), COALESCE(h.owner, ''), COALESCE(h.fence, 0),
+                        COALESCE(h.metadata, '{{}}'), CAST(COALESCE(h.conn_id, 0) AS UNSIGNED)
+                 FROM (SELECT 1) AS one
+                 LEFT JOIN {p}_holders h ON h.lock_key = ? AND h.conn_id <> 0"
             ),
         }
     }

@@ -57,7 +57,10 @@
 //! `advisory_key=number` only the canonical spelling of a number names its key (`42`,
 //! not `042` or `+42`): one lock, one name. Least privilege (tested): once the tables exist,
 //! `SELECT, INSERT, UPDATE` on them and `USAGE` on the sequence are enough in every mode;
-//! a user that cannot create the tables gets a clear permission error. Semaphores and
+//! a user that cannot create the tables gets a clear permission error. (`inspect` tells
+//! a holder record from a stale one of an earlier backend with the same pid by the
+//! session's start, which PostgreSQL shows for other roles' sessions only to members of
+//! `pg_read_all_stats`; for others it goes by the pid alone.) Semaphores and
 //! read-write locks use two tables of their own (`<prefix>_shared_gate`,
 //! `<prefix>_shared`), made on first use: they also need `DELETE` on `<prefix>_shared`,
 //! and `CREATE` unless they exist already.
@@ -67,9 +70,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{
-    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgSslMode,
-};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgSslMode};
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
@@ -203,17 +204,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     .flatten();
     let own_idle = own_idle_limit(server_idle_ms.and_then(|ms| ms.parse().ok()));
     let _ = probe.close().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(opts.pool.max(2))
-        .idle_timeout(own_idle)
-        .acquire_timeout(opts.timeout)
-        // A ping before every statement would double the round trips; a broken
-        // connection shows up as a connection error on the statement instead.
-        .test_before_acquire(false)
-        // The pool sweeps idle connections only every `idle_timeout`, so one could sit
-        // idle up to twice that (the server's whole limit): lend none idle that long.
-        .before_acquire(move |_, meta| Box::pin(async move { Ok(meta.idle_for < own_idle) }))
-        .acquire_slow_level(crate::telemetry::POOL_WAIT_LOG)
+    let pool = super::pool_options::<sqlx::Postgres>(opts.pool.max(2), own_idle, opts.timeout)
         .connect_lazy_with(connect.clone());
     let sql = Statements::new(&opts.prefix, opts.lock_delay);
     timed(BACKEND, opts.timeout, create_schema(&pool, &sql)).await?;

@@ -298,7 +298,8 @@ impl Statements {
                  FROM pg_locks k
                  LEFT JOIN {p}_holders h ON h.lock_key = $1 AND h.pid = k.pid
                    AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                               WHERE a.pid = h.pid AND a.backend_start = h.backend_start)
+                               WHERE a.pid = h.pid
+                                 AND COALESCE(a.backend_start = h.backend_start, true))
                  WHERE k.locktype = 'advisory' AND k.granted
                    AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                    AND k.classid = (($2 >> 32) & 4294967295)::text::oid
@@ -354,7 +355,9 @@ impl Statements {
                 format!("UPDATE {p}_holders SET pid = 0 WHERE lock_key = decode('"),
                 format!("; SELECT pg_notify('{p}_released', '"),
             ),
-            // Binds: 1 key.
+            // Binds: 1 key. (The session start tells a record from one a later backend
+            // with the same pid would inherit; it is hidden from roles outside
+            // `pg_read_all_stats` for other roles' sessions: then the pid alone.)
             inspect_row: format!(
                 "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
                  WHERE h.lock_key = $1
@@ -362,7 +365,8 @@ impl Statements {
                                WHERE k.pid = h.pid AND k.granted
                                  AND k.relation = to_regclass('{p}_rows'))
                    AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                               WHERE a.pid = h.pid AND a.backend_start = h.backend_start)"
+                               WHERE a.pid = h.pid
+                                 AND COALESCE(a.backend_start = h.backend_start, true))"
             ),
         }
     }
