@@ -72,6 +72,10 @@ impl<A> Batching<A> {
                     return;
                 };
                 let batch = gather(first, &mut rx, self.max, &self.abandoned);
+                if batch.is_empty() {
+                    // Every caller stopped waiting: nothing to run.
+                    continue;
+                }
                 counted.fetch_add(1, Ordering::Relaxed);
                 let Some(work) = run(batch) else {
                     return;

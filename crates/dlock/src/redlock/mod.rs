@@ -778,7 +778,9 @@ impl HeldLock for RedlockHeld {
             .filter(|&i| matches!(answers[i], Some(Ok(0))))
             .collect();
         let taken = answers.iter().filter(|a| matches!(a, Some(Ok(-1)))).count();
-        if extended >= inner.quorum && start.elapsed() + inner.drift(ttl) < ttl {
+        let pending = answers.iter().filter(|a| a.is_none()).count();
+        let verdict = renewer::Verdict::of(extended, gone.len() + taken, pending, n, inner.quorum);
+        if verdict == renewer::Verdict::Held && start.elapsed() + inner.drift(ttl) < ttl {
             if !gone.is_empty() {
                 // Still held by a majority: put it back where a node lost it.
                 let mut reseed = RESEED.prepare_invoke();
@@ -797,7 +799,7 @@ impl HeldLock for RedlockHeld {
             }
             return Ok(());
         }
-        if gone.len() + taken > n - inner.quorum {
+        if verdict == renewer::Verdict::Refused {
             // A majority no longer lists this owner: it can never extend again.
             return Err(Error::NotOwner {
                 name: self.name.as_str().to_owned(),

@@ -95,6 +95,44 @@ impl Renewer {
     }
 }
 
+/// What the nodes' answers to one grant's renewal say: the one place the quorum
+/// arithmetic of a renewal lives (the batch's early exit and `renew`'s answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Verdict {
+    /// A quorum extended the lease.
+    Held,
+    /// So many nodes no longer list this grant (`0`, or `-1`: another holds it) that
+    /// no quorum is left: it can never be extended again (`NotOwner`).
+    Refused,
+    /// Neither, whatever the nodes still to answer say (`NoQuorum`).
+    NoQuorum,
+    /// Nodes still to answer could decide it.
+    Open,
+}
+
+impl Verdict {
+    /// From `held` (answered 1), `refused` (0 or −1) and `pending` (no answer yet;
+    /// an error or a timeout is neither) of `nodes`, `quorum` needed.
+    pub(super) fn of(
+        held: usize,
+        refused: usize,
+        pending: usize,
+        nodes: usize,
+        quorum: usize,
+    ) -> Self {
+        let spare = nodes - quorum;
+        if held >= quorum {
+            Verdict::Held
+        } else if refused > spare {
+            Verdict::Refused
+        } else if held + pending < quorum && refused + pending <= spare {
+            Verdict::NoQuorum
+        } else {
+            Verdict::Open
+        }
+    }
+}
+
 /// One script call per node for `batch`, all of TTL `ttl`. Stops waiting once every
 /// grant's answer is settled: held by a quorum of nodes; refused (`0` or `-1`) by so
 /// many that no quorum is left (`NotOwner`); or neither possible whatever the nodes
@@ -129,10 +167,7 @@ async fn run(inner: &Inner, batch: Vec<Request>, ttl: Duration) {
                         .filter(|a| matches!(a, Some(Ok(v)) if matches!(v.get(i), Some(0 | -1))))
                         .count();
                     let pending = answers.iter().filter(|a| a.is_none()).count();
-                    // Held, refused, or neither can happen any more (`NoQuorum`).
-                    held >= quorum
-                        || refused > nodes - quorum
-                        || (held + pending < quorum && refused + pending <= nodes - quorum)
+                    Verdict::of(held, refused, pending, nodes, quorum) != Verdict::Open
                 })
             },
         )
@@ -149,5 +184,56 @@ async fn run(inner: &Inner, batch: Vec<Request>, ttl: Duration) {
             })
             .collect();
         let _ = r.reply.send(answers);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Verdict;
+
+    /// The verdict once every node answered (`held` 1s, `refused` 0s or −1s, the rest
+    /// errors or timeouts): what `renew` tells its caller.
+    fn at_the_end(held: usize, refused: usize, nodes: usize, quorum: usize) -> Verdict {
+        match Verdict::of(held, refused, 0, nodes, quorum) {
+            Verdict::Open => panic!("open with every node answered"),
+            v => v,
+        }
+    }
+
+    /// The early exit stops exactly when every way the pending nodes could still
+    /// answer leads to the same verdict, and it is that verdict.
+    #[test]
+    fn a_verdict_is_settled_exactly_when_no_pending_answer_can_change_it() {
+        for nodes in 1..=7 {
+            let quorum = nodes / 2 + 1;
+            for held in 0..=nodes {
+                for refused in 0..=nodes - held {
+                    for pending in 0..=nodes - held - refused {
+                        let mut ends = std::collections::HashSet::new();
+                        for more_held in 0..=pending {
+                            for more_refused in 0..=pending - more_held {
+                                ends.insert(at_the_end(
+                                    held + more_held,
+                                    refused + more_refused,
+                                    nodes,
+                                    quorum,
+                                ));
+                            }
+                        }
+                        let now = Verdict::of(held, refused, pending, nodes, quorum);
+                        let settled = if ends.len() == 1 {
+                            ends.iter().next().copied()
+                        } else {
+                            None
+                        };
+                        assert_eq!(
+                            (now != Verdict::Open).then_some(now),
+                            settled,
+                            "{held} held, {refused} refused, {pending} pending of {nodes}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

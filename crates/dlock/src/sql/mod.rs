@@ -209,6 +209,27 @@ fn take_count(url: &mut ConnectUrl, key: &str, default: u32) -> Result<u32> {
 }
 
 /// A table-name prefix dlock will put into SQL text: `[A-Za-z_][A-Za-z0-9_]{0,39}`.
+/// The pool both SQL servers' backends open: at most `max` connections, each statement
+/// bounded by `timeout` while it waits for one.
+/// - No ping before each statement (it would double the round trips): a broken
+///   connection shows up as a connection error on the statement instead.
+/// - No connection lent idle for `own_idle` or longer: the pool sweeps idle connections
+///   only every `idle_timeout`, so one could otherwise sit idle twice that, which is
+///   the server's whole limit (`own_idle` is half of it).
+pub(crate) fn pool_options<DB: sqlx::Database>(
+    max: u32,
+    own_idle: Duration,
+    timeout: Duration,
+) -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(max)
+        .idle_timeout(own_idle)
+        .acquire_timeout(timeout)
+        .test_before_acquire(false)
+        .before_acquire(move |_, meta| Box::pin(async move { Ok(meta.idle_for < own_idle) }))
+        .acquire_slow_level(crate::telemetry::POOL_WAIT_LOG)
+}
+
 pub(crate) fn valid_prefix(p: &str) -> bool {
     let mut chars = p.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')

@@ -120,6 +120,13 @@ pub(crate) fn distinct(holds: &[Arc<Hold>]) -> usize {
     seen.len()
 }
 
+/// Renewals never take more than half of a pool, nor fewer than one place.
+#[test]
+fn renewal_batches_in_flight_keep_half_the_pool_for_acquisitions() {
+    let places: Vec<usize> = [1, 2, 3, 4, 5, 8, 10, 100].map(in_flight).into();
+    assert_eq!(places, [1, 1, 1, 2, 2, 4, 4, 4]);
+}
+
 #[cfg(all(test, feature = "postgres", feature = "mysql"))]
 mod tests {
     use std::sync::Arc;
