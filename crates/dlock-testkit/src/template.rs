@@ -42,13 +42,20 @@ pub(crate) fn copy_of(
     if !template.join("data").is_dir() {
         let parent = template.parent().expect("a parent");
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        // Whatever the umask: a server's own user (PostgreSQL's) must get through.
+        std::fs::set_permissions(parent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(|e| format!("{}: {e}", parent.display()))?;
         let staging = tempfile::Builder::new()
             .prefix(&format!("{kind}-staging-"))
             .tempdir_in(parent)
             .map_err(|e| format!("staging dir: {e}"))?;
         make(staging.path())?;
         // Losing the race to another test is fine: its template is as good.
-        let _ = std::fs::rename(staging.path(), &template);
+        if let Err(e) = std::fs::rename(staging.path(), &template)
+            && !template.join("data").is_dir()
+        {
+            return Err(format!("{}: {e}", template.display()));
+        }
     }
     let out = Command::new("cp")
         .arg("-a")

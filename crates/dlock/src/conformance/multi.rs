@@ -26,7 +26,9 @@ pub async fn lock_all_is_all_or_nothing_and_never_deadlocks(h: &Harness) {
     let (a, b) = (h.locker().await, h.locker().await);
 
     let blocker = b.lock(&names[1]).await.expect("lock");
-    let short = LockOptions::new().wait(Wait::Timeout(Duration::from_millis(200)));
+    // The set is taken in name order, and the wait bounds the whole call: long enough
+    // that taking the free first lock does not use it up on a busy machine.
+    let short = LockOptions::new().wait(Wait::Timeout(Duration::from_secs(1)));
     match a.lock_all(names.iter().rev(), &short).await {
         Err(Error::Timeout { name, .. }) => assert_eq!(name, names[1], "the busy lock"),
         Ok(_) => panic!("lock_all took a set whose lock {} was held", names[1]),

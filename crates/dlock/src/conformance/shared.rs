@@ -418,35 +418,44 @@ async fn nothing_left(h: &Harness, name: &str, highest: u64, slack: Duration) {
 /// holding owner asking again (reentrant holds handed to tasks that outlive the first
 /// hold). No two grants may work at once unaware, no token may serve two owners, no
 /// fenced write may be stale, nothing may hang, and once everyone is done a fresh
-/// client gets the lock within the longest TTL plus 0.5 s.
+/// client gets the lock within the longest TTL plus 0.5 s. A crowd with too little
+/// granted or refused to judge (a busy machine) runs once more.
 pub async fn shared_owners_crowd(h: &Harness) {
-    let name = unique("crowd");
     let (a, b) = (h.locker().await, h.locker().await);
-    let (tally, book) = crowd(&a, &b, &name, false, Duration::from_secs(5)).await;
-    let report = book.report();
-    assert!(
-        tally.errors.is_empty(),
-        "errors without faults: {:?}",
-        tally.errors
-    );
-    assert!(
-        report.violations.is_empty(),
-        "the fenced store saw: {:#?}",
-        report.violations
-    );
-    assert_eq!(report.stale_rejected, 0, "stale writes without faults");
-    assert!(tally.nested_wrong.is_empty(), "{:#?}", tally.nested_wrong);
-    assert!(tally.released_err.is_empty(), "{:#?}", tally.released_err);
-    assert_eq!(report.still_inside, 0);
-    assert!(
-        tally.granted >= 20 && tally.busy >= 5,
-        "too little happened to judge: {tally:?}"
-    );
-    assert!(
-        tally.nested_reentered + tally.nested_refused >= 3,
-        "the holding owner never asked again: {tally:?}"
-    );
-    nothing_left(h, &name, report.highest, Duration::from_millis(500)).await;
+    // A crowd too thin to judge (a busy machine) runs once more, on a new name; every
+    // run's guarantees are checked.
+    for last in [false, true] {
+        let name = unique("crowd");
+        let (tally, book) = crowd(&a, &b, &name, false, Duration::from_secs(5)).await;
+        let report = book.report();
+        println!("figure: crowd {name}: {tally:?}");
+        assert!(
+            tally.errors.is_empty(),
+            "errors without faults: {:?}",
+            tally.errors
+        );
+        assert!(
+            report.violations.is_empty(),
+            "the fenced store saw: {:#?}",
+            report.violations
+        );
+        assert_eq!(report.stale_rejected, 0, "stale writes without faults");
+        assert!(tally.nested_wrong.is_empty(), "{:#?}", tally.nested_wrong);
+        assert!(tally.released_err.is_empty(), "{:#?}", tally.released_err);
+        assert_eq!(report.still_inside, 0);
+        nothing_left(h, &name, report.highest, Duration::from_millis(500)).await;
+        let judged = tally.granted >= 20
+            && tally.busy >= 5
+            && tally.nested_reentered + tally.nested_refused >= 3;
+        if judged {
+            return;
+        }
+        assert!(
+            !last,
+            "too little happened to judge, twice (at least 20 grants, 5 refusals and 3 \
+             nested asks): {tally:?}"
+        );
+    }
 }
 
 /// The crowd with one of its lockers behind the harness's fault proxy, which in turn
