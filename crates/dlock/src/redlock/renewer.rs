@@ -194,10 +194,22 @@ mod tests {
     /// The verdict once every node answered (`held` 1s, `refused` 0s or −1s, the rest
     /// errors or timeouts): what `renew` tells its caller.
     fn at_the_end(held: usize, refused: usize, nodes: usize, quorum: usize) -> Verdict {
-        match Verdict::of(held, refused, 0, nodes, quorum) {
-            Verdict::Open => panic!("open with every node answered"),
-            v => v,
-        }
+        // Redlock's rule, stated apart from `Verdict::of`: extended on a majority;
+        // else refused by more than a minority can be (never again a majority);
+        // else no quorum.
+        let rule = if held >= quorum {
+            Verdict::Held
+        } else if refused + quorum > nodes {
+            Verdict::Refused
+        } else {
+            Verdict::NoQuorum
+        };
+        assert_eq!(
+            Verdict::of(held, refused, 0, nodes, quorum),
+            rule,
+            "{held} held, {refused} refused of {nodes}, all answered"
+        );
+        rule
     }
 
     /// The early exit stops exactly when every way the pending nodes could still

@@ -336,7 +336,7 @@ impl Statements {
             // `INNODB_TRX`: InnoDB refreshes that view only when nobody read it for
             // 100 ms, so an observer polling faster saw a past holder or none for
             // ever; and it needs PROCESS.) MySQL 8 spells it `FOR SHARE NOWAIT`
-            // (`for_mysql`). Binds: key.
+            // (`open` rewrites it there). Binds: key.
             row_probe: format!(
                 "SELECT 1 FROM {p}_rows WHERE lock_key = ? LOCK IN SHARE MODE NOWAIT"
             ),
