@@ -185,10 +185,12 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     .await?;
     // The server's idle limit for connections like the lease statements' own: they
     // are dropped well before it (at most 5 min idle).
-    let server_wait = timed(
+    // And which server it is (one round trip on the connection already open).
+    let (server_wait, version) = timed(
         BACKEND,
         opts.timeout,
-        sqlx::query_scalar::<_, i64>("SELECT CAST(@@wait_timeout AS SIGNED)").fetch_one(&mut probe),
+        sqlx::query_as::<_, (i64, String)>("SELECT CAST(@@wait_timeout AS SIGNED), VERSION()")
+            .fetch_one(&mut probe),
     )
     .await?;
     // Half of it in ms, never zero (an idle timeout of zero would make the pool's
@@ -205,12 +207,6 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         })
         .connect_lazy_with(connect.clone());
     let mut sql = Statements::new(&opts.prefix, opts.lock_delay);
-    let version: String = timed(
-        BACKEND,
-        opts.timeout,
-        sqlx::query_scalar("SELECT VERSION()").fetch_one(&pool),
-    )
-    .await?;
     if !version.contains("MariaDB") {
         // MySQL 8 has no NOWAIT on `LOCK IN SHARE MODE`.
         sql.row_probe = sql
