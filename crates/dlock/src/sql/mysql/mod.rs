@@ -19,7 +19,12 @@
 //! reads the record; an acquire at that very instant finds the row busy (a waiter
 //! polls again; a `try_lock` answers busy). A row held with no record (a transaction
 //! outside dlock, or a holder between its lock and its record) is reported held with
-//! token 0. Pinned connections
+//! token 0. A release clears the record in the transaction it commits, so a record is
+//! never shown for a row its holder gave back; a holder whose connection died leaves
+//! its record, which is shown for the next holder until that one writes its own (one
+//! statement; the server gives no way to see, without `PROCESS`, whether a recorded
+//! connection lives). Every connection sets `autocommit=1` and READ COMMITTED, whatever
+//! the server's defaults. Pinned connections
 //! set `wait_timeout` to 5 heartbeats (at least 5 s) so the server drops a cut-off
 //! holder's session; the heartbeat (`heartbeat`, default 1 s) makes the holder declare
 //! the loss first.
@@ -75,8 +80,12 @@ use statements::Statements;
 
 const BACKEND: &str = "mysql";
 
-/// Our sessions read committed data only, so InnoDB takes no gap locks.
-const READ_COMMITTED: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+/// Every connection's setup. Our sessions read committed data only, so InnoDB takes no
+/// gap locks; and each statement commits itself whatever the server's default (with
+/// `autocommit=0` set server-wide, the row probe's shared lock would stay held on an
+/// idle pool connection, and every acquire of that row would find it busy).
+const SESSION_SETUP: &str =
+    "SET SESSION autocommit = 1; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
 /// Deadlock (1213) and lock wait timeout (1205): retried a few times.
 const RETRYABLE: [u16; 2] = [1213, 1205];
@@ -201,7 +210,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let pool = super::pool_options::<sqlx::MySql>(opts.pool, own_idle, opts.timeout)
         .after_connect(|conn, _| {
             Box::pin(async move {
-                conn.execute(READ_COMMITTED).await?;
+                conn.execute(sqlx::raw_sql(SESSION_SETUP)).await?;
                 Ok(())
             })
         })
@@ -279,7 +288,12 @@ impl Mysql {
                     MySqlConnection::connect_with(&self.connect),
                 )
                 .await?;
-                timed(BACKEND, self.timeout, conn.execute(READ_COMMITTED)).await?;
+                timed(
+                    BACKEND,
+                    self.timeout,
+                    conn.execute(sqlx::raw_sql(SESSION_SETUP)),
+                )
+                .await?;
                 Ok(conn)
             })
             .await
@@ -516,7 +530,7 @@ impl Dialect for Mysql {
                 conn.execute("SET SESSION innodb_lock_wait_timeout = 1")
                     .await?;
             }
-            conn.execute(READ_COMMITTED).await
+            conn.execute(sqlx::raw_sql(SESSION_SETUP)).await
         })
         .await?;
         Ok(conn)
@@ -645,11 +659,11 @@ impl Dialect for Mysql {
         conn: &mut MySqlConnection,
         hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error> {
-        conn.execute("COMMIT").await?;
-        sqlx::query(AssertSqlSafe(&*self.sql.row_release))
-            .bind(&hold.key[..])
-            .bind(hold.fence)
-            .execute(&self.pool)
+        // The record stops naming this connection before the commit unlocks the row,
+        // in one round trip: `inspect` never sees the row free for a new holder while
+        // the record still names this one.
+        let batch = self.sql.row_release_batch(&hold.key, hold.fence);
+        conn.execute(sqlx::raw_sql(AssertSqlSafe(batch)))
             .await
             .map(drop)
     }

@@ -83,6 +83,7 @@ pub(super) struct Statements {
     pub row_ensure: String,
     pub row_lock: String,
     pub row_holder: String,
+    /// The head of row mode's release batch ([`Statements::row_release_batch`]).
     pub row_release: String,
     pub row_probe: String,
     pub inspect_row: String,
@@ -192,6 +193,18 @@ impl SharedStatements {
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
 impl Statements {
+    /// Row mode's release, on the pinned connection in one round trip: the record
+    /// stops naming the connection (it may lock other rows later), then the commit
+    /// unlocks the row. The key is inlined as hex digits and the token as a number:
+    /// no quoting needed.
+    pub(super) fn row_release_batch(&self, key: &[u8; 32], fence: u64) -> String {
+        format!(
+            "{}{}' AND fence = {fence}; COMMIT",
+            self.row_release,
+            crate::hex::encode(key)
+        )
+    }
+
     /// `lock_delay`: how long a lease that ran out without a release still blocks
     /// other owners (a number in the SQL text, not user input).
     pub(super) fn new(p: &str, lock_delay: std::time::Duration) -> Self {
@@ -327,10 +340,8 @@ impl Statements {
                  ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), name = ?, owner = ?,
                     metadata = ?, conn_id = ?"
             ),
-            // After COMMIT. Binds: key, fence.
-            row_release: format!(
-                "UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = ? AND fence = ?"
-            ),
+            // The pinned transaction's end: see [`Statements::row_release_batch`].
+            row_release: format!("UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = x'"),
             // Asks what the acquire asks: can the row be locked? A shared lock, with
             // NOWAIT, for the one autocommitted statement: busy means held. (Not
             // `INNODB_TRX`: InnoDB refreshes that view only when nobody read it for
