@@ -354,6 +354,49 @@ async fn row_mode_holders_are_seen_by_an_observer_that_polls_fast() {
     poller.await.expect("poller");
 }
 
+/// A MariaDB server whose default is `autocommit=0`: dlock's connections commit each
+/// statement anyway. (Otherwise the row probe of `inspect` left its shared lock on an
+/// idle pool connection, and the row could be taken by nobody after the first look.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_mode_ignores_the_servers_autocommit_default() {
+    let Some(maria) = MariaDbServer::start() else {
+        return;
+    };
+    let _ = maria.sql("SET GLOBAL autocommit = 0");
+    assert_eq!(
+        maria.sql("SELECT @@GLOBAL.autocommit").trim(),
+        "0",
+        "the server default did not change"
+    );
+    let url = format!("{}?mode=row", maria.url());
+    let (a, b) = (
+        Locker::connect(&url).await.expect("connect"),
+        Locker::connect(&url).await.expect("connect"),
+    );
+    let name = unique("autocommit");
+    for round in 0..3 {
+        assert!(
+            a.inspect(&name).await.expect("inspect").is_none(),
+            "round {round}: free lock shown held"
+        );
+        let g = tokio::time::timeout(Duration::from_secs(5), b.lock(&name))
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: a free lock not taken in 5 s"))
+            .expect("lock");
+        let shown = a
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .map(|i| i.fencing_token);
+        assert_eq!(
+            shown,
+            Some(g.fencing_token()),
+            "round {round}: holder not shown"
+        );
+        g.release().await.expect("release");
+    }
+}
+
 /// Row mode opens its own transaction and inlines its key: a role whose defaults are
 /// serializable transactions and `standard_conforming_strings = off` still takes,
 /// shows, releases and hands over the lock (a release whose update ran under the
