@@ -354,6 +354,77 @@ async fn row_mode_holders_are_seen_by_an_observer_that_polls_fast() {
     poller.await.expect("poller");
 }
 
+/// Tables made by an earlier dlock have no `xact` column in the holder records: `open`
+/// adds it, and row mode then records, shows and releases holds (without the column,
+/// the token's statement fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_holder_records_of_an_earlier_layout_gain_their_column() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    drop(Locker::connect(&pg.url()).await.expect("first open"));
+    let _ = pg.psql("ALTER TABLE dlock_holders DROP COLUMN xact");
+    let url = format!("{}?mode=row", pg.url());
+    let (a, observer) = (
+        Locker::connect(&url)
+            .await
+            .expect("open over the earlier layout"),
+        Locker::connect(&url).await.expect("connect"),
+    );
+    let name = unique("layout");
+    let g = a.lock(&name).await.expect("lock");
+    let shown = observer.inspect(&name).await.expect("inspect");
+    assert_eq!(shown.map(|i| i.fencing_token), Some(g.fencing_token()));
+    g.release().await.expect("release");
+    assert!(observer.inspect(&name).await.expect("inspect").is_none());
+}
+
+/// PostgreSQL row mode: a holder whose session ended is not shown by its record (its
+/// transaction is over), and the lock is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_row_holder_whose_session_ended_is_not_shown() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let url = format!("{}?mode=row", pg.url());
+    let (a, b) = (
+        Locker::connect(&url).await.expect("connect"),
+        Locker::connect(&url).await.expect("connect"),
+    );
+    let name = unique("ended");
+    let g = a.lock(&name).await.expect("lock");
+    let first = g.fencing_token();
+    assert_eq!(
+        b.inspect(&name)
+            .await
+            .expect("inspect")
+            .map(|i| i.fencing_token),
+        Some(first)
+    );
+    let ended = pg.psql(&format!(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM dlock_holders \
+         WHERE name = '{name}' AND pid <> 0) t"
+    ));
+    assert!(
+        ended.contains('1'),
+        "the holder's session was not ended: {ended}"
+    );
+    let freed = async {
+        while b.inspect(&name).await.expect("inspect").is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), freed)
+        .await
+        .expect("the ended holder still shown after 5 s");
+    let next = tokio::time::timeout(Duration::from_secs(5), b.lock(&name))
+        .await
+        .expect("lock again within 5 s")
+        .expect("lock again");
+    assert!(next.fencing_token() > first);
+    drop(g);
+}
+
 /// A MariaDB server whose default is `autocommit=0`: dlock's connections commit each
 /// statement anyway. (Otherwise the row probe of `inspect` left its shared lock on an
 /// idle pool connection, and the row could be taken by nobody after the first look.)

@@ -57,10 +57,14 @@
 //! `advisory_key=number` only the canonical spelling of a number names its key (`42`,
 //! not `042` or `+42`): one lock, one name. Least privilege (tested): once the tables exist,
 //! `SELECT, INSERT, UPDATE` on them and `USAGE` on the sequence are enough in every mode;
-//! a user that cannot create the tables gets a clear permission error. (`inspect` tells
-//! a holder record from a stale one of an earlier backend with the same pid by the
-//! session's start, which PostgreSQL shows for other roles' sessions only to members of
-//! `pg_read_all_stats`; for others it goes by the pid alone.) Semaphores and
+//! a user that cannot create the tables gets a clear permission error (tables made by
+//! an earlier dlock gain a column, `<prefix>_holders.xact`, which needs the tables'
+//! owner once). `inspect` in row mode shows the record of a holder whose transaction is
+//! still open (`txid_status`, readable by every role); in advisory mode, the record of
+//! the backend holding the key, told from a stale one of an earlier backend with the
+//! same pid by the session's start, which PostgreSQL shows for other roles' sessions
+//! only to members of `pg_read_all_stats` (for others it goes by the pid alone). A row
+//! locked outside dlock is reported free. Semaphores and
 //! read-write locks use two tables of their own (`<prefix>_shared_gate`,
 //! `<prefix>_shared`), made on first use: they also need `DELETE` on `<prefix>_shared`,
 //! and `CREATE` unless they exist already.

@@ -196,13 +196,17 @@ impl Statements {
                     fence         bigint NOT NULL,
                     metadata      text NOT NULL,
                     pid           integer NOT NULL,
-                    backend_start timestamptz
+                    backend_start timestamptz,
+                    xact          bigint
                  );
+                 ALTER TABLE {p}_holders ADD COLUMN IF NOT EXISTS xact bigint;
                  CREATE TABLE IF NOT EXISTS {p}_rows (lock_key bytea PRIMARY KEY);"
             ),
             tables: format!(
                 "SELECT to_regclass('{p}_locks') IS NOT NULL AND to_regclass('{p}_fence') IS NOT NULL \
-                 AND to_regclass('{p}_holders') IS NOT NULL AND to_regclass('{p}_rows') IS NOT NULL"
+                 AND to_regclass('{p}_holders') IS NOT NULL AND to_regclass('{p}_rows') IS NOT NULL \
+                 AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{p}_holders') \
+                             AND attname = 'xact' AND NOT attisdropped)"
             ),
             channel: format!("{p}_released"),
             // Binds: 1 key, 2 name, 3 owner, 4 ttl µs, 5 metadata.
@@ -282,7 +286,7 @@ impl Statements {
                  ON CONFLICT (lock_key) DO UPDATE SET
                     name = excluded.name, owner = excluded.owner, fence = excluded.fence,
                     metadata = excluded.metadata, pid = excluded.pid,
-                    backend_start = excluded.backend_start
+                    backend_start = excluded.backend_start, xact = NULL
                  RETURNING h.fence"
             ),
             // On the pinned connection. Binds: 1 advisory key, 2 channel, 3 key hex.
@@ -327,7 +331,8 @@ impl Statements {
                 "', 'hex') FOR UPDATE NOWAIT".to_owned(),
             ),
             // Autocommitted beside the pinned transaction. Binds: 1 key, 2 name, 3 owner,
-            // 4 metadata, 5 pid, 6 the pinned transaction's id. Answers the token only
+            // 4 metadata, 5 pid, 6 the pinned transaction's id (kept for `inspect`).
+            // Answers the token only
             // if that transaction (which holds the row) was still open *after* the
             // token was taken: the outer select reads the insert's row, so it runs
             // after `nextval`, and a later holder's token comes after ours. Otherwise
@@ -336,13 +341,12 @@ impl Statements {
             // and cannot cover the real holder's.
             row_holder: format!(
                 "WITH ins AS (
-                    INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, backend_start)
-                    VALUES ($1, $2, $3, nextval('{p}_fence'), $4, $5,
-                            (SELECT backend_start FROM pg_stat_activity WHERE pid = $5))
+                    INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, xact)
+                    VALUES ($1, $2, $3, nextval('{p}_fence'), $4, $5, $6)
                     ON CONFLICT (lock_key) DO UPDATE SET
                        name = excluded.name, owner = excluded.owner, fence = excluded.fence,
                        metadata = excluded.metadata, pid = excluded.pid,
-                       backend_start = excluded.backend_start
+                       backend_start = NULL, xact = excluded.xact
                     RETURNING h.fence)
                  SELECT CASE WHEN txid_status($6) = 'in progress' THEN ins.fence
                              ELSE ('the row lock''s session ended: ' || ins.fence)::bigint END
@@ -355,18 +359,19 @@ impl Statements {
                 format!("UPDATE {p}_holders SET pid = 0 WHERE lock_key = decode('"),
                 format!("; SELECT pg_notify('{p}_released', '"),
             ),
-            // Binds: 1 key. (The session start tells a record from one a later backend
-            // with the same pid would inherit; it is hidden from roles outside
-            // `pg_read_all_stats` for other roles' sessions: then the pid alone.)
+            // The record's holder holds the row for exactly as long as the transaction
+            // that locked it is open: asked of the server's commit log, which every role
+            // may read (not by pid and session start: the start is hidden from roles
+            // outside `pg_read_all_stats`, and a dead holder's pid can be reused). A
+            // visible record was committed before this statement's snapshot, and its
+            // transaction began before that: a transaction id at or past the snapshot's
+            // horizon is from another cluster (a restored dump), which `txid_status`
+            // rejects as "in the future", and is not in progress here. Binds: 1 key.
             inspect_row: format!(
                 "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
-                 WHERE h.lock_key = $1
-                   AND EXISTS (SELECT 1 FROM pg_locks k
-                               WHERE k.pid = h.pid AND k.granted
-                                 AND k.relation = to_regclass('{p}_rows'))
-                   AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                               WHERE a.pid = h.pid
-                                 AND COALESCE(a.backend_start = h.backend_start, true))"
+                 WHERE h.lock_key = $1 AND h.pid <> 0
+                   AND CASE WHEN h.xact < txid_snapshot_xmax(txid_current_snapshot())
+                            THEN txid_status(h.xact) = 'in progress' ELSE false END"
             ),
         }
     }
