@@ -253,6 +253,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         connect: connect.options(session_options),
         sql,
         advisory_key,
+        row_mode: opts.mode == Mode::Row,
         timeout: opts.timeout,
         listener,
     };
@@ -280,6 +281,8 @@ struct Postgres {
     connect: PgConnectOptions,
     sql: Statements,
     advisory_key: AdvisoryKey,
+    /// Row mode: session connections prepare its statements when made.
+    row_mode: bool,
     timeout: Duration,
     listener: tokio::task::JoinHandle<()>,
 }
@@ -462,11 +465,14 @@ impl Dialect for Postgres {
     }
 
     async fn connect_session(&self) -> Result<PgConnection> {
-        timed(
-            BACKEND,
-            self.timeout,
-            PgConnection::connect_with(&self.connect),
-        )
+        timed(BACKEND, self.timeout, async {
+            let mut conn = PgConnection::connect_with(&self.connect).await?;
+            if self.row_mode {
+                conn.execute(sqlx::raw_sql(AssertSqlSafe(&*self.sql.row_prepare)))
+                    .await?;
+            }
+            Ok(conn)
+        })
         .await
     }
 
@@ -579,7 +585,7 @@ impl Dialect for Postgres {
         conn: &mut PgConnection,
         hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error> {
-        let batch = self.sql.row_release_batch(&hold.key, fence_i64(hold.fence));
+        let batch = self.sql.row_release_batch(&hold.key);
         conn.execute(sqlx::raw_sql(AssertSqlSafe(batch)))
             .await
             .map(drop)

@@ -29,6 +29,9 @@ pub(super) struct Statements {
     pub advisory_release: String,
     pub inspect_advisory: String,
     pub row_ensure: String,
+    /// Row mode's two statements, prepared once per session connection: planning
+    /// them on every simple query cost the server more than running them.
+    pub row_prepare: String,
     /// The text of row mode's locking batch before and after the key's hex digits
     /// ([`Statements::row_lock_batch`]).
     pub row_lock: (String, String),
@@ -163,12 +166,11 @@ impl Statements {
         format!("{head}{}{tail}", crate::hex::encode(key))
     }
 
-    /// Row mode's release batch for a key (inlined as hex digits) and the hold's
-    /// token (a number).
-    pub(super) fn row_release_batch(&self, key: &[u8; 32], fence: i64) -> String {
-        let (update, notify) = &self.row_release;
+    /// Row mode's release batch for a key (inlined as hex digits).
+    pub(super) fn row_release_batch(&self, key: &[u8; 32]) -> String {
+        let (head, tail) = &self.row_release;
         let hex = crate::hex::encode(key);
-        format!("{update}{hex}', 'hex') AND fence = {fence}{notify}{hex}'); COMMIT")
+        format!("{head}{hex}', 'hex'){tail}")
     }
 
     /// `lock_delay`: how long a lease that ran out without a release still blocks
@@ -316,19 +318,25 @@ impl Statements {
             row_ensure: format!(
                 "INSERT INTO {p}_rows (lock_key) VALUES ($1) ON CONFLICT (lock_key) DO NOTHING"
             ),
+            // `{p}_row_lock(key)` answers the session's pid and the transaction's id
+            // once the row is locked. `{p}_row_release(key)` announces the release
+            // (delivered at commit). The record is left as it is: `inspect` shows it
+            // only while the transaction that locked the row is open.
+            row_prepare: format!(
+                "PREPARE {p}_row_lock(bytea) AS
+                    SELECT pg_backend_pid()::int8, txid_current() FROM {p}_rows
+                    WHERE lock_key = $1 FOR UPDATE NOWAIT;
+                 PREPARE {p}_row_release(bytea) AS
+                    SELECT pg_notify('{p}_released', encode($1, 'hex'))"
+            ),
             // Opens the pinned transaction and locks the row in one round trip (a
             // simple query: no binds; the key is hex digits, decoded by the server,
             // so `standard_conforming_strings` does not matter). READ COMMITTED
             // whatever the server's default: the release updates the holder record
             // that the token's statement wrote after this transaction began.
-            // Answers the session's pid and the transaction's id.
             row_lock: (
-                format!(
-                    "BEGIN ISOLATION LEVEL READ COMMITTED; \
-                     SELECT pg_backend_pid()::int8, txid_current() FROM {p}_rows \
-                     WHERE lock_key = decode('"
-                ),
-                "', 'hex') FOR UPDATE NOWAIT".to_owned(),
+                format!("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE {p}_row_lock(decode('"),
+                "', 'hex'))".to_owned(),
             ),
             // Autocommitted beside the pinned transaction. Binds: 1 key, 2 name, 3 owner,
             // 4 metadata, 5 pid, 6 the pinned transaction's id (kept for `inspect`).
@@ -352,12 +360,11 @@ impl Statements {
                              ELSE ('the row lock''s session ended: ' || ins.fence)::bigint END
                  FROM ins"
             ),
-            // The pinned transaction's end, in one round trip: the record stops naming
-            // the session (it may lock other rows later), the release is announced
-            // (delivered at commit), and the commit unlocks the row.
+            // The pinned transaction's end, in one round trip: the prepared release,
+            // then the commit that unlocks the row.
             row_release: (
-                format!("UPDATE {p}_holders SET pid = 0 WHERE lock_key = decode('"),
-                format!("; SELECT pg_notify('{p}_released', '"),
+                format!("EXECUTE {p}_row_release(decode('"),
+                "); COMMIT".to_owned(),
             ),
             // The record's holder holds the row for exactly as long as the transaction
             // that locked it is open: asked of the server's commit log, which every role
@@ -369,7 +376,7 @@ impl Statements {
             // rejects as "in the future", and is not in progress here. Binds: 1 key.
             inspect_row: format!(
                 "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
-                 WHERE h.lock_key = $1 AND h.pid <> 0
+                 WHERE h.lock_key = $1
                    AND CASE WHEN h.xact < txid_snapshot_xmax(txid_current_snapshot())
                             THEN txid_status(h.xact) = 'in progress' ELSE false END"
             ),
