@@ -205,6 +205,9 @@ async fn counted_cycle(conn: &mut SqlConn, i: i64, limit: u32) -> Result<(), Fai
 pub struct SqlFloor {
     conn: SqlConn,
     mode: String,
+    /// Row mode: a second connection for the fencing counter, which the locking
+    /// transaction cannot commit while it holds the row.
+    counter: Option<SqlConn>,
 }
 
 impl SqlFloor {
@@ -229,7 +232,16 @@ impl SqlFloor {
         conn.exec("DELETE FROM dlock_bench_floor_row").await?;
         conn.exec("INSERT INTO dlock_bench_floor_row (id) VALUES (1)")
             .await?;
-        Ok(Some(SqlFloor { conn, mode }))
+        let counter = if mode == "row" {
+            Some(SqlConn::connect(url).await?)
+        } else {
+            None
+        };
+        Ok(Some(SqlFloor {
+            conn,
+            mode,
+            counter,
+        }))
     }
 
     /// One bare cycle of `shape`, `i` distinguishing cycles.
@@ -267,13 +279,38 @@ impl SqlFloor {
                     .await?;
                 Ok(())
             }
+            (Shape::Fenced, "row", _) => {
+                let Some(counter) = self.counter.as_mut() else {
+                    return floor_cycle(&mut self.conn, &self.mode, i).await;
+                };
+                self.conn.exec("BEGIN").await?;
+                self.conn
+                    .one_i64(
+                        "SELECT id FROM dlock_bench_floor_row WHERE id = $1 FOR UPDATE NOWAIT",
+                        "SELECT id FROM dlock_bench_floor_row WHERE id = ? FOR UPDATE NOWAIT",
+                        1,
+                    )
+                    .await?;
+                counter
+                    .change(
+                        "UPDATE dlock_bench_floor_fence SET v = v + 1 WHERE id = $1",
+                        "UPDATE dlock_bench_floor_fence SET v = LAST_INSERT_ID(v + 1) WHERE id = ?",
+                        &[1],
+                    )
+                    .await?;
+                self.conn.exec("COMMIT").await?;
+                Ok(())
+            }
             (Shape::Fenced, ..) => floor_cycle(&mut self.conn, &self.mode, i).await,
         }
     }
 
     /// The session modes' fencing token is a write the bare lock functions do not
-    /// make. Both servers can take the lock and count the token in one statement:
-    /// that statement and the unlock are the mode's limit (`Shape::Fenced`).
+    /// make. Both servers can take a lock function's lock and count the token in one
+    /// statement: that statement and the unlock are the mode's limit
+    /// (`Shape::Fenced`). A row lock's transaction cannot commit the token while it
+    /// holds the row: the limit is the floor's statements with the counter's increment
+    /// on a second connection between the lock and the commit.
     pub fn limit(&self) -> Option<&'static str> {
         match (self.mode.as_str(), &self.conn) {
             ("advisory", SqlConn::Pg(_)) => Some(
@@ -283,6 +320,10 @@ impl SqlFloor {
             ("named", SqlConn::My(_)) => Some(
                 "GET_LOCK and a fencing counter's increment in one statement (a one-row \
                  UPDATE … LAST_INSERT_ID), then RELEASE_LOCK",
+            ),
+            ("row", _) => Some(
+                "BEGIN, SELECT … FOR UPDATE NOWAIT, a fencing counter's increment (a \
+                 one-row UPDATE) committed on a second connection, COMMIT",
             ),
             _ => None,
         }

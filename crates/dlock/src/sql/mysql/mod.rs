@@ -581,11 +581,8 @@ impl Dialect for Mysql {
     }
 
     async fn row_lock(&self, conn: &mut MySqlConnection, key: &[u8; 32]) -> Result<RowLock> {
-        conn.execute("BEGIN")
-            .await
-            .map_err(|e| db_err(BACKEND, &e))?;
-        let locked = sqlx::query(AssertSqlSafe(&*self.sql.row_lock))
-            .bind(&key[..])
+        // The transaction and the locking read in one round trip.
+        let locked = sqlx::raw_sql(AssertSqlSafe(self.sql.row_lock_batch(key)))
             .fetch_optional(&mut *conn)
             .await;
         let found = match locked {

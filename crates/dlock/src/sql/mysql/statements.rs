@@ -193,6 +193,17 @@ impl SharedStatements {
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
 impl Statements {
+    /// Row mode's lock, on the pinned connection in one round trip: opens the
+    /// transaction and locks the row, answering the connection id (no row: the row
+    /// is missing; error 3572 or 1205: it is locked). The key is inlined as hex digits.
+    pub(super) fn row_lock_batch(&self, key: &[u8; 32]) -> String {
+        format!(
+            "{}{}' FOR UPDATE NOWAIT",
+            self.row_lock,
+            crate::hex::encode(key)
+        )
+    }
+
     /// Row mode's release, on the pinned connection in one round trip: the record
     /// stops naming the connection (it may lock other rows later), then the commit
     /// unlocks the row. The key is inlined as hex digits and the token as a number:
@@ -328,9 +339,9 @@ impl Statements {
             ),
             // Binds: key.
             row_ensure: format!("INSERT IGNORE INTO {p}_rows (lock_key) VALUES (?)"),
-            // Inside the pinned transaction; returns the connection id. Binds: key.
+            // See [`Statements::row_lock_batch`].
             row_lock: format!(
-                "SELECT CONNECTION_ID() FROM {p}_rows WHERE lock_key = ? FOR UPDATE NOWAIT"
+                "BEGIN; SELECT CONNECTION_ID() FROM {p}_rows WHERE lock_key = x'"
             ),
             // Autocommitted beside the pinned transaction. Binds: key, name, owner,
             // metadata, conn id, name, owner, metadata, conn id.
