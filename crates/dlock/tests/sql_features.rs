@@ -363,7 +363,27 @@ async fn postgres_holder_records_of_an_earlier_layout_gain_their_column() {
         return;
     };
     drop(Locker::connect(&pg.url()).await.expect("first open"));
-    let _ = pg.psql("ALTER TABLE dlock_holders DROP COLUMN xact");
+    let _ = pg.psql(
+        "ALTER TABLE dlock_holders DROP COLUMN xact;
+         CREATE ROLE app LOGIN PASSWORD 'app-pw';
+         GRANT SELECT, INSERT, UPDATE ON dlock_locks, dlock_holders, dlock_rows TO app;
+         GRANT USAGE ON SEQUENCE dlock_fence TO app;",
+    );
+    // A role that may not alter the tables: the modes that do not need the column
+    // work; row mode says what it lacks.
+    let app = format!("postgres://app:app-pw@127.0.0.1:{}/postgres", pg.port());
+    for query in ["", "?mode=advisory"] {
+        let locker = Locker::connect(&format!("{app}{query}"))
+            .await
+            .unwrap_or_else(|e| panic!("{query}: open without the column: {e}"));
+        let g = locker.lock(&unique("oldlayout")).await.expect("lock");
+        g.release().await.expect("release");
+    }
+    let refused = Locker::connect(&format!("{app}?mode=row")).await;
+    assert!(
+        refused.is_err(),
+        "row mode opened without the column it needs"
+    );
     let url = format!("{}?mode=row", pg.url());
     let (a, observer) = (
         Locker::connect(&url)
@@ -423,6 +443,52 @@ async fn postgres_row_holder_whose_session_ended_is_not_shown() {
         .expect("lock again");
     assert!(next.fencing_token() > first);
     drop(g);
+}
+
+/// PostgreSQL row mode, watched by a role outside `pg_read_all_stats` (which sees no
+/// other role's session start): the record of a holder whose session ended is not
+/// shown even when a live session that locks another row has the same pid (made here
+/// by rewriting the record's pid: a reused pid). Before, `inspect` went by the pid
+/// and showed the ended holder and its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_row_inspect_ignores_a_reused_pid() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let url = format!("{}?mode=row", pg.url());
+    let admin = Locker::connect(&url).await.expect("admin");
+    let _ = pg.psql(
+        "CREATE ROLE watcher LOGIN PASSWORD 'watcher-pw';
+         GRANT SELECT ON dlock_locks, dlock_holders, dlock_rows TO watcher;",
+    );
+    let watcher = Locker::connect(&format!(
+        "postgres://watcher:watcher-pw@127.0.0.1:{}/postgres?mode=row",
+        pg.port()
+    ))
+    .await
+    .expect("watcher");
+    let (ended, live) = (unique("ended"), unique("live"));
+    let gone = admin.lock(&ended).await.expect("lock");
+    let _ = pg.psql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM dlock_holders WHERE name = '{ended}'"
+    ));
+    let still = admin.lock(&live).await.expect("lock another name");
+    let _ = pg.psql(&format!(
+        "UPDATE dlock_holders SET pid = (SELECT pid FROM dlock_holders WHERE name = '{live}')
+         WHERE name = '{ended}'"
+    ));
+    let shown = watcher.inspect(&ended).await.expect("inspect");
+    assert!(
+        shown.is_none(),
+        "an ended holder shown through a reused pid: {shown:?}"
+    );
+    let live_shown = watcher.inspect(&live).await.expect("inspect");
+    assert_eq!(
+        live_shown.map(|i| i.fencing_token),
+        Some(still.fencing_token()),
+        "the live holder is not shown to the watcher"
+    );
+    drop(gone);
 }
 
 /// A MariaDB server whose default is `autocommit=0`: dlock's connections commit each

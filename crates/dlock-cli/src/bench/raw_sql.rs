@@ -84,6 +84,15 @@ impl SqlConn {
         }
     }
 
+    /// Run several statements in one round trip (a simple query: no binds), each
+    /// result read.
+    pub async fn batch(&mut self, pg: &'static str, my: &'static str) -> Result<(), Failure> {
+        match self {
+            SqlConn::Pg(c) => c.execute(sqlx::raw_sql(pg)).await.map(drop).map_err(err),
+            SqlConn::My(c) => c.execute(sqlx::raw_sql(my)).await.map(drop).map_err(err),
+        }
+    }
+
     /// Run `sql` with one i64 bound (`$1` on PostgreSQL, `?` on MySQL) and return the
     /// first column of the first row as i64, if any.
     pub async fn one_i64(
@@ -148,13 +157,7 @@ async fn floor_cycle(conn: &mut SqlConn, mode: &str, i: i64) -> Result<(), Failu
                 .await?;
         }
         ("row", _) => {
-            conn.exec("BEGIN").await?;
-            conn.one_i64(
-                "SELECT id FROM dlock_bench_floor_row WHERE id = $1 FOR UPDATE NOWAIT",
-                "SELECT id FROM dlock_bench_floor_row WHERE id = ? FOR UPDATE NOWAIT",
-                1,
-            )
-            .await?;
+            row_lock(conn).await?;
             conn.exec("COMMIT").await?;
         }
         _ => {
@@ -173,6 +176,22 @@ async fn floor_cycle(conn: &mut SqlConn, mode: &str, i: i64) -> Result<(), Failu
         }
     }
     Ok(())
+}
+
+/// Row mode's transaction and locking read in one round trip, as the least client
+/// does (PostgreSQL: the read prepared at connect, `SqlFloor::connect`).
+async fn row_lock(conn: &mut SqlConn) -> Result<(), Failure> {
+    let locked = conn
+        .batch(
+            "BEGIN; EXECUTE dlock_bench_floor_lock",
+            "BEGIN; SELECT id FROM dlock_bench_floor_row WHERE id = 1 FOR UPDATE NOWAIT",
+        )
+        .await;
+    if locked.is_err() {
+        // The BEGIN may have run: leave no transaction open behind the error.
+        let _ = conn.exec("ROLLBACK").await;
+    }
+    locked
 }
 
 /// One bare counted grant and its release, in every mode (dlock's semaphores and
@@ -198,8 +217,8 @@ async fn counted_cycle(conn: &mut SqlConn, i: i64, limit: u32) -> Result<(), Fai
 
 /// The bare-statement floor for a SQL URL in its mode (`None` for other backends):
 /// lease → insert + owner-checked delete of a row; advisory → `pg_try_advisory_lock` +
-/// `pg_advisory_unlock`; named → `GET_LOCK` + `RELEASE_LOCK`; row → `BEGIN`,
-/// `SELECT … FOR UPDATE NOWAIT`, `COMMIT`; a counted grant (a permit, a read, a
+/// `pg_advisory_unlock`; named → `GET_LOCK` + `RELEASE_LOCK`; row → `BEGIN` and
+/// `SELECT … FOR UPDATE NOWAIT` in one round trip, then `COMMIT`; a counted grant (a permit, a read, a
 /// write) → a row inserted while fewer than the limit are there, then deleted. Tables
 /// made, cycles not yet run.
 pub struct SqlFloor {
@@ -232,6 +251,14 @@ impl SqlFloor {
         conn.exec("DELETE FROM dlock_bench_floor_row").await?;
         conn.exec("INSERT INTO dlock_bench_floor_row (id) VALUES (1)")
             .await?;
+        if let SqlConn::Pg(_) = conn {
+            conn.batch(
+                "PREPARE dlock_bench_floor_lock AS \
+                 SELECT id FROM dlock_bench_floor_row WHERE id = 1 FOR UPDATE NOWAIT",
+                "",
+            )
+            .await?;
+        }
         let counter = if mode == "row" {
             Some(SqlConn::connect(url).await?)
         } else {
@@ -283,23 +310,22 @@ impl SqlFloor {
                 let Some(counter) = self.counter.as_mut() else {
                     return floor_cycle(&mut self.conn, &self.mode, i).await;
                 };
-                self.conn.exec("BEGIN").await?;
-                self.conn
-                    .one_i64(
-                        "SELECT id FROM dlock_bench_floor_row WHERE id = $1 FOR UPDATE NOWAIT",
-                        "SELECT id FROM dlock_bench_floor_row WHERE id = ? FOR UPDATE NOWAIT",
-                        1,
-                    )
-                    .await?;
-                counter
+                row_lock(&mut self.conn).await?;
+                let counted = counter
                     .change(
                         "UPDATE dlock_bench_floor_fence SET v = v + 1 WHERE id = $1",
                         "UPDATE dlock_bench_floor_fence SET v = LAST_INSERT_ID(v + 1) WHERE id = ?",
                         &[1],
                     )
-                    .await?;
-                self.conn.exec("COMMIT").await?;
-                Ok(())
+                    .await;
+                // Never leave the row locked: the run's next cycles would all fail.
+                let end = if counted.is_ok() {
+                    "COMMIT"
+                } else {
+                    "ROLLBACK"
+                };
+                self.conn.exec(end).await?;
+                counted.map(drop)
             }
             (Shape::Fenced, ..) => floor_cycle(&mut self.conn, &self.mode, i).await,
         }
@@ -322,8 +348,9 @@ impl SqlFloor {
                  UPDATE … LAST_INSERT_ID), then RELEASE_LOCK",
             ),
             ("row", _) => Some(
-                "BEGIN, SELECT … FOR UPDATE NOWAIT, a fencing counter's increment (a \
-                 one-row UPDATE) committed on a second connection, COMMIT",
+                "BEGIN and SELECT … FOR UPDATE NOWAIT in one round trip, a fencing \
+                 counter's increment (a one-row UPDATE) committed on a second connection, \
+                 COMMIT",
             ),
             _ => None,
         }

@@ -147,6 +147,11 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         session: i64,
         xact: Option<i64>,
     ) -> Result<u64>;
+    /// Row mode: the record with token `fence` names no holder any more (best effort;
+    /// after a `row_holder` whose session turned out dead, so that `inspect` does not
+    /// show it for the next holder). A no-op where `row_holder` rolls such a record
+    /// back itself.
+    async fn row_forget(&self, _key: &[u8; 32], _fence: u64) {}
     /// Row mode: commit (which unlocks the row) and mark the record released.
     async fn row_unlock(
         &self,

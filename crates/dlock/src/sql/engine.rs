@@ -156,6 +156,10 @@ impl<D: Dialect> SqlBackend<D> {
                         tokio::time::timeout(self.opts.timeout, conn.ping()).await
                     };
                     if !matches!(alive, Ok(Ok(()))) {
+                        // Its record names a dead session with a token no one holds;
+                        // a later holder may already have written its own (then this
+                        // matches nothing).
+                        self.dialect.row_forget(&key, fence).await;
                         return Err(Error::connection(
                             D::BACKEND,
                             "the session holding the row lock ended while its token was taken",

@@ -19,10 +19,11 @@
 //! reads the record; an acquire at that very instant finds the row busy (a waiter
 //! polls again; a `try_lock` answers busy). A row held with no record (a transaction
 //! outside dlock, or a holder between its lock and its record) is reported held with
-//! token 0. A release clears the record in the transaction it commits, so a record is
-//! never shown for a row its holder gave back; a holder whose connection died leaves
-//! its record, which is shown for the next holder until that one writes its own (one
-//! statement; the server gives no way to see, without `PROCESS`, whether a recorded
+//! token 0. A release clears the record in the transaction it commits, and an attempt
+//! whose session died while its token was taken clears the record it wrote (best
+//! effort), so neither is shown for the next holder. A holder whose connection died
+//! leaves its record, which is shown for the next holder until that one writes its own
+//! (one statement; without `PROCESS` the server gives no way to see whether a recorded
 //! connection lives). Every connection sets `autocommit=1` and READ COMMITTED, whatever
 //! the server's defaults. Pinned connections
 //! set `wait_timeout` to 5 heartbeats (at least 5 s) so the server drops a cut-off
@@ -216,7 +217,15 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         })
         .connect_lazy_with(connect.clone());
     let mut sql = Statements::new(&opts.prefix, opts.lock_delay);
-    if !version.contains("MariaDB") {
+    if version.contains("MariaDB") {
+        // The release clears the record on the pinned connection, whose lock waits give
+        // up at once on MariaDB: a record write in flight (a failed attempt's) may hold
+        // the record's lock for an instant.
+        sql.row_release = format!(
+            "SET STATEMENT innodb_lock_wait_timeout = 5 FOR {}",
+            sql.row_release
+        );
+    } else {
         // MySQL 8 has no NOWAIT on `LOCK IN SHARE MODE`.
         sql.row_probe = sql
             .row_probe
@@ -651,13 +660,21 @@ impl Dialect for Mysql {
         Ok(done.last_insert_id())
     }
 
+    async fn row_forget(&self, key: &[u8; 32], fence: u64) {
+        let forget = sqlx::query(AssertSqlSafe(&*self.sql.row_forget))
+            .bind(&key[..])
+            .bind(fence)
+            .execute(&self.pool);
+        let _ = tokio::time::timeout(self.timeout, forget).await;
+    }
+
     async fn row_unlock(
         &self,
         conn: &mut MySqlConnection,
         hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error> {
         // The record stops naming this connection before the commit unlocks the row,
-        // in one round trip: `inspect` never sees the row free for a new holder while
+        // in one round trip: `inspect` never sees the row held by a new holder while
         // the record still names this one.
         let batch = self.sql.row_release_batch(&hold.key, hold.fence);
         conn.execute(sqlx::raw_sql(AssertSqlSafe(batch)))

@@ -86,6 +86,8 @@ pub(super) struct Statements {
     /// The head of row mode's release batch ([`Statements::row_release_batch`]).
     pub row_release: String,
     pub row_probe: String,
+    /// Clears the record a failed attempt wrote ([`super::super::dialect::Dialect::row_forget`]).
+    pub row_forget: String,
     pub inspect_row: String,
     /// Semaphores and read-write locks (`super::super::shared`).
     pub shared: SharedStatements,
@@ -350,6 +352,10 @@ impl Statements {
                  VALUES (?, ?, ?, LAST_INSERT_ID(1), ?, ?)
                  ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), name = ?, owner = ?,
                     metadata = ?, conn_id = ?"
+            ),
+            // Binds: key, fence.
+            row_forget: format!(
+                "UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = ? AND fence = ?"
             ),
             // The pinned transaction's end: see [`Statements::row_release_batch`].
             row_release: format!("UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = x'"),

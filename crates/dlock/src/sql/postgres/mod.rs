@@ -16,7 +16,10 @@
 //!   commit or when the connection dies. The token is taken on another connection, by a
 //!   statement that fails unless that transaction is still open after `nextval`
 //!   (`txid_status`), so a later holder's token is always higher. Three round trips a
-//!   cycle: lock, token, and one batch that marks the record, notifies and commits.
+//!   cycle: lock, token, and one batch that notifies and commits. The lock and release
+//!   are statements each session connection prepares once (`PREPARE`): row mode needs
+//!   session-level state, so it does not work through a transaction pooler (neither
+//!   do the other session modes), nor on a connection someone `DISCARD`s.
 //!
 //! Needs PostgreSQL 10 or later (`txid_status`, `ON CONFLICT`, `current_setting(…,
 //! true)`).
@@ -57,9 +60,12 @@
 //! `advisory_key=number` only the canonical spelling of a number names its key (`42`,
 //! not `042` or `+42`): one lock, one name. Least privilege (tested): once the tables exist,
 //! `SELECT, INSERT, UPDATE` on them and `USAGE` on the sequence are enough in every mode;
-//! a user that cannot create the tables gets a clear permission error (tables made by
-//! an earlier dlock gain a column, `<prefix>_holders.xact`, which needs the tables'
-//! owner once). `inspect` in row mode shows the record of a holder whose transaction is
+//! a user that cannot create the tables gets a clear permission error. Row mode also
+//! needs a column that tables made by an earlier dlock lack, `<prefix>_holders.xact`:
+//! the first row-mode `open` by the tables' owner adds it (the other modes work
+//! without it). Upgrade every process that shows row-mode holders together: an earlier
+//! dlock's `inspect` reads the records differently. `inspect` in row mode shows the
+//! record of a holder whose transaction is
 //! still open (`txid_status`, readable by every role); in advisory mode, the record of
 //! the backend holding the key, told from a stale one of an earlier backend with the
 //! same pid by the session's start, which PostgreSQL shows for other roles' sessions
@@ -211,7 +217,12 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let pool = super::pool_options::<sqlx::Postgres>(opts.pool.max(2), own_idle, opts.timeout)
         .connect_lazy_with(connect.clone());
     let sql = Statements::new(&opts.prefix, opts.lock_delay);
-    timed(BACKEND, opts.timeout, create_schema(&pool, &sql)).await?;
+    timed(
+        BACKEND,
+        opts.timeout,
+        create_schema(&pool, &sql, opts.mode == Mode::Row),
+    )
+    .await?;
     let durable = timed(
         BACKEND,
         opts.timeout,
@@ -844,11 +855,23 @@ fn parse_key(hex: &str) -> Option<[u8; 32]> {
 /// Create the tables and sequence unless they exist. Creators are serialized by a
 /// transaction-scoped advisory lock, since concurrent `CREATE … IF NOT EXISTS` can
 /// fail on PostgreSQL's catalog unique index.
-async fn create_schema(pool: &PgPool, sql: &Statements) -> std::result::Result<(), sqlx::Error> {
+/// Row mode (`row`) also needs the holder records' `xact` column, which tables of an
+/// earlier dlock lack: it is added then (by the tables' owner). The other modes work
+/// without it, so a role that may not alter the tables goes on using them.
+async fn create_schema(
+    pool: &PgPool,
+    sql: &Statements,
+    row: bool,
+) -> std::result::Result<(), sqlx::Error> {
     let present: bool = sqlx::query_scalar(AssertSqlSafe(&*sql.tables))
         .fetch_one(pool)
         .await?;
-    if present {
+    if present
+        && (!row
+            || sqlx::query_scalar::<_, bool>(AssertSqlSafe(&*sql.holders_xact))
+                .fetch_one(pool)
+                .await?)
+    {
         return Ok(());
     }
     let mut tx = pool.begin().await?;

@@ -13,6 +13,9 @@
 pub(super) struct Statements {
     pub schema: String,
     pub tables: String,
+    /// Whether the holder records have the column row mode keeps the locking
+    /// transaction's id in (tables made before it lack it).
+    pub holders_xact: String,
     pub channel: String,
     pub acquire: String,
     pub renew: String,
@@ -180,8 +183,12 @@ impl Statements {
         let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
         Statements {
             shared: SharedStatements::new(p),
+            // Run in one transaction. The ALTER (tables of an earlier dlock) needs the
+            // table's strongest lock: behind a long reader it would queue every other
+            // statement on the table behind it, so it gives up after 2 s instead.
             schema: format!(
-                "CREATE TABLE IF NOT EXISTS {p}_locks (
+                "SET LOCAL lock_timeout = '2s';
+                 CREATE TABLE IF NOT EXISTS {p}_locks (
                     lock_key   bytea PRIMARY KEY,
                     name       text NOT NULL,
                     owner      text NOT NULL,
@@ -206,9 +213,11 @@ impl Statements {
             ),
             tables: format!(
                 "SELECT to_regclass('{p}_locks') IS NOT NULL AND to_regclass('{p}_fence') IS NOT NULL \
-                 AND to_regclass('{p}_holders') IS NOT NULL AND to_regclass('{p}_rows') IS NOT NULL \
-                 AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{p}_holders') \
-                             AND attname = 'xact' AND NOT attisdropped)"
+                 AND to_regclass('{p}_holders') IS NOT NULL AND to_regclass('{p}_rows') IS NOT NULL"
+            ),
+            holders_xact: format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{p}_holders') \
+                                AND attname = 'xact' AND NOT attisdropped)"
             ),
             channel: format!("{p}_released"),
             // Binds: 1 key, 2 name, 3 owner, 4 ttl µs, 5 metadata.
@@ -288,7 +297,7 @@ impl Statements {
                  ON CONFLICT (lock_key) DO UPDATE SET
                     name = excluded.name, owner = excluded.owner, fence = excluded.fence,
                     metadata = excluded.metadata, pid = excluded.pid,
-                    backend_start = excluded.backend_start, xact = NULL
+                    backend_start = excluded.backend_start
                  RETURNING h.fence"
             ),
             // On the pinned connection. Binds: 1 advisory key, 2 channel, 3 key hex.
@@ -332,8 +341,8 @@ impl Statements {
             // Opens the pinned transaction and locks the row in one round trip (a
             // simple query: no binds; the key is hex digits, decoded by the server,
             // so `standard_conforming_strings` does not matter). READ COMMITTED
-            // whatever the server's default: the release updates the holder record
-            // that the token's statement wrote after this transaction began.
+            // whatever the server's default, as the token's statement checks it
+            // from another connection.
             row_lock: (
                 format!("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE {p}_row_lock(decode('"),
                 "', 'hex'))".to_owned(),
