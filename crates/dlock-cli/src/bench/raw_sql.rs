@@ -251,7 +251,7 @@ impl SqlFloor {
         conn.exec("DELETE FROM dlock_bench_floor_row").await?;
         conn.exec("INSERT INTO dlock_bench_floor_row (id) VALUES (1)")
             .await?;
-        if let SqlConn::Pg(_) = conn {
+        if let (SqlConn::Pg(_), "row") = (&conn, mode.as_str()) {
             conn.batch(
                 "PREPARE dlock_bench_floor_lock AS \
                  SELECT id FROM dlock_bench_floor_row WHERE id = 1 FOR UPDATE NOWAIT",

@@ -158,8 +158,10 @@ impl<D: Dialect> SqlBackend<D> {
                     if !matches!(alive, Ok(Ok(()))) {
                         // Its record names a dead session with a token no one holds;
                         // a later holder may already have written its own (then this
-                        // matches nothing).
-                        self.dialect.row_forget(&key, fence).await;
+                        // matches nothing). In the background: the server may be the
+                        // reason the ping failed, and the error should not wait for it.
+                        let dialect = Arc::clone(&self.dialect);
+                        tokio::spawn(async move { dialect.row_forget(&key, fence).await });
                         return Err(Error::connection(
                             D::BACKEND,
                             "the session holding the row lock ended while its token was taken",

@@ -63,7 +63,9 @@
 //! a user that cannot create the tables gets a clear permission error. Row mode also
 //! needs a column that tables made by an earlier dlock lack, `<prefix>_holders.xact`:
 //! the first row-mode `open` by the tables' owner adds it (the other modes work
-//! without it). Upgrade every process that shows row-mode holders together: an earlier
+//! without it; the ALTER gives up after waiting 2 s for a long reader of the table,
+//! and `open` fails then). Advisory and row mode share the holder records: give each
+//! session mode its own `table_prefix` when both lock the same names. Upgrade every process that shows row-mode holders together: an earlier
 //! dlock's `inspect` reads the records differently. `inspect` in row mode shows the
 //! record of a holder whose transaction is
 //! still open (`txid_status`, readable by every role); in advisory mode, the record of
@@ -857,29 +859,50 @@ fn parse_key(hex: &str) -> Option<[u8; 32]> {
 /// fail on PostgreSQL's catalog unique index.
 /// Row mode (`row`) also needs the holder records' `xact` column, which tables of an
 /// earlier dlock lack: it is added then (by the tables' owner). The other modes work
-/// without it, so a role that may not alter the tables goes on using them.
+/// without it, so a role that may not alter the tables goes on using them. What is
+/// missing is asked again under the creators' lock, so an opener that waited for
+/// another's creation does nothing.
 async fn create_schema(
     pool: &PgPool,
     sql: &Statements,
     row: bool,
 ) -> std::result::Result<(), sqlx::Error> {
-    let present: bool = sqlx::query_scalar(AssertSqlSafe(&*sql.tables))
-        .fetch_one(pool)
-        .await?;
-    if present
-        && (!row
-            || sqlx::query_scalar::<_, bool>(AssertSqlSafe(&*sql.holders_xact))
-                .fetch_one(pool)
-                .await?)
-    {
+    /// (the tables are missing, the column is missing and needed)
+    async fn missing(
+        on: &mut PgConnection,
+        sql: &Statements,
+        row: bool,
+    ) -> std::result::Result<(bool, bool), sqlx::Error> {
+        let tables: bool = sqlx::query_scalar(AssertSqlSafe(&*sql.tables))
+            .fetch_one(&mut *on)
+            .await?;
+        if !tables || !row {
+            return Ok((!tables, false));
+        }
+        let column: bool = sqlx::query_scalar(AssertSqlSafe(&*sql.holders_xact))
+            .fetch_one(&mut *on)
+            .await?;
+        Ok((false, !column))
+    }
+    if missing(&mut *pool.acquire().await?, sql, row).await? == (false, false) {
         return Ok(());
     }
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(7022505437620437858)")
         .execute(&mut *tx)
         .await?;
-    tx.execute(sqlx::raw_sql(AssertSqlSafe(&*sql.schema)))
-        .await?;
+    match missing(&mut tx, sql, row).await? {
+        // New tables have the column.
+        (true, _) => {
+            tx.execute(sqlx::raw_sql(AssertSqlSafe(&*sql.schema)))
+                .await?;
+        }
+        (false, true) => {
+            tx.execute(sqlx::raw_sql(AssertSqlSafe(&*sql.add_xact)))
+                .await?;
+        }
+        (false, false) => {}
+    }
     tx.commit().await
 }
 

@@ -16,6 +16,9 @@ pub(super) struct Statements {
     /// Whether the holder records have the column row mode keeps the locking
     /// transaction's id in (tables made before it lack it).
     pub holders_xact: String,
+    /// Adds that column (run only when it is missing: it takes the table's strongest
+    /// lock and needs its owner).
+    pub add_xact: String,
     pub channel: String,
     pub acquire: String,
     pub renew: String,
@@ -183,12 +186,8 @@ impl Statements {
         let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
         Statements {
             shared: SharedStatements::new(p),
-            // Run in one transaction. The ALTER (tables of an earlier dlock) needs the
-            // table's strongest lock: behind a long reader it would queue every other
-            // statement on the table behind it, so it gives up after 2 s instead.
             schema: format!(
-                "SET LOCAL lock_timeout = '2s';
-                 CREATE TABLE IF NOT EXISTS {p}_locks (
+                "CREATE TABLE IF NOT EXISTS {p}_locks (
                     lock_key   bytea PRIMARY KEY,
                     name       text NOT NULL,
                     owner      text NOT NULL,
@@ -208,12 +207,17 @@ impl Statements {
                     backend_start timestamptz,
                     xact          bigint
                  );
-                 ALTER TABLE {p}_holders ADD COLUMN IF NOT EXISTS xact bigint;
                  CREATE TABLE IF NOT EXISTS {p}_rows (lock_key bytea PRIMARY KEY);"
             ),
             tables: format!(
                 "SELECT to_regclass('{p}_locks') IS NOT NULL AND to_regclass('{p}_fence') IS NOT NULL \
                  AND to_regclass('{p}_holders') IS NOT NULL AND to_regclass('{p}_rows') IS NOT NULL"
+            ),
+            // Behind a long reader the ALTER would queue every other statement on the
+            // table behind it: it gives up after 2 s instead.
+            add_xact: format!(
+                "SET LOCAL lock_timeout = '2s';
+                 ALTER TABLE {p}_holders ADD COLUMN IF NOT EXISTS xact bigint"
             ),
             holders_xact: format!(
                 "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{p}_holders') \
