@@ -942,3 +942,83 @@ async fn an_idle_lease_connection_is_dropped_before_the_server_ends_it() {
         tokio::time::sleep(Duration::from_millis(2_600)).await;
     }
 }
+
+/// PostgreSQL lease mode: an acquire that has to wait for the lock's row (another
+/// client's statement has it locked) takes its fencing token *after* that wait. A
+/// token drawn before it is lower than the token of a grant the other client
+/// committed meanwhile: the next holder's writes would then lose to the delayed
+/// writes of the one before (the crowd of `lock_all` found it, 1 run in about 70).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lease_token_is_drawn_after_waiting_for_the_row() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let url = pg.url();
+    let locker = Locker::connect(&url).await.expect("connect");
+    let name = unique("late-token");
+    // The lock's row exists (it is kept after a release).
+    let first = locker.lock(&name).await.expect("lock");
+    let first_token = first.fencing_token();
+    first.release().await.expect("release");
+
+    // Another client's statement holds the row.
+    let mut rival = sqlx::PgConnection::connect(&url).await.expect("rival");
+    let mut tx = rival.begin().await.expect("begin");
+    let locked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE) r",
+    )
+    .bind(&name)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("lock the row");
+    assert_eq!(locked, 1, "the lock's row");
+
+    let waiting = {
+        let (locker, name) = (locker.clone(), name.clone());
+        tokio::spawn(async move { locker.try_lock(&name).await })
+    };
+    // Until the acquire waits for the row (bounded).
+    let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
+    let mut blocked = false;
+    for _ in 0..500 {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'",
+        )
+        .fetch_one(&mut observer)
+        .await
+        .expect("pg_stat_activity");
+        if n == 1 {
+            blocked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(blocked, "the acquire never waited for the row");
+
+    // Meanwhile the other client is granted the lock and releases it: a newer token
+    // on the row.
+    let rival_token: i64 = sqlx::query_scalar(
+        "UPDATE dlock_locks SET owner = 'rival', fence = nextval('dlock_fence'), holds = 0
+         WHERE name = $1 RETURNING fence",
+    )
+    .bind(&name)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("the rival's grant");
+    tx.commit().await.expect("commit");
+    let rival_token = u64::try_from(rival_token).expect("a positive token");
+    assert!(rival_token > first_token);
+
+    let g = waiting
+        .await
+        .expect("task")
+        .expect("try_lock")
+        .expect("free once the rival released");
+    assert!(
+        g.fencing_token() > rival_token,
+        "token {} granted after the rival's {rival_token}: tokens went backwards",
+        g.fencing_token()
+    );
+    g.release().await.expect("release");
+}

@@ -3,7 +3,9 @@
 //! # Modes
 //! - `mode=lease` (default): a lease row per name in `<prefix>_locks`; expiry by the
 //!   server's clock (`statement_timestamp()`); the fencing token is `nextval` of the
-//!   sequence `<prefix>_fence`, committed by the statement that grants it. One
+//!   sequence `<prefix>_fence`, drawn once the name's row is locked (so it follows
+//!   every token granted for the name before) and committed by the statement that
+//!   grants it. One
 //!   autocommitted statement per acquire and release, and renewals batched (one
 //!   statement per TTL for those waiting together): works through transaction poolers
 //!   (PgBouncer). Reentrant for the same owner.

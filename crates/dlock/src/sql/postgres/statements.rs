@@ -226,13 +226,18 @@ impl Statements {
             channel: format!("{p}_released"),
             // Binds: 1 key, 2 name, 3 owner, 4 ttl µs, 5 metadata.
             // Granted: one row (fence, NULL). Busy: one row (NULL, remaining ms) or none.
+            // A grant over an existing row draws its token in the update, after the
+            // row is locked: the `nextval` of the inserted values is drawn before the
+            // statement may wait for that row, while another client is granted and
+            // releases the lock with a later token (rows are never deleted, so an
+            // insert has no earlier token to follow).
             acquire: format!(
                 "WITH ins AS (
                     INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
                     VALUES ($1, $2, $3, 1, nextval('{p}_fence'), statement_timestamp() + $4 * interval '1 microsecond', $5)
                     ON CONFLICT (lock_key) DO UPDATE SET
                         holds = CASE WHEN {live} THEN l.holds + 1 ELSE 1 END,
-                        fence = CASE WHEN {live} THEN l.fence ELSE excluded.fence END,
+                        fence = CASE WHEN {live} THEN l.fence ELSE nextval('{p}_fence') END,
                         expires_at = CASE WHEN {live} THEN GREATEST(l.expires_at, excluded.expires_at)
                                           ELSE excluded.expires_at END,
                         metadata = CASE WHEN {live} THEN l.metadata ELSE excluded.metadata END,
