@@ -410,3 +410,47 @@ async fn excludes_a_foreign_redlock_client_both_ways() {
     }
     g.release().await.expect("release");
 }
+
+/// The token write-back counts only nodes that still hold the grant. Three nodes: the
+/// first reached through a slow link, the second held by another client (a grant of
+/// someone else that got there first), the third's counter ahead at 100. The grant
+/// comes from the first and the third, with T = 101 from the third alone, so T must be
+/// written back to the first before the guard is returned. Counting the second's
+/// answer to the write-back instead returned the guard while the first still stood at
+/// 1: a later grant there (after this one's release) could take a token below 101.
+#[tokio::test]
+async fn token_write_back_counts_only_the_nodes_that_hold_the_grant() {
+    let Some(mut nodes) = RedisNodes::start(3, &RedisOptions::default()) else {
+        return;
+    };
+    let addrs: Vec<_> = (0..3).map(|i| nodes.node(i).addr()).collect();
+    let name = "raise-where-held";
+    let counter_key = format!("dlock_token:{{{name}}}");
+    redis_command(addrs[1], &["SET", name, "someone-else", "PX", "60000"], T).expect("SET");
+    redis_command(addrs[2], &["SET", &counter_key, "100"], T).expect("SET");
+    let slow = FaultProxy::start(addrs[0]).await.expect("proxy");
+    let url = format!(
+        "redlock://{},{},{}?node_timeout=2s",
+        slow.addr(),
+        addrs[1],
+        addrs[2]
+    );
+    let locker = Locker::connect(&url).await.expect("connect");
+    slow.set(Fault::Delay(Duration::from_millis(150)));
+    let g = locker.lock(name).await.expect("lock");
+    let token = g.fencing_token();
+    assert_eq!(token, 101, "T is the third node's counter");
+    // Read at once, around the slow link: the first node holds the grant and must
+    // already stand at T.
+    let first =
+        String::from_utf8_lossy(&redis_command(addrs[0], &["GET", &counter_key], T).expect("GET"))
+            .lines()
+            .find_map(|l| l.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    assert!(
+        first >= token,
+        "the guard came back while a node holding the grant stood at {first}, below {token}"
+    );
+    slow.set(Fault::None);
+    g.release().await.expect("release");
+}

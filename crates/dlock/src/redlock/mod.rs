@@ -25,10 +25,14 @@
 //!
 //! # Fencing
 //! Each granting node increments its counter in the acquire script; the client takes
-//! T = the maximum of the values returned and writes T back, set-if-greater, to a
-//! majority before the guard is returned (a round it skips when a majority of nodes
-//! returned T itself: their counters already stand at T). Any two majorities intersect, so every later
-//! grant meets a node whose counter is at least T and gets a larger token. That holds
+//! T = the maximum of the values returned and writes T back, set-if-greater, to the
+//! granting nodes that returned less. The guard is returned only once a majority of
+//! nodes that *still hold this grant* stand at T or above (the nodes that returned T
+//! count at once; a raise counts only where it found the grant). Any two majorities
+//! intersect, so every later grant meets one of those nodes, where it can only be
+//! granted after this grant's key is gone — after the raise — and gets a larger token.
+//! (A raise acknowledged by a node that another grant reached first proves nothing:
+//! that grant drew its counter value before the raise.) That holds
 //! as long as no node loses an acknowledged write: every node must persist each write
 //! before answering (`appendonly yes` + `appendfsync always`), or a node that restarts
 //! empty must stay down for at least the longest TTL in use. dlock reports
@@ -451,7 +455,8 @@ impl Inner {
                 self.quorum,
             )
             .await;
-        let mut tokens = Vec::new();
+        // (node, the counter value it returned) for each node that granted.
+        let mut tokens: Vec<(usize, u64)> = Vec::new();
         let mut busy_pttl: Option<u64> = None;
         let mut unreachable = 0;
         // Nodes that may hold a grant of ours: those that granted, and those whose
@@ -460,7 +465,7 @@ impl Inner {
         for (i, a) in answers.iter().enumerate() {
             match a {
                 Some(Ok((1, token))) => {
-                    tokens.push(u64::try_from(*token).unwrap_or(0));
+                    tokens.push((i, u64::try_from(*token).unwrap_or(0)));
                     ours.push(i);
                 }
                 Some(Ok((_, pttl))) => {
@@ -479,31 +484,47 @@ impl Inner {
         let drift = self.drift(req.ttl);
         let valid = |at: Instant| req.ttl > at.duration_since(start) + drift;
         if granted >= self.quorum && valid(Instant::now()) {
-            let token = tokens.iter().copied().max().unwrap_or(0);
-            // Each granting node's counter now equals the value it returned. When a
-            // majority returned T itself, a majority has seen T already: no write-back
-            // round is needed (the usual case: nodes that saw the same grants agree).
-            let acks = if tokens.iter().filter(|&&t| t == token).count() >= self.quorum {
+            let token = tokens.iter().map(|&(_, t)| t).max().unwrap_or(0);
+            // Each granting node's counter now equals the value it returned, and stays
+            // at least that while it holds this grant. A majority of nodes holding the
+            // grant with a counter at T makes every later grant come after T: a later
+            // majority meets one of them, and is granted there only once this grant's
+            // key is gone. Nodes that returned T count at once (the usual case: nodes
+            // that saw the same grants agree); the others are raised, and count only
+            // if they still held this grant when the raise landed (a node that answers
+            // the raise but holds another grant — one that got there first — proves
+            // nothing: that grant's counter value was drawn before the raise).
+            let at_token = tokens.iter().filter(|&&(_, t)| t == token).count();
+            let acks = if at_token >= self.quorum {
                 self.quorum
             } else {
+                let behind: Vec<usize> = tokens
+                    .iter()
+                    .filter(|&&(_, t)| t < token)
+                    .map(|&(i, _)| i)
+                    .collect();
                 let mut raise = RAISE.prepare_invoke();
                 raise
                     .key(&keys.counter)
                     .key(&keys.lock)
                     .key(&keys.token)
+                    .key(&keys.meta)
                     .arg(token)
-                    .arg(owner);
-                self.fan_out::<i64>(
-                    &self.all(),
-                    timeout,
-                    Job::Script(raise),
-                    |_| true,
-                    self.quorum,
-                )
-                .await
-                .iter()
-                .filter(|a| matches!(a, Some(Ok(_))))
-                .count()
+                    .arg(owner)
+                    .arg(&nonce);
+                let raised = self
+                    .fan_out::<i64>(
+                        &behind,
+                        timeout,
+                        Job::Script(raise),
+                        |held| *held == 1,
+                        self.quorum - at_token,
+                    )
+                    .await
+                    .iter()
+                    .filter(|a| matches!(a, Some(Ok(1))))
+                    .count();
+                at_token + raised
             };
             if acks >= self.quorum && valid(Instant::now()) {
                 return Ok(Round::Granted(Box::new(RedlockHeld {
