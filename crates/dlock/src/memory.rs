@@ -168,8 +168,8 @@ impl Backend for MemoryBackend {
             return self.try_shared(req);
         }
         let this = Arc::clone(&self.store);
-        let now = Instant::now();
         let mut st = self.state()?;
+        let now = Instant::now();
         let busy_until = match st.locks.get_mut(&req.name) {
             Some(e) if e.expires > now && e.owner == req.owner => {
                 e.holds += 1;
@@ -265,9 +265,9 @@ impl Backend for MemoryBackend {
     }
 
     async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
-        let now = Instant::now();
         let broke = {
             let mut st = self.state()?;
+            let now = Instant::now();
             let held = st
                 .locks
                 .get(name)
@@ -322,8 +322,8 @@ impl Backend for MemoryBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        let now = Instant::now();
         let mut st = self.state()?;
+        let now = Instant::now();
         let waiters = st.live_queue(name, now).map_or(0, |q| q.len());
         Ok(st
             .locks
@@ -345,9 +345,9 @@ impl Backend for MemoryBackend {
 impl MemoryBackend {
     /// An attempt at a permit, read or write ([`crate::shared_holds`]).
     fn try_shared(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let now = Instant::now();
         let key = (family(req.primitive), req.name.clone());
         let mut st = self.state()?;
+        let now = Instant::now();
         let set = st.shared.entry(key.clone()).or_default();
         set.entries.retain(|e| e.expires > now);
         let live: Vec<LiveEntry<'_>> = set
@@ -458,8 +458,8 @@ impl HeldLock for MemoryHeld {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let now = Instant::now();
         let mut st = self.store.state()?;
+        let now = Instant::now();
         match st.locks.get_mut(&self.name) {
             Some(e) if e.owner == self.owner && e.fence == self.fence && e.expires > now => {
                 e.expires = e.expires.max(now + ttl);
@@ -512,8 +512,8 @@ impl HeldLock for SharedHeld {
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let now = Instant::now();
         let mut st = self.store.state()?;
+        let now = Instant::now();
         let entry = st.shared.get_mut(&self.key).and_then(|set| {
             set.entries.iter_mut().find(|e| {
                 e.acquisition == self.acquisition && e.fence == self.fence && e.expires > now

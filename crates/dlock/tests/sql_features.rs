@@ -1022,3 +1022,85 @@ async fn postgres_lease_token_is_drawn_after_waiting_for_the_row() {
     );
     g.release().await.expect("release");
 }
+
+/// PostgreSQL lease mode: whether the row is a live hold of the same owner (to be
+/// re-entered with its token) is judged when the row is locked, not when the statement
+/// started. An acquire that started while another process of the owner held the lock
+/// and ran after that lease had ended re-entered the ended hold: the retired token
+/// again (the ended holder's late writes still accepted), and a hold count that kept
+/// the lock taken after the new holder's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lease_reentry_is_judged_when_the_row_is_locked() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let url = pg.url();
+    let locker = Locker::connect(&url).await.expect("connect");
+    let name = unique("late-reentry");
+    let owner = dlock::Owner::random();
+    let mine = dlock::LockOptions::new().owner(owner.clone());
+    locker
+        .lock_with(&name, &mine)
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+
+    // Another process of the same owner holds the lock with a short lease, and its
+    // statement still has the row locked.
+    let mut rival = sqlx::PgConnection::connect(&url).await.expect("rival");
+    let mut tx = rival.begin().await.expect("begin");
+    let ended_token: i64 = sqlx::query_scalar(
+        "UPDATE dlock_locks SET holds = 1, fence = nextval('dlock_fence'),
+                expires_at = clock_timestamp() + interval '200 milliseconds'
+         WHERE name = $1 AND owner = $2 RETURNING fence",
+    )
+    .bind(&name)
+    .bind(owner.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .expect("the other process's hold");
+    let waiting = {
+        let (locker, name, mine) = (locker.clone(), name.clone(), mine.clone());
+        tokio::spawn(async move { locker.try_lock_with(&name, &mine).await })
+    };
+    let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
+    let mut blocked = false;
+    for _ in 0..500 {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'",
+        )
+        .fetch_one(&mut observer)
+        .await
+        .expect("pg_stat_activity");
+        if n == 1 {
+            blocked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(blocked, "the acquire never waited for the row");
+    // That lease ends while the acquire waits.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tx.commit().await.expect("commit");
+
+    let g = waiting
+        .await
+        .expect("task")
+        .expect("try_lock")
+        .expect("free: the other hold's lease ended");
+    let ended_token = u64::try_from(ended_token).expect("a positive token");
+    assert!(
+        g.fencing_token() > ended_token,
+        "token {} re-granted after its lease ended",
+        g.fencing_token()
+    );
+    g.release().await.expect("release");
+    let other = Locker::connect(&url).await.expect("connect");
+    assert!(
+        other.try_lock(&name).await.expect("try_lock").is_some(),
+        "the lock stayed taken after its only live hold was released"
+    );
+}

@@ -182,7 +182,6 @@ impl Statements {
     /// `lock_delay`: how long a lease that ran out without a release still blocks
     /// other owners (a number in the SQL text, not user input).
     pub(super) fn new(p: &str, lock_delay: std::time::Duration) -> Self {
-        let live = "l.owner = $3 AND l.holds > 0 AND l.expires_at > statement_timestamp()";
         let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
         Statements {
             shared: SharedStatements::new(p),
@@ -226,23 +225,31 @@ impl Statements {
             channel: format!("{p}_released"),
             // Binds: 1 key, 2 name, 3 owner, 4 ttl µs, 5 metadata.
             // Granted: one row (fence, NULL). Busy: one row (NULL, remaining ms) or none.
-            // A grant over an existing row draws its token in the update, after the
-            // row is locked: the `nextval` of the inserted values is drawn before the
-            // statement may wait for that row, while another client is granted and
-            // releases the lock with a later token (rows are never deleted, so an
-            // insert has no earlier token to follow).
+            // An existing row is decided once it is locked, which the statement may
+            // have waited for (or been preempted before) while other clients changed
+            // it: the update draws the token then (the `nextval` of the inserted values
+            // came earlier, so it may be below a token another client was granted and
+            // released meanwhile; rows are never deleted, so an insert has no earlier
+            // token to follow), and whether the row is a live hold of this owner, to be
+            // re-entered with its token, is judged once, by the clock at that moment
+            // (`clock_timestamp()`: the statement's start may come before a lease that
+            // has ended since). Another owner's lease is judged by the statement's
+            // start, which can only find it live longer.
             acquire: format!(
                 "WITH ins AS (
                     INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
                     VALUES ($1, $2, $3, 1, nextval('{p}_fence'), statement_timestamp() + $4 * interval '1 microsecond', $5)
                     ON CONFLICT (lock_key) DO UPDATE SET
-                        holds = CASE WHEN {live} THEN l.holds + 1 ELSE 1 END,
-                        fence = CASE WHEN {live} THEN l.fence ELSE nextval('{p}_fence') END,
-                        expires_at = CASE WHEN {live} THEN GREATEST(l.expires_at, excluded.expires_at)
-                                          ELSE excluded.expires_at END,
-                        metadata = CASE WHEN {live} THEN l.metadata ELSE excluded.metadata END,
-                        name = excluded.name,
-                        owner = excluded.owner
+                        (holds, fence, expires_at, metadata, name, owner) = (
+                            SELECT CASE WHEN v.live THEN l.holds + 1 ELSE 1 END,
+                                   CASE WHEN v.live THEN l.fence ELSE nextval('{p}_fence') END,
+                                   CASE WHEN v.live THEN GREATEST(l.expires_at, excluded.expires_at)
+                                        ELSE excluded.expires_at END,
+                                   CASE WHEN v.live THEN l.metadata ELSE excluded.metadata END,
+                                   excluded.name,
+                                   excluded.owner
+                            FROM (SELECT l.owner = $3 AND l.holds > 0
+                                         AND l.expires_at > clock_timestamp() AS live) v)
                     WHERE l.owner = $3 OR l.holds <= 0 OR l.expires_at + {delay} <= statement_timestamp()
                     RETURNING l.fence)
                  SELECT fence, NULL::bigint FROM ins
