@@ -1104,3 +1104,90 @@ async fn postgres_lease_reentry_is_judged_when_the_row_is_locked() {
         "the lock stayed taken after its only live hold was released"
     );
 }
+
+/// MariaDB lease mode: whether the asking owner's own lease has run out (then a new
+/// grant with a new token, never a re-entry of the ended hold) is judged by the clock
+/// when the statement runs, not when it started — the statement may wait for the row
+/// while that lease ends (the same as `postgres_lease_reentry_is_judged_when_the_row_is_locked`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_lease_reentry_is_judged_when_the_row_is_locked() {
+    let Some(maria) = MariaDbServer::start() else {
+        return;
+    };
+    let url = maria.url();
+    let locker = Locker::connect(&url).await.expect("connect");
+    let name = unique("late-reentry");
+    let owner = dlock::Owner::random();
+    let mine = dlock::LockOptions::new().owner(owner.clone());
+    locker
+        .lock_with(&name, &mine)
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+
+    // Another process of the same owner holds the lock with a short lease, and its
+    // statement still has the row locked.
+    let mut rival = sqlx::MySqlConnection::connect(&url).await.expect("rival");
+    let mut tx = rival.begin().await.expect("begin");
+    let updated = sqlx::query(
+        "UPDATE dlock_locks SET holds = 1, fence = fence + 1,
+                expires_at = UTC_TIMESTAMP(6) + INTERVAL 200000 MICROSECOND
+         WHERE name = ? AND owner = ?",
+    )
+    .bind(&name)
+    .bind(owner.as_str().as_bytes())
+    .execute(&mut *tx)
+    .await
+    .expect("the other process's hold");
+    assert_eq!(updated.rows_affected(), 1, "the lock's row");
+    let ended_token: i64 = sqlx::query_scalar("SELECT fence FROM dlock_locks WHERE name = ?")
+        .bind(&name)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("its token");
+    let waiting = {
+        let (locker, name, mine) = (locker.clone(), name.clone(), mine.clone());
+        tokio::spawn(async move { locker.try_lock_with(&name, &mine).await })
+    };
+    let mut observer = sqlx::MySqlConnection::connect(&url)
+        .await
+        .expect("observer");
+    let mut blocked = false;
+    for _ in 0..500 {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
+        )
+        .fetch_one(&mut observer)
+        .await
+        .expect("INNODB_TRX");
+        if n == 1 {
+            blocked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(blocked, "the acquire never waited for the row");
+    // That lease ends while the acquire waits.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tx.commit().await.expect("commit");
+
+    let g = waiting
+        .await
+        .expect("task")
+        .expect("try_lock")
+        .expect("free: the other hold's lease ended");
+    let ended_token = u64::try_from(ended_token).expect("a positive token");
+    assert!(
+        g.fencing_token() > ended_token,
+        "token {} re-granted after its lease ended",
+        g.fencing_token()
+    );
+    g.release().await.expect("release");
+    let other = Locker::connect(&url).await.expect("connect");
+    assert!(
+        other.try_lock(&name).await.expect("try_lock").is_some(),
+        "the lock stayed taken after its only live hold was released"
+    );
+}

@@ -84,9 +84,11 @@ const BACKEND: &str = "mysql";
 /// Every connection's setup. Our sessions read committed data only, so InnoDB takes no
 /// gap locks; and each statement commits itself whatever the server's default (with
 /// `autocommit=0` set server-wide, the row probe's shared lock would stay held on an
-/// idle pool connection, and every acquire of that row would find it busy).
-const SESSION_SETUP: &str =
-    "SET SESSION autocommit = 1; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+/// idle pool connection, and every acquire of that row would find it busy). `SYSDATE`
+/// (the lease acquire's clock once the row is locked) reads UTC, as `UTC_TIMESTAMP`;
+/// the tables hold `DATETIME`s, which no time zone converts.
+const SESSION_SETUP: &str = "SET SESSION autocommit = 1; \
+     SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; SET SESSION time_zone = '+00:00'";
 
 /// Deadlock (1213) and lock wait timeout (1205): retried a few times.
 const RETRYABLE: [u16; 2] = [1213, 1205];
@@ -414,12 +416,8 @@ impl Dialect for Mysql {
                     .bind(owner)
                     .bind(owner)
                     .bind(owner)
-                    .bind(owner)
-                    .bind(owner)
                     .bind(&meta)
-                    .bind(owner)
                     .bind(name)
-                    .bind(owner)
                     .bind(owner)
                     .bind(owner)
                     .bind(ttl_us)

@@ -229,9 +229,16 @@ impl Statements {
         let d = lock_delay.as_micros();
         // Free for this owner: released, or run out past the lock-delay — or its own
         // lease ran out (then a *new* grant with a new token: the paused holder of the
-        // old one must be fenced out, so it is never re-entered). Binds the owner.
+        // old one must be fenced out, so it is never re-entered). Its own lease is
+        // judged by the clock when the row is locked (`SYSDATE(6)`, in UTC as every
+        // connection's `time_zone` is): the statement may have waited for the row
+        // while that lease ended, and `UTC_TIMESTAMP(6)` is the statement's start.
+        // Another owner's lease is judged by the start, which can only find it live
+        // longer. Evaluated once, into `@dlock_free`, by the first assignment: the
+        // clock must not give the later ones another answer. Binds the owner.
         let free = format!(
-            "(expires_at <= {NOW} - INTERVAL {d} MICROSECOND OR (owner = ? AND expires_at <= {NOW}))"
+            "(@dlock_free := (expires_at <= {NOW} - INTERVAL {d} MICROSECOND \
+                              OR (owner = ? AND expires_at <= SYSDATE(6))))"
         );
         Statements {
             shared: SharedStatements::new(p),
@@ -269,21 +276,22 @@ impl Statements {
             ),
             // Assignments run left to right and later ones see earlier results, so each
             // condition reads only columns not yet assigned (owner last but one,
-            // expires_at last: by then `owner = me` means granted or re-entered). Not
-            // free and `owner = me` means a live hold of mine: re-entered, same token.
-            // Binds: key, name, owner, ttl µs, metadata, then (owner, owner) for fence,
-            // (owner, owner) for holds, (owner, metadata), (owner, name), (owner, owner),
-            // and owner, ttl µs for expires_at. last_insert_id = fence when granted, else 0.
+            // expires_at last: by then `owner = me` means granted or re-entered), and
+            // whether the row is free is decided once, by the first. Not free and
+            // `owner = me` means a live hold of mine: re-entered, same token.
+            // Binds: key, name, owner, ttl µs, metadata, then owner (free), owner for
+            // fence, owner for holds, metadata, name, owner, and owner, ttl µs for
+            // expires_at. last_insert_id = fence when granted, else 0.
             acquire: format!(
                 "INSERT INTO {p}_locks (lock_key, name, owner, holds, fence, expires_at, metadata)
                  VALUES (?, ?, ?, 1, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND, ?)
                  ON DUPLICATE KEY UPDATE
                     fence = IF({free}, LAST_INSERT_ID(fence + 1),
                                IF(owner = ?, LAST_INSERT_ID(fence), fence + LAST_INSERT_ID(0))),
-                    holds = IF({free}, 1, IF(owner = ?, holds + 1, holds)),
-                    metadata = IF({free}, ?, metadata),
-                    name = IF({free}, ?, name),
-                    owner = IF({free}, ?, owner),
+                    holds = IF(@dlock_free, 1, IF(owner = ?, holds + 1, holds)),
+                    metadata = IF(@dlock_free, ?, metadata),
+                    name = IF(@dlock_free, ?, name),
+                    owner = IF(@dlock_free, ?, owner),
                     expires_at = IF(owner = ?, GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND),
                                     expires_at)"
             ),
