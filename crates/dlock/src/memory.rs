@@ -284,8 +284,8 @@ impl Backend for MemoryBackend {
     }
 
     async fn holders(&self, name: &LockName, primitive: Primitive) -> Result<Vec<LockInfo>> {
-        let now = Instant::now();
         let st = self.state()?;
+        let now = Instant::now();
         let Some(set) = st.shared.get(&(family(primitive), name.clone())) else {
             return Ok(Vec::new());
         };

@@ -430,7 +430,7 @@ async fn token_write_back_counts_only_the_nodes_that_hold_the_grant() {
     redis_command(addrs[2], &["SET", &counter_key, "100"], T).expect("SET");
     let slow = FaultProxy::start(addrs[0]).await.expect("proxy");
     let url = format!(
-        "redlock://{},{},{}?node_timeout=2s",
+        "redlock://{},{},{}?node_timeout=5s",
         slow.addr(),
         addrs[1],
         addrs[2]

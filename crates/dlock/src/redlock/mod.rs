@@ -5,9 +5,10 @@
 //! An attempt sends a single-node acquire script (the plain layout: `SET name <owner>
 //! NX PX`, plus dlock's token counter `dlock_token:{name}`) to every node at
 //! once, each call bounded by `node_timeout` (far below the TTL). It succeeds iff at
-//! least ⌊N/2⌋+1 nodes granted **and** the validity `TTL − elapsed − drift` (drift =
-//! `drift_factor` × TTL + 2 ms, default 1 %) is still positive after the token write-back
-//! below. Otherwise the attempt gives the lock back on every node that granted or did
+//! least ⌊N/2⌋+1 nodes granted, a majority of nodes holding the grant stand at its
+//! token (the write-back under *Fencing* below), **and** the validity `TTL − elapsed −
+//! drift` (drift = `drift_factor` × TTL + 2 ms, default 1 %) is still positive after
+//! that write-back. Otherwise the attempt gives the lock back on every node that granted or did
 //! not answer, and:
 //! - if the nodes that refused hold it for another owner in numbers that make a
 //!   majority impossible, it is **busy**: waited for (polling with jitter), or `None`
@@ -26,7 +27,7 @@
 //! # Fencing
 //! Each granting node increments its counter in the acquire script; the client takes
 //! T = the maximum of the values returned and writes T back, set-if-greater, to the
-//! granting nodes that returned less. The guard is returned only once a majority of
+//! nodes that may hold the grant and did not return T. The guard is returned only once a majority of
 //! nodes that *still hold this grant* stand at T or above (the nodes that returned T
 //! count at once; a raise counts only where it found the grant). Any two majorities
 //! intersect, so every later grant meets one of those nodes, where it can only be
@@ -498,10 +499,13 @@ impl Inner {
             let acks = if at_token >= self.quorum {
                 self.quorum
             } else {
-                let behind: Vec<usize> = tokens
+                // Every node that may hold the grant and is not known to stand at T:
+                // those that returned less, and those whose answer was not awaited
+                // (they may have granted since; the raise finds out).
+                let behind: Vec<usize> = ours
                     .iter()
-                    .filter(|&&(_, t)| t < token)
-                    .map(|&(i, _)| i)
+                    .copied()
+                    .filter(|i| !tokens.iter().any(|&(n, t)| n == *i && t == token))
                     .collect();
                 let mut raise = RAISE.prepare_invoke();
                 raise

@@ -64,6 +64,14 @@ const COLLECT_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// the lock-delay ago).
 /// Binds: 1 name, 2 owner, 3 boot id, 4 new boot expiry, 5 new wall expiry, 6 metadata,
 /// 7 now (boot ms), 8 now (wall ms), 9 now − lock-delay (boot ms), 10 (wall ms).
+///
+/// "Now" is read just before the statement runs, not once it holds the write lock: the
+/// statement never waits for that lock (the writer's busy timeout is zero; a busy
+/// database is retried with a fresh "now"), so only a pause of this thread between
+/// the two can make it stale. A stale "now" can find the owner's own lease live a
+/// moment after it ended (a re-entry with the ended hold's token, where PostgreSQL
+/// and MySQL read their clock after locking the row); another owner's lease it can
+/// only find live longer.
 const GRANT: &str = "\
 INSERT INTO dlock_locks (name, owner, holds, fence, boot_id, expires_boot_ms, expires_wall_ms, metadata)
 VALUES (?1, ?2, 1, (SELECT value FROM dlock_counters WHERE name = 'fence') + 1, ?3, ?4, ?5, ?6)

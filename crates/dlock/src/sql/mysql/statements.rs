@@ -26,14 +26,16 @@ pub(super) const RENEW_MANY_SIZES: [usize; 4] = [4, 16, 64, 256];
 const _: () = assert!(RENEW_MANY_SIZES[3] >= crate::sql::renewer::MAX_BATCH);
 
 /// Which of `n` holds are held: `WHERE` of [`renew_many`] and of [`held_of_many`].
-/// Binds: the `n` keys, then `n` times key, owner, fence. The key list alone lets the
+/// A lease that has run out is not held, by the clock when the row is read (as the
+/// single renewal: one that started before the end and ran after it must not bring
+/// the ended lease back). Binds: the `n` keys, then `n` times key, owner, fence. The key list alone lets the
 /// server look the rows up by primary key whatever it makes of the row-value list.
 fn held_among(n: usize) -> String {
     let keys = vec!["?"; n].join(", ");
     let rows = vec!["(?, ?, ?)"; n].join(", ");
     format!(
         "lock_key IN ({keys}) AND (lock_key, owner, fence) IN ({rows})
-           AND holds > 0 AND expires_at > {NOW}"
+           AND holds > 0 AND expires_at > SYSDATE(6)"
     )
 }
 
@@ -295,11 +297,13 @@ impl Statements {
                     expires_at = IF(owner = ?, GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND),
                                     expires_at)"
             ),
-            // Never shortens the lease: other holds of the owner rely on it.
+            // Never shortens the lease: other holds of the owner rely on it. A lease
+            // that has run out is not renewed, judged by the clock when the row is
+            // read (`SYSDATE`, as the acquire judges its owner's own lease).
             // Binds: ttl µs, key, owner, fence. Affected (found) rows: 1 when renewed.
             renew: format!(
                 "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
-                 WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0 AND expires_at > {NOW}"
+                 WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0 AND expires_at > SYSDATE(6)"
             ),
             renew_many: RENEW_MANY_SIZES
                 .iter()

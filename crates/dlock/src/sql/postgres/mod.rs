@@ -2,10 +2,13 @@
 //!
 //! # Modes
 //! - `mode=lease` (default): a lease row per name in `<prefix>_locks`; expiry by the
-//!   server's clock (`statement_timestamp()`); the fencing token is `nextval` of the
-//!   sequence `<prefix>_fence`, drawn once the name's row is locked (so it follows
-//!   every token granted for the name before) and committed by the statement that
-//!   grants it. One
+//!   server's clock (another owner's lease by the statement's start,
+//!   `statement_timestamp()`, which can only find it live longer; the asking owner's
+//!   own lease, and a renewal's, by `clock_timestamp()` once the row is locked, so a
+//!   statement that waited cannot re-enter or renew a lease that ended meanwhile); the
+//!   fencing token is `nextval` of the sequence `<prefix>_fence`, drawn once the name's
+//!   row is locked (so it follows every token granted for the name before) and
+//!   committed by the statement that grants it. One
 //!   autocommitted statement per acquire and release, and renewals batched (one
 //!   statement per TTL for those waiting together): works through transaction poolers
 //!   (PgBouncer). Reentrant for the same owner.

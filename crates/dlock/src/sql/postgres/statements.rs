@@ -259,12 +259,15 @@ impl Statements {
                  FROM {p}_locks l
                  WHERE l.lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
-            // Never shortens the lease: other holds of the owner rely on it.
+            // Never shortens the lease: other holds of the owner rely on it. A lease
+            // that has run out is not renewed, judged by the clock when the row is
+            // read (a renewal that started before the end and ran after it must not
+            // bring the ended lease back for a later re-entry of its owner).
             // Binds: 1 key, 2 owner, 3 fence, 4 ttl µs.
             renew: format!(
                 "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, statement_timestamp() + $4 * interval '1 microsecond')
                  WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
-                   AND expires_at > statement_timestamp()"
+                   AND expires_at > clock_timestamp()"
             ),
             // The same for several holds, in one statement. Binds: 1 keys, 2 owners,
             // 3 fences (arrays, one element per hold), 4 ttl µs. Returns the renewed
@@ -274,7 +277,7 @@ impl Statements {
                  SET expires_at = GREATEST(l.expires_at, statement_timestamp() + $4 * interval '1 microsecond')
                  FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS v(lock_key, owner, fence)
                  WHERE l.lock_key = v.lock_key AND l.owner = v.owner AND l.fence = v.fence
-                   AND l.holds > 0 AND l.expires_at > statement_timestamp()
+                   AND l.holds > 0 AND l.expires_at > clock_timestamp()
                  RETURNING l.lock_key, l.fence"
             ),
             // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. Notifies at the last hold.
