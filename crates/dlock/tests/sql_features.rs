@@ -943,6 +943,72 @@ async fn an_idle_lease_connection_is_dropped_before_the_server_ends_it() {
     }
 }
 
+/// Poll `$count` (a statement counting the acquires that wait for a row lock, on the
+/// observer connection `$conn`) until one does (bounded).
+macro_rules! until_an_acquire_waits {
+    ($conn:expr, $count:expr) => {{
+        let mut waits = false;
+        for _ in 0..500 {
+            let n: i64 = sqlx::query_scalar($count)
+                .fetch_one(&mut $conn)
+                .await
+                .expect("count the waiting acquires");
+            if n >= 1 {
+                waits = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(waits, "the acquire never waited for the row");
+    }};
+}
+
+/// A locker, a fresh name whose lease row exists (taken and released once), and the
+/// owner (with options naming it) that took it.
+async fn an_owner_whose_row_exists(
+    url: &str,
+) -> (Locker, String, dlock::Owner, dlock::LockOptions) {
+    let locker = Locker::connect(url).await.expect("connect");
+    let name = unique("late-reentry");
+    let owner = dlock::Owner::random();
+    let mine = dlock::LockOptions::new().owner(owner.clone());
+    locker
+        .lock_with(&name, &mine)
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    (locker, name, owner, mine)
+}
+
+/// The acquire `waiting` (of the owner whose hold with `ended_token` ended while it
+/// waited) was a new grant: a new token, and the lock is free once it is released.
+async fn a_new_grant_after_the_ended_hold(
+    waiting: tokio::task::JoinHandle<dlock::Result<Option<dlock::LockGuard>>>,
+    ended_token: i64,
+    url: &str,
+    name: &str,
+) {
+    let g = waiting
+        .await
+        .expect("task")
+        .expect("try_lock")
+        .expect("free: the other hold's lease ended");
+    let ended_token = u64::try_from(ended_token).expect("a positive token");
+    assert!(
+        g.fencing_token() > ended_token,
+        "token {} re-granted after its lease ended",
+        g.fencing_token()
+    );
+    g.release().await.expect("release");
+    let other = Locker::connect(url).await.expect("connect");
+    assert!(
+        other.try_lock(name).await.expect("try_lock").is_some(),
+        "the lock stayed taken after its only live hold was released"
+    );
+}
+
 /// PostgreSQL lease mode: an acquire that has to wait for the lock's row (another
 /// client's statement has it locked) takes its fencing token *after* that wait. A
 /// token drawn before it is lower than the token of a grant the other client
@@ -979,22 +1045,11 @@ async fn postgres_lease_token_is_drawn_after_waiting_for_the_row() {
     };
     // Until the acquire waits for the row (bounded).
     let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
-    let mut blocked = false;
-    for _ in 0..500 {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'",
-        )
-        .fetch_one(&mut observer)
-        .await
-        .expect("pg_stat_activity");
-        if n >= 1 {
-            blocked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(blocked, "the acquire never waited for the row");
+    until_an_acquire_waits!(
+        observer,
+        "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'"
+    );
 
     // Meanwhile the other client is granted the lock and releases it: a newer token
     // on the row.
@@ -1035,17 +1090,7 @@ async fn postgres_lease_reentry_is_judged_when_the_row_is_locked() {
         return;
     };
     let url = pg.url();
-    let locker = Locker::connect(&url).await.expect("connect");
-    let name = unique("late-reentry");
-    let owner = dlock::Owner::random();
-    let mine = dlock::LockOptions::new().owner(owner.clone());
-    locker
-        .lock_with(&name, &mine)
-        .await
-        .expect("lock")
-        .release()
-        .await
-        .expect("release");
+    let (locker, name, owner, mine) = an_owner_whose_row_exists(&url).await;
 
     // Another process of the same owner holds the lock with a short lease, and its
     // statement still has the row locked.
@@ -1066,43 +1111,16 @@ async fn postgres_lease_reentry_is_judged_when_the_row_is_locked() {
         tokio::spawn(async move { locker.try_lock_with(&name, &mine).await })
     };
     let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
-    let mut blocked = false;
-    for _ in 0..500 {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'",
-        )
-        .fetch_one(&mut observer)
-        .await
-        .expect("pg_stat_activity");
-        if n >= 1 {
-            blocked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(blocked, "the acquire never waited for the row");
+    until_an_acquire_waits!(
+        observer,
+        "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'"
+    );
     // That lease ends while the acquire waits.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     tx.commit().await.expect("commit");
 
-    let g = waiting
-        .await
-        .expect("task")
-        .expect("try_lock")
-        .expect("free: the other hold's lease ended");
-    let ended_token = u64::try_from(ended_token).expect("a positive token");
-    assert!(
-        g.fencing_token() > ended_token,
-        "token {} re-granted after its lease ended",
-        g.fencing_token()
-    );
-    g.release().await.expect("release");
-    let other = Locker::connect(&url).await.expect("connect");
-    assert!(
-        other.try_lock(&name).await.expect("try_lock").is_some(),
-        "the lock stayed taken after its only live hold was released"
-    );
+    a_new_grant_after_the_ended_hold(waiting, ended_token, &url, &name).await;
 }
 
 /// MariaDB lease mode: whether the asking owner's own lease has run out (then a new
@@ -1115,17 +1133,7 @@ async fn mariadb_lease_reentry_is_judged_when_the_row_is_locked() {
         return;
     };
     let url = maria.url();
-    let locker = Locker::connect(&url).await.expect("connect");
-    let name = unique("late-reentry");
-    let owner = dlock::Owner::random();
-    let mine = dlock::LockOptions::new().owner(owner.clone());
-    locker
-        .lock_with(&name, &mine)
-        .await
-        .expect("lock")
-        .release()
-        .await
-        .expect("release");
+    let (locker, name, owner, mine) = an_owner_whose_row_exists(&url).await;
 
     // Another process of the same owner holds the lock with a short lease, and its
     // statement still has the row locked.
@@ -1154,40 +1162,13 @@ async fn mariadb_lease_reentry_is_judged_when_the_row_is_locked() {
     let mut observer = sqlx::MySqlConnection::connect(&url)
         .await
         .expect("observer");
-    let mut blocked = false;
-    for _ in 0..500 {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
-        )
-        .fetch_one(&mut observer)
-        .await
-        .expect("INNODB_TRX");
-        if n >= 1 {
-            blocked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(blocked, "the acquire never waited for the row");
+    until_an_acquire_waits!(
+        observer,
+        "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+    );
     // That lease ends while the acquire waits.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     tx.commit().await.expect("commit");
 
-    let g = waiting
-        .await
-        .expect("task")
-        .expect("try_lock")
-        .expect("free: the other hold's lease ended");
-    let ended_token = u64::try_from(ended_token).expect("a positive token");
-    assert!(
-        g.fencing_token() > ended_token,
-        "token {} re-granted after its lease ended",
-        g.fencing_token()
-    );
-    g.release().await.expect("release");
-    let other = Locker::connect(&url).await.expect("connect");
-    assert!(
-        other.try_lock(&name).await.expect("try_lock").is_some(),
-        "the lock stayed taken after its only live hold was released"
-    );
+    a_new_grant_after_the_ended_hold(waiting, ended_token, &url, &name).await;
 }
