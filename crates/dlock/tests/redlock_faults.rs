@@ -454,3 +454,47 @@ async fn token_write_back_counts_only_the_nodes_that_hold_the_grant() {
     slow.set(Fault::None);
     g.release().await.expect("release");
 }
+
+/// The write-back script answers 1 only where the node still holds the grant it names
+/// (owner and nonce): another owner's key, or a later grant of the same owner, answers
+/// 0 and is not counted — though the counter is raised either way (a raise never
+/// hurts).
+#[tokio::test]
+async fn the_write_back_answers_only_for_the_grant_it_names() {
+    let Some(mut nodes) = RedisNodes::start(1, &RedisOptions::default()) else {
+        return;
+    };
+    let addr = nodes.node(0).addr();
+    let raise = include_str!("../src/redlock/scripts/raise.lua");
+    let run = |cmd: &[&str]| {
+        String::from_utf8_lossy(&redis_command(addr, cmd, T).expect(cmd[0])).into_owned()
+    };
+    let raise_where = |holder: &str, nonce: &str| {
+        run(&["DEL", "c", "t"]);
+        run(&["SET", "l", holder, "PX", "60000"]);
+        run(&[
+            "SET",
+            "m",
+            &format!("{{\"nonce\":\"{nonce}\"}}"),
+            "PX",
+            "60000",
+        ]);
+        let answer = run(&["EVAL", raise, "4", "c", "l", "t", "m", "101", "me", "n-1"]);
+        (
+            answer.trim().to_owned(),
+            run(&["GET", "c"]),
+            run(&["GET", "t"]),
+        )
+    };
+    let (answer, counter, _) = raise_where("someone-else", "n-1");
+    assert_eq!(answer, ":0", "another owner's key counted");
+    assert!(counter.contains("101"), "counter not raised: {counter:?}");
+    let (answer, _, _) = raise_where("me", "n-2");
+    assert_eq!(answer, ":0", "a later grant of the same owner counted");
+    let (answer, counter, token) = raise_where("me", "n-1");
+    assert_eq!(answer, ":1", "the grant itself not counted");
+    assert!(
+        counter.contains("101") && token.contains("101"),
+        "{counter:?} {token:?}"
+    );
+}
