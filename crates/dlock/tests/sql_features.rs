@@ -1172,3 +1172,61 @@ async fn mariadb_lease_reentry_is_judged_when_the_row_is_locked() {
 
     a_new_grant_after_the_ended_hold(waiting, ended_token, &url, &name).await;
 }
+
+/// PostgreSQL lease mode: an acquire whose client gave up — its statement waited for
+/// the lock's row past the client's `timeout` — grants nothing when the row comes
+/// free. The server does not see that the client went away, so the statement ran on
+/// and granted a lock no one knew of, kept from everyone for a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lease_acquire_abandoned_by_its_client_grants_nothing() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let url = pg.url();
+    let (locker, name, _, _) = an_owner_whose_row_exists(&url).await;
+    let impatient = Locker::connect(&format!("{url}?timeout=1s"))
+        .await
+        .expect("connect");
+
+    let mut rival = sqlx::PgConnection::connect(&url).await.expect("rival");
+    let mut tx = rival.begin().await.expect("begin");
+    let locked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE) r",
+    )
+    .bind(&name)
+    .fetch_one(&mut *tx)
+    .await
+    .expect("lock the row");
+    assert_eq!(locked, 1, "the lock's row");
+    let started = Instant::now();
+    match impatient.try_lock(&name).await {
+        Err(_) => {}
+        Ok(g) => panic!("an acquire answered while its row was locked: {g:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the client's 1 s timeout took {:?}",
+        started.elapsed()
+    );
+    // The abandoned statement still waits on the server.
+    let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'";
+    until_an_acquire_waits!(observer, waiting);
+    tx.commit().await.expect("commit");
+    // Once it has run (bounded), the lock is free.
+    for _ in 0..500 {
+        let n: i64 = sqlx::query_scalar(waiting)
+            .fetch_one(&mut observer)
+            .await
+            .expect("pg_stat_activity");
+        if n == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        locker.try_lock(&name).await.expect("try_lock").is_some(),
+        "the lock was granted to a client that had given up"
+    );
+}

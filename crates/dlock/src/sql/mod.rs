@@ -327,6 +327,14 @@ pub(crate) async fn timed<T>(
     }
 }
 
+/// How long a lease acquire may have run on the server and still grant: four fifths
+/// of the client's statement `timeout`, the rest left for the answer's way back. Past
+/// it the client has given up (or is about to), and a grant it never hears of would
+/// keep the lock from everyone for a TTL.
+pub(crate) fn grant_budget(timeout: Duration) -> Duration {
+    timeout * 4 / 5
+}
+
 /// A statement that did not finish within the statement timeout.
 pub(crate) fn no_answer(backend: &'static str, timeout: Duration) -> Error {
     Error::connection(backend, format!("no answer within {timeout:?}"))

@@ -8,10 +8,12 @@
 //!   statement that waited cannot re-enter or renew a lease that ended meanwhile); the
 //!   fencing token is `nextval` of the sequence `<prefix>_fence`, drawn once the name's
 //!   row is locked (so it follows every token granted for the name before) and
-//!   committed by the statement that grants it. One
-//!   autocommitted statement per acquire and release, and renewals batched (one
-//!   statement per TTL for those waiting together): works through transaction poolers
-//!   (PgBouncer). Reentrant for the same owner.
+//!   committed by the statement that grants it. An acquire that waited for the row
+//!   longer than four fifths of `timeout` grants nothing: its client has given up (the
+//!   server does not notice), and a grant no one hears of would block the name for a
+//!   TTL. One autocommitted statement per acquire and release, and renewals batched
+//!   (one statement per TTL for those waiting together): works through transaction
+//!   poolers (PgBouncer). Reentrant for the same owner.
 //! - `mode=advisory`: a session `pg_try_advisory_lock(key)` on a pinned connection;
 //!   `key` is the first 8 bytes of SHA-256 of the name (`advisory_key=sha256`, default)
 //!   or the name itself read as a decimal int8 (`advisory_key=number`, to share locks
@@ -392,6 +394,7 @@ impl Dialect for Postgres {
                 .bind(req.owner.as_str())
                 .bind(micros(req.ttl))
                 .bind(metadata_json(&req.metadata))
+                .bind(micros(super::grant_budget(self.timeout)))
                 .fetch_optional(&mut c.conn),
         )
         .await?;

@@ -223,7 +223,10 @@ impl Statements {
                                 AND attname = 'xact' AND NOT attisdropped)"
             ),
             channel: format!("{p}_released"),
-            // Binds: 1 key, 2 name, 3 owner, 4 ttl µs, 5 metadata.
+            // Binds: 1 key, 2 name, 3 owner, 4 ttl µs, 5 metadata, 6 how long the
+            // statement may run and still grant (µs, below the client's timeout: a
+            // statement that waited for the row past it grants nothing, as its client
+            // has given up and would never know of the grant).
             // Granted: one row (fence, NULL). Busy: one row (NULL, remaining ms) or none.
             // An existing row is decided once it is locked, which the statement may
             // have waited for (or been preempted before) while other clients changed
@@ -250,7 +253,8 @@ impl Statements {
                                    excluded.owner
                             FROM (SELECT l.owner = $3 AND l.holds > 0
                                          AND l.expires_at > clock_timestamp() AS live) v)
-                    WHERE l.owner = $3 OR l.holds <= 0 OR l.expires_at + {delay} <= statement_timestamp()
+                    WHERE (l.owner = $3 OR l.holds <= 0 OR l.expires_at + {delay} <= statement_timestamp())
+                      AND clock_timestamp() < statement_timestamp() + $6 * interval '1 microsecond'
                     RETURNING l.fence)
                  SELECT fence, NULL::bigint FROM ins
                  UNION ALL
