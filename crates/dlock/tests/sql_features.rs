@@ -1173,22 +1173,173 @@ async fn mariadb_lease_reentry_is_judged_when_the_row_is_locked() {
     a_new_grant_after_the_ended_hold(waiting, ended_token, &url, &name).await;
 }
 
-/// PostgreSQL lease mode: an acquire whose client gave up — its statement waited for
-/// the lock's row past the client's `timeout` — grants nothing when the row comes
-/// free. The server does not see that the client went away, so the statement ran on
-/// and granted a lock no one knew of, kept from everyone for a TTL.
+/// An acquire whose client gave up — its statement waited for the lock's row past the
+/// client's `timeout` — grants nothing when the row comes free. The server does not
+/// see that the client went away, so the statement ran on and granted a lock no one
+/// knew of, kept from everyone for a TTL. `$server` starts the server, `$conn` is its
+/// sqlx connection type; `$lock_row` locks the name's row (binds the name) and
+/// `$waiting` counts the acquires that wait for a row lock.
+macro_rules! abandoned_acquire_grants_nothing {
+    ($server:ty, $conn:ty, $lock_row:expr, $waiting:expr) => {{
+        let Some(server) = <$server>::start() else {
+            return;
+        };
+        let url = server.url();
+        let (locker, name, _, _) = an_owner_whose_row_exists(&url).await;
+        let impatient = Locker::connect(&format!("{url}?timeout=1s"))
+            .await
+            .expect("connect");
+
+        let mut rival = <$conn>::connect(&url).await.expect("rival");
+        let mut tx = rival.begin().await.expect("begin");
+        let locked: i64 = sqlx::query_scalar($lock_row)
+            .bind(&name)
+            .fetch_one(&mut *tx)
+            .await
+            .expect("lock the row");
+        assert_eq!(locked, 1, "the lock's row");
+        let started = Instant::now();
+        match impatient.try_lock(&name).await {
+            Err(_) => {}
+            Ok(g) => panic!("an acquire answered while its row was locked: {g:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the client's 1 s timeout took {:?}",
+            started.elapsed()
+        );
+        // The abandoned statement still waits on the server.
+        let mut observer = <$conn>::connect(&url).await.expect("observer");
+        until_an_acquire_waits!(observer, $waiting);
+        tx.commit().await.expect("commit");
+        // Once it has run (bounded), the lock is free.
+        for _ in 0..500 {
+            let n: i64 = sqlx::query_scalar($waiting)
+                .fetch_one(&mut observer)
+                .await
+                .expect("count the waiting acquires");
+            if n == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            locker.try_lock(&name).await.expect("try_lock").is_some(),
+            "the lock was granted to a client that had given up"
+        );
+    }};
+}
+
+/// PostgreSQL lease mode: [`abandoned_acquire_grants_nothing`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lease_acquire_abandoned_by_its_client_grants_nothing() {
+    abandoned_acquire_grants_nothing!(
+        PgServer,
+        sqlx::PgConnection,
+        "SELECT count(*) FROM (SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE) r",
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'"
+    );
+}
+
+/// MariaDB lease mode: [`abandoned_acquire_grants_nothing`] (there the statement may
+/// wait for the row as long as `innodb_lock_wait_timeout`, 50 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_lease_acquire_abandoned_by_its_client_grants_nothing() {
+    abandoned_acquire_grants_nothing!(
+        MariaDbServer,
+        sqlx::MySqlConnection,
+        "SELECT COUNT(*) FROM (SELECT 1 FROM dlock_locks WHERE name = ? FOR UPDATE) r",
+        "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+    );
+}
+
+/// MariaDB lease mode on a server whose `sql_mode` has `SIMULTANEOUS_ASSIGNMENT` (every
+/// assignment of an update reads the row as it was): a grant over another owner's
+/// ended lease still gets a lease of its own. (An expiry assigned only when the owner
+/// column, read before the grant changed it, named the new holder kept the old, past
+/// expiry: a second owner was granted the lock at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_lease_grant_holds_under_simultaneous_assignment() {
+    let Some(maria) = MariaDbServer::start() else {
+        return;
+    };
+    let _ =
+        maria.sql("SET GLOBAL sql_mode = CONCAT(@@GLOBAL.sql_mode, ',SIMULTANEOUS_ASSIGNMENT')");
+    assert!(
+        maria
+            .sql("SELECT @@GLOBAL.sql_mode")
+            .contains("SIMULTANEOUS_ASSIGNMENT"),
+        "the server's sql_mode did not change"
+    );
+    let url = maria.url();
+    let (a, b) = (
+        Locker::connect(&url).await.expect("connect"),
+        Locker::connect(&url).await.expect("connect"),
+    );
+    for round in 0..3 {
+        let name = unique("simultaneous");
+        // The name's row holds another owner's lease, ended a second ago.
+        a.lock(&name)
+            .await
+            .expect("lock")
+            .release()
+            .await
+            .expect("release");
+        let mut conn = sqlx::MySqlConnection::connect(&url).await.expect("connect");
+        let ended = sqlx::query(
+            "UPDATE dlock_locks SET owner = 'gone', holds = 1,
+                    expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND
+             WHERE name = ?",
+        )
+        .bind(&name)
+        .execute(&mut conn)
+        .await
+        .expect("an ended lease");
+        assert_eq!(ended.rows_affected(), 1, "round {round}: the lock's row");
+        let held = a
+            .try_lock(&name)
+            .await
+            .expect("try_lock")
+            .unwrap_or_else(|| panic!("round {round}: an ended lease kept the lock"));
+        assert!(
+            b.try_lock(&name).await.expect("try_lock").is_none(),
+            "round {round}: a second owner was granted the lock held with token {}",
+            held.fencing_token()
+        );
+        held.release().await.expect("release");
+    }
+}
+
+/// PostgreSQL lease mode: a renewal that waited for the lock's row while the lease
+/// ended does not bring the ended lease back, also when the transaction it waited
+/// for only locked the row (a busy acquire, a `FOR UPDATE`): an UPDATE judges its
+/// condition when it reads the row and, after such a wait, goes on with that answer.
+/// The lease held by two holds of one owner stayed taken for the renewal's TTL after
+/// it had ended (and a re-entry of the owner would have taken the retired token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lease_renewal_is_judged_when_the_row_is_locked() {
     let Some(pg) = PgServer::start() else {
         return;
     };
     let url = pg.url();
-    let (locker, name, _, _) = an_owner_whose_row_exists(&url).await;
-    let impatient = Locker::connect(&format!("{url}?timeout=1s"))
-        .await
-        .expect("connect");
-
+    let locker = Locker::connect(&url).await.expect("connect");
+    let name = unique("late-renewal");
+    let once = dlock::LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .renewal(dlock::Renewal::Off);
+    let held = locker.lock_with(&name, &once).await.expect("lock");
+    // Another process of the owner holds it too (its hold count stays when this one's
+    // keeper gives its hold back after the loss).
     let mut rival = sqlx::PgConnection::connect(&url).await.expect("rival");
+    let reentered = sqlx::query("UPDATE dlock_locks SET holds = holds + 1 WHERE name = $1")
+        .bind(&name)
+        .execute(&mut rival)
+        .await
+        .expect("a second hold");
+    assert_eq!(reentered.rows_affected(), 1, "the lock's row");
+
+    // Another transaction locks the row and writes nothing.
     let mut tx = rival.begin().await.expect("begin");
     let locked: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE) r",
@@ -1198,35 +1349,29 @@ async fn postgres_lease_acquire_abandoned_by_its_client_grants_nothing() {
     .await
     .expect("lock the row");
     assert_eq!(locked, 1, "the lock's row");
-    let started = Instant::now();
-    match impatient.try_lock(&name).await {
-        Err(_) => {}
-        Ok(g) => panic!("an acquire answered while its row was locked: {g:?}"),
-    }
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "the client's 1 s timeout took {:?}",
-        started.elapsed()
-    );
-    // The abandoned statement still waits on the server.
     let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
     let waiting = "SELECT count(*) FROM pg_stat_activity
-                   WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'";
-    until_an_acquire_waits!(observer, waiting);
-    tx.commit().await.expect("commit");
-    // Once it has run (bounded), the lock is free.
-    for _ in 0..500 {
-        let n: i64 = sqlx::query_scalar(waiting)
-            .fetch_one(&mut observer)
-            .await
-            .expect("pg_stat_activity");
-        if n == 0 {
-            break;
+                   WHERE wait_event_type = 'Lock' AND query LIKE '%dlock_locks%'";
+    // A renewal asking for 5 s more starts while the lease is live and waits for the
+    // row; the lease (1 s) ends meanwhile.
+    let (_, ()) = tokio::join!(held.extend(Duration::from_secs(5)), async {
+        until_an_acquire_waits!(observer, waiting);
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        tx.commit().await.expect("commit");
+        for _ in 0..500 {
+            let n: i64 = sqlx::query_scalar(waiting)
+                .fetch_one(&mut observer)
+                .await
+                .expect("pg_stat_activity");
+            if n == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    });
+    let other = Locker::connect(&url).await.expect("connect");
     assert!(
-        locker.try_lock(&name).await.expect("try_lock").is_some(),
-        "the lock was granted to a client that had given up"
+        other.try_lock(&name).await.expect("try_lock").is_some(),
+        "a renewal that waited for the row brought the ended lease back"
     );
 }

@@ -6,6 +6,12 @@
 //!   (`LAST_INSERT_ID(fence + 1)`). One autocommitted single-row statement per acquire
 //!   and release, and renewals batched (one statement per TTL for those waiting
 //!   together; see [`statements`](self) for why that cannot deadlock). Reentrant for the same owner.
+//!   An acquire that waited for the name's row longer than four fifths of `timeout`
+//!   grants nothing (its client has given up, and the server does not notice). The
+//!   statements mean the same under MariaDB's `SIMULTANEOUS_ASSIGNMENT` sql_mode. A
+//!   server started with `--sysdate-is-now` judges the owner's own ended lease by the
+//!   statement's start: an acquire that waited for the row while that lease ended
+//!   may then re-enter it (same token) instead of taking a new grant.
 //! - `mode=named`: `GET_LOCK(name, 0)` on a pinned connection. The server-side name is
 //!   the 64 hex digits of SHA-256 of the dlock name: it fits MySQL's 64-character limit
 //!   (MariaDB allows 192) and no server's case folding or trailing-space rules can
@@ -218,7 +224,11 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
             })
         })
         .connect_lazy_with(connect.clone());
-    let mut sql = Statements::new(&opts.prefix, opts.lock_delay);
+    let mut sql = Statements::new(
+        &opts.prefix,
+        opts.lock_delay,
+        super::grant_budget(opts.timeout),
+    );
     if version.contains("MariaDB") {
         // The release clears the record on the pinned connection, whose lock waits give
         // up at once on MariaDB: a record write in flight (a failed attempt's) may hold

@@ -222,7 +222,13 @@ impl Statements {
 
     /// `lock_delay`: how long a lease that ran out without a release still blocks
     /// other owners (a number in the SQL text, not user input).
-    pub(super) fn new(p: &str, lock_delay: std::time::Duration) -> Self {
+    /// `grant_budget`: how long an acquire may have run on the server and still grant
+    /// ([`crate::sql::grant_budget`]; a number in the SQL text, not user input).
+    pub(super) fn new(
+        p: &str,
+        lock_delay: std::time::Duration,
+        grant_budget: std::time::Duration,
+    ) -> Self {
         // A hold is live iff expires_at > now. A lease left to run out blocks others
         // until expires_at + lock_delay; a release that drops the last hold sets
         // expires_at to now − lock_delay, so the lock is free at once and `holds <= 0`
@@ -236,11 +242,20 @@ impl Statements {
         // connection's `time_zone` is): the statement may have waited for the row
         // while that lease ended, and `UTC_TIMESTAMP(6)` is the statement's start.
         // Another owner's lease is judged by the start, which can only find it live
-        // longer. Evaluated once, into `@dlock_free`, by the first assignment: the
-        // clock must not give the later ones another answer. Binds the owner.
+        // longer. Neither a grant nor a re-entry is made by a statement that ran longer
+        // than `grant_budget` (it waited for the row, as long as
+        // `innodb_lock_wait_timeout` allows, past its client's timeout: a grant its
+        // client never hears of would keep the name taken for a TTL, or a re-entry
+        // keep it taken after the real hold's release). Both are evaluated once, into
+        // `@dlock_in` and `@dlock_free`, by the first assignment: the clock must not
+        // give the later ones another answer (and a variable a statement did not
+        // assign keeps the session's last value, so both are always assigned, the
+        // first as the left operand). Binds the owner.
+        let b = grant_budget.as_micros();
         let free = format!(
-            "(@dlock_free := (expires_at <= {NOW} - INTERVAL {d} MICROSECOND \
-                              OR (owner = ? AND expires_at <= SYSDATE(6))))"
+            "(@dlock_free := ((@dlock_in := (SYSDATE(6) < {NOW} + INTERVAL {b} MICROSECOND)) \
+                              AND (expires_at <= {NOW} - INTERVAL {d} MICROSECOND \
+                                   OR (owner = ? AND expires_at <= SYSDATE(6)))))"
         );
         Statements {
             shared: SharedStatements::new(p),
@@ -276,11 +291,14 @@ impl Statements {
                 "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()
                  AND TABLE_NAME IN ('{p}_locks', '{p}_holders', '{p}_rows')"
             ),
-            // Assignments run left to right and later ones see earlier results, so each
-            // condition reads only columns not yet assigned (owner last but one,
-            // expires_at last: by then `owner = me` means granted or re-entered), and
-            // whether the row is free is decided once, by the first. Not free and
-            // `owner = me` means a live hold of mine: re-entered, same token.
+            // Whether the row is free is decided once, by the first assignment. Not
+            // free, in time and `owner = me` means a live hold of mine: re-entered,
+            // same token. Every condition reads only columns no earlier assignment
+            // changed, or reads them where either value gives the same answer
+            // (`expires_at`: the owner is mine both before and after when it is not
+            // free), so the statement means the same whether assignments see earlier
+            // ones (MySQL, MariaDB's default) or all read the old row (MariaDB's
+            // `SIMULTANEOUS_ASSIGNMENT`).
             // Binds: key, name, owner, ttl µs, metadata, then owner (free), owner for
             // fence, owner for holds, metadata, name, owner, and owner, ttl µs for
             // expires_at. last_insert_id = fence when granted, else 0.
@@ -289,12 +307,13 @@ impl Statements {
                  VALUES (?, ?, ?, 1, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND, ?)
                  ON DUPLICATE KEY UPDATE
                     fence = IF({free}, LAST_INSERT_ID(fence + 1),
-                               IF(owner = ?, LAST_INSERT_ID(fence), fence + LAST_INSERT_ID(0))),
-                    holds = IF(@dlock_free, 1, IF(owner = ?, holds + 1, holds)),
+                               IF(@dlock_in AND owner = ?, LAST_INSERT_ID(fence), fence + LAST_INSERT_ID(0))),
+                    holds = IF(@dlock_free, 1, IF(@dlock_in AND owner = ?, holds + 1, holds)),
                     metadata = IF(@dlock_free, ?, metadata),
                     name = IF(@dlock_free, ?, name),
                     owner = IF(@dlock_free, ?, owner),
-                    expires_at = IF(owner = ?, GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND),
+                    expires_at = IF(@dlock_free OR (@dlock_in AND owner = ?),
+                                    GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND),
                                     expires_at)"
             ),
             // Never shortens the lease: other holds of the owner rely on it. A lease

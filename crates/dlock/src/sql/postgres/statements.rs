@@ -264,24 +264,40 @@ impl Statements {
                  WHERE l.lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
             // Never shortens the lease: other holds of the owner rely on it. A lease
-            // that has run out is not renewed, judged by the clock when the row is
-            // read (a renewal that started before the end and ran after it must not
-            // bring the ended lease back for a later re-entry of its owner).
+            // that has run out is not renewed, judged by the clock once the row is
+            // locked (a renewal that started before the end and ran after it must not
+            // bring the ended lease back for a later re-entry of its owner). A plain
+            // UPDATE cannot judge then: it evaluates its condition when it reads the
+            // row, and after waiting for a transaction that only locked the row (a
+            // busy acquire's ON CONFLICT, a `FOR UPDATE`) it goes on with that old
+            // answer. ON CONFLICT DO UPDATE locks the row first and evaluates its
+            // WHERE on it, so the renewal is an insert of the row's own copy (rows
+            // are never deleted: it always conflicts) whose conflict updates.
             // Binds: 1 key, 2 owner, 3 fence, 4 ttl µs.
             renew: format!(
-                "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, statement_timestamp() + $4 * interval '1 microsecond')
-                 WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
-                   AND expires_at > clock_timestamp()"
-            ),
-            // The same for several holds, in one statement. Binds: 1 keys, 2 owners,
-            // 3 fences (arrays, one element per hold), 4 ttl µs. Returns the renewed
-            // rows' key and fence (a grant renewed twice in the batch, once).
-            renew_many: format!(
-                "UPDATE {p}_locks l
+                "INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
+                 SELECT lock_key, name, owner, holds, fence, expires_at, metadata
+                 FROM {p}_locks WHERE lock_key = $1
+                 ON CONFLICT (lock_key) DO UPDATE
                  SET expires_at = GREATEST(l.expires_at, statement_timestamp() + $4 * interval '1 microsecond')
-                 FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS v(lock_key, owner, fence)
-                 WHERE l.lock_key = v.lock_key AND l.owner = v.owner AND l.fence = v.fence
-                   AND l.holds > 0 AND l.expires_at > clock_timestamp()
+                 WHERE l.owner = $2 AND l.fence = $3 AND l.holds > 0
+                   AND l.expires_at > clock_timestamp()"
+            ),
+            // The same for several holds, in one statement, the rows locked in key
+            // order (two batches never wait for each other crosswise). Binds: 1 keys,
+            // 2 owners, 3 fences (arrays, one element per hold), 4 ttl µs. Returns
+            // the renewed rows' key and fence (a grant renewed twice in the batch,
+            // once).
+            renew_many: format!(
+                "INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
+                 SELECT lock_key, name, owner, holds, fence, expires_at, metadata
+                 FROM {p}_locks WHERE lock_key = ANY($1::bytea[])
+                 ORDER BY lock_key
+                 ON CONFLICT (lock_key) DO UPDATE
+                 SET expires_at = GREATEST(l.expires_at, statement_timestamp() + $4 * interval '1 microsecond')
+                 WHERE l.holds > 0 AND l.expires_at > clock_timestamp()
+                   AND EXISTS (SELECT 1 FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS v(lock_key, owner, fence)
+                               WHERE v.lock_key = l.lock_key AND v.owner = l.owner AND v.fence = l.fence)
                  RETURNING l.lock_key, l.fence"
             ),
             // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. Notifies at the last hold.
