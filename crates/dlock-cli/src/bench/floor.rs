@@ -2,8 +2,10 @@
 //! cycle, through the same client crate, in the same run.
 //!
 //! - SQLite: two autocommitted writes on the same file with the same durability
-//!   settings — insert a lease row (name, 32-character owner, expiry), delete it if the
-//!   owner matches — the least any lease lock on SQLite must do.
+//!   settings — insert a lease row (name, 32-character owner, expiry) synced to disk
+//!   (`synchronous=FULL`, as a grant whose token must survive a power loss), delete it
+//!   if the owner matches, written but not synced (`NORMAL`, as dlock's release) — the
+//!   least any fenced lease lock on SQLite must do.
 //! - Redis: `SET NX PX` + `EVALSHA` compare-and-delete.
 //! - etcd: put a key attached to a lease (granted once) + delete it.
 //! - ZooKeeper: create an ephemeral node + delete it.
@@ -123,7 +125,8 @@ impl Floor {
             Floor::Sqlite { conn, owner } => {
                 let db = |e: sqlx::Error| Failure::internal(format!("floor: {e}"));
                 sqlx::query(
-                    "INSERT INTO dlock_bench_floor_counted (name, owner, expires) \
+                    "PRAGMA synchronous = FULL; \
+                     INSERT INTO dlock_bench_floor_counted (name, owner, expires) \
                      SELECT 'floor', ?1, ?2 \
                      WHERE (SELECT count(*) FROM dlock_bench_floor_counted WHERE name = 'floor') < ?3",
                 )
@@ -134,7 +137,8 @@ impl Floor {
                 .await
                 .map_err(db)?;
                 sqlx::query(
-                    "DELETE FROM dlock_bench_floor_counted WHERE name = 'floor' AND owner = ?1",
+                    "PRAGMA synchronous = NORMAL; \
+                     DELETE FROM dlock_bench_floor_counted WHERE name = 'floor' AND owner = ?1",
                 )
                 .bind(owner.as_str())
                 .execute(&mut **conn)
@@ -207,18 +211,22 @@ impl Floor {
             Floor::Sqlite { conn, owner } => {
                 let db = |e: sqlx::Error| Failure::internal(format!("floor: {e}"));
                 sqlx::query(
-                    "INSERT INTO dlock_bench_floor (name, owner, expires) VALUES ('floor', ?1, ?2)",
+                    "PRAGMA synchronous = FULL; \
+                     INSERT INTO dlock_bench_floor (name, owner, expires) VALUES ('floor', ?1, ?2)",
                 )
                 .bind(owner.as_str())
                 .bind(i)
                 .execute(&mut **conn)
                 .await
                 .map_err(db)?;
-                sqlx::query("DELETE FROM dlock_bench_floor WHERE name = 'floor' AND owner = ?1")
-                    .bind(owner.as_str())
-                    .execute(&mut **conn)
-                    .await
-                    .map_err(db)?;
+                sqlx::query(
+                    "PRAGMA synchronous = NORMAL; \
+                     DELETE FROM dlock_bench_floor WHERE name = 'floor' AND owner = ?1",
+                )
+                .bind(owner.as_str())
+                .execute(&mut **conn)
+                .await
+                .map_err(db)?;
                 Ok(())
             }
             Floor::Redis {

@@ -30,6 +30,12 @@
 //! # Writes
 //! An unfair acquisition and a release are one autocommitted statement each; fair
 //! acquisitions and queue changes are short `BEGIN IMMEDIATE` transactions (WAL mode).
+//! With `synchronous=full` (the default) every commit that grants a token is fsynced
+//! (the statement or transaction sets the level itself); a release and a batch of
+//! renewals are not: they
+//! are in the WAL, seen by every process, when they return, and only a power loss
+//! could undo them — which leaves a lock taken until its lease ends and never moves a
+//! token (the next grant's fsync makes them durable too).
 //! Renewals are batched: those waiting when the writer connection is free (up to 256)
 //! are one transaction, so one commit (one fsync) renews many leases. SQLite's busy
 //! handler is switched off and dlock retries `SQLITE_BUSY` itself after 50–500 µs,
@@ -85,7 +91,7 @@ use clock::{Now, read_boot_id};
 use renewer::{Lease, Renewer};
 use shared::SharedHold;
 pub use statements::SCHEMA;
-use statements::{Hold, Outcome, Upkeep};
+use statements::{Hold, Outcome, SyncLevel, Upkeep};
 
 /// Give up retrying a busy database after this long.
 const BUSY_LIMIT: Duration = Duration::from_secs(30);
@@ -185,7 +191,13 @@ impl Op<'_> {
         }
     }
 
-    async fn run(&self, conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<Done> {
+    /// `level`: how a commit that grants reaches the disk.
+    async fn run(
+        &self,
+        conn: &mut SqliteConnection,
+        now: &Now,
+        level: SyncLevel,
+    ) -> sqlx::Result<Done> {
         Ok(match self {
             Op::Schema => {
                 statements::create_schema(conn).await?;
@@ -206,7 +218,9 @@ impl Op<'_> {
                 req,
                 metadata,
                 delay,
-            } => Done::Acquired(statements::acquire(conn, req, now, metadata, *delay).await?),
+            } => {
+                Done::Acquired(statements::acquire(conn, req, now, metadata, *delay, level).await?)
+            }
             Op::Release { hold } => {
                 // Nothing to drop (already released, or lost) is fine too.
                 statements::release(conn, hold).await?;
@@ -386,6 +400,16 @@ impl Inner {
         Now::read(&self.boot_id)
     }
 
+    /// How a commit that grants reaches the disk: synced (`synchronous=full`, the
+    /// default: durable tokens) or not (`synchronous=normal`).
+    fn grant_level(&self) -> SyncLevel {
+        if self.durable {
+            SyncLevel::Full
+        } else {
+            SyncLevel::Normal
+        }
+    }
+
     /// Run `op` (in a `BEGIN IMMEDIATE` transaction when it needs one), retrying while
     /// the database is busy.
     async fn run(&self, op: Op<'_>) -> Result<Done> {
@@ -394,14 +418,14 @@ impl Inner {
         loop {
             let outcome = if op.needs_transaction() {
                 async {
-                    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-                    let done = op.run(&mut tx, &self.now()).await?;
+                    let mut tx = conn.begin_with(self.grant_level().begin()).await?;
+                    let done = op.run(&mut tx, &self.now(), self.grant_level()).await?;
                     tx.commit().await?;
                     Ok::<Done, sqlx::Error>(done)
                 }
                 .await
             } else {
-                op.run(&mut conn, &self.now()).await
+                op.run(&mut conn, &self.now(), self.grant_level()).await
             };
             match outcome {
                 Ok(done) => return Ok(done),
@@ -812,6 +836,55 @@ mod tests {
         match b.try_acquire(&request(name)).await.expect("acquire") {
             Attempt::Acquired(h) => h,
             Attempt::Busy { .. } => panic!("{name} busy"),
+        }
+    }
+
+    /// A grant commits at `synchronous=FULL` whatever the statement before it left on
+    /// the writer connection (a release lowers it to NORMAL for itself): unfair grants
+    /// set the level in their own call, transactions (fair grants) in their `BEGIN`.
+    /// With `synchronous=normal` in the URL, grants stay at NORMAL.
+    #[tokio::test]
+    async fn grants_commit_synced_and_releases_do_not() {
+        let dir = tempfile::tempdir().expect("dir");
+        for (query, grants) in [("", 2), ("?synchronous=normal", 1)] {
+            let url = format!("sqlite://{}/s{grants}.db{query}", dir.path().display());
+            let b = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
+                .await
+                .expect("open");
+            let level = || async {
+                sqlx::query_scalar::<_, i64>("PRAGMA synchronous")
+                    .fetch_one(&b.inner.writer)
+                    .await
+                    .expect("level")
+            };
+            for round in 0..2 {
+                let h = grant(&b, "x").await;
+                assert_eq!(level().await, grants, "{url} round {round}: unfair grant");
+                h.release().await.expect("release");
+                assert_eq!(level().await, 1, "{url} round {round}: release");
+                let mut fair = request("y");
+                fair.fair = true;
+                let Attempt::Acquired(h) = b.try_acquire(&fair).await.expect("acquire") else {
+                    panic!("y busy");
+                };
+                assert_eq!(level().await, grants, "{url} round {round}: fair grant");
+                h.release().await.expect("release");
+            }
+            // A release of a hold already gone drops nothing, and says so.
+            let h = grant(&b, "z").await;
+            let hold = statements::Hold {
+                name: "z",
+                owner: "someone else",
+                fence: i64::try_from(h.fencing_token()).expect("fence"),
+            };
+            let mut conn = b.inner.writer.acquire().await.expect("writer");
+            assert!(
+                !statements::release(&mut conn, &hold)
+                    .await
+                    .expect("release")
+            );
+            drop(conn);
+            h.release().await.expect("release");
         }
     }
 

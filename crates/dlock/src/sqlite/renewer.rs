@@ -1,9 +1,11 @@
 //! Batched renewals: every held lease's keeper asks here, and one task renews whatever
 //! requests are waiting when it gets the writer connection in one `BEGIN IMMEDIATE`
-//! transaction. A commit is an fsync (`synchronous=full`), and one file takes a few
-//! thousand of them a second: a lease renewed by a commit of its own would cap one
-//! machine at a few ten thousand held locks, all of that file's write capacity spent on
-//! renewals. Batched, a hundred thousand cost a few commits per tick.
+//! transaction. One file takes a few thousand commits a second: a lease renewed by a
+//! commit of its own would cap one machine at a few ten thousand held locks, all of that
+//! file's write capacity spent on renewals. Batched, a hundred thousand cost a few
+//! commits per tick. A renewal needs no fsync (it moves no token, and the power loss
+//! that could undo it ends every holder on this machine): a batch commits at
+//! `synchronous=NORMAL`, a lone renewal at the level the connection was left at.
 //!
 //! Each request is its own `UPDATE`, owner- and token-checked exactly as alone, and
 //! answers for itself (a lease no longer held answers `false`, the others are renewed
@@ -26,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::clock::Now;
 use super::shared::{self, SharedHold};
-use super::statements::{self, Hold};
+use super::statements::{self, Hold, SyncLevel};
 use super::{BusyBackoff, db_err};
 use crate::backend::AcquisitionId;
 use crate::error::{Error, Result};
@@ -200,7 +202,7 @@ async fn renew_all(
         let now = Now::read(boot_id);
         return Ok(vec![one.lease.renew(conn, one.ttl, &now).await?]);
     }
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = conn.begin_with(SyncLevel::Normal.begin()).await?;
     // Read after the write lock is ours: later than every request's sending.
     let now = Now::read(boot_id);
     let mut flags = Vec::with_capacity(batch.len());

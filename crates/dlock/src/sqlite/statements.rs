@@ -72,7 +72,9 @@ const COLLECT_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// moment after it ended (a re-entry with the ended hold's token, where PostgreSQL
 /// and MySQL read their clock after locking the row); another owner's lease it can
 /// only find live longer.
-const GRANT: &str = "\
+macro_rules! grant_sql {
+    () => {
+        "\
 INSERT INTO dlock_locks (name, owner, holds, fence, boot_id, expires_boot_ms, expires_wall_ms, metadata)
 VALUES (?1, ?2, 1, (SELECT value FROM dlock_counters WHERE name = 'fence') + 1, ?3, ?4, ?5, ?6)
 ON CONFLICT (name) DO UPDATE SET
@@ -89,7 +91,40 @@ ON CONFLICT (name) DO UPDATE SET
     owner = ?2,
     boot_id = ?3
 WHERE owner = ?2 OR holds <= 0 OR NOT ((boot_id = ?3 AND expires_boot_ms > ?9) OR (boot_id <> ?3 AND expires_wall_ms > ?10))
-RETURNING fence";
+RETURNING fence"
+    };
+}
+
+/// [`grant_sql`] inside a transaction, whose `BEGIN` set the level ([`SyncLevel::begin`]).
+const GRANT: &str = grant_sql!();
+
+/// [`grant_sql`] autocommitted, with the level its commit syncs at set in the same call.
+const GRANT_FULL: &str = concat!("PRAGMA synchronous = FULL; ", grant_sql!());
+const GRANT_NORMAL: &str = concat!("PRAGMA synchronous = NORMAL; ", grant_sql!());
+
+/// How a commit reaches the disk. Every statement that commits a grant names its level
+/// in the same call (an autocommitted one as a `PRAGMA` before it, a transaction in its
+/// `BEGIN`), so no grant depends on the level an earlier statement left on the
+/// connection: a release lowers it for itself ([`RELEASE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SyncLevel {
+    /// `synchronous=FULL`: the WAL is fsynced at the commit (durable tokens).
+    Full,
+    /// `synchronous=NORMAL`: written to the WAL (every process sees it at once), fsynced
+    /// with a later `FULL` commit or checkpoint; a power loss may undo it.
+    Normal,
+}
+
+impl SyncLevel {
+    /// The `BEGIN IMMEDIATE` of a transaction that commits at this level (the level
+    /// cannot change inside a transaction, so it is set just before).
+    pub(super) fn begin(self) -> &'static str {
+        match self {
+            SyncLevel::Full => "PRAGMA synchronous = FULL; BEGIN IMMEDIATE",
+            SyncLevel::Normal => "PRAGMA synchronous = NORMAL; BEGIN IMMEDIATE",
+        }
+    }
+}
 
 /// Binds: 1 name.
 const READ: &str = "SELECT owner, holds, fence, boot_id, expires_boot_ms, expires_wall_ms, metadata \
@@ -105,9 +140,18 @@ UPDATE dlock_locks SET
 WHERE name = ?6 AND owner = ?7 AND fence = ?8 AND holds > 0
   AND ((boot_id = ?1 AND expires_boot_ms > ?2) OR (boot_id <> ?1 AND expires_wall_ms > ?3))";
 
-/// Drop one hold. Binds: 1 name, 2 owner, 3 fence.
-const RELEASE: &str = "UPDATE dlock_locks SET holds = holds - 1 \
-                       WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND holds > 0";
+/// Drop one hold. Binds: 1 name, 2 owner, 3 fence. Returns a row when a hold was
+/// dropped.
+///
+/// Committed without an fsync (`synchronous=NORMAL` for this statement): the release is
+/// in the WAL before it returns, so every process sees the lock free at once, and
+/// only a power loss can undo it — the lease then frees the lock (a lost release never
+/// touches a token), and the next grant's fsync makes it durable with it. A release
+/// costs no disk flush, so an uncontended cycle costs one instead of two.
+const RELEASE: &str = "PRAGMA synchronous = NORMAL; \
+                       UPDATE dlock_locks SET holds = holds - 1 \
+                       WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND holds > 0 \
+                       RETURNING holds";
 
 /// Binds: 1 name, 2 queue entry ([`queue_entry`]), 3 boot id, 4 entry boot expiry,
 /// 5 entry wall expiry.
@@ -283,16 +327,24 @@ fn busy(row: Option<&LockRow>, delay: Duration) -> Outcome {
     )
 }
 
+/// `autocommit`: the level of a grant that is its own transaction; `None` inside a
+/// transaction (its `BEGIN` set the level).
 async fn grant(
     conn: &mut SqliteConnection,
     req: &AcquireRequest,
     now: &Now,
     metadata: &str,
     delay: Duration,
+    autocommit: Option<SyncLevel>,
 ) -> sqlx::Result<Option<u64>> {
     let (eb, ew) = now.after(req.ttl);
     let (db, dw) = now.before(delay);
-    let fence: Option<i64> = sqlx::query_scalar(GRANT)
+    let sql = match autocommit {
+        None => GRANT,
+        Some(SyncLevel::Full) => GRANT_FULL,
+        Some(SyncLevel::Normal) => GRANT_NORMAL,
+    };
+    let fence: Option<i64> = sqlx::query_scalar(sql)
         .bind(req.name.as_str())
         .bind(req.owner.as_str())
         .bind(&*now.boot_id)
@@ -308,16 +360,17 @@ async fn grant(
     Ok(fence.map(|f| u64::try_from(f).unwrap_or(0)))
 }
 
-/// Unfair acquisition: one autocommitted statement when the lock is free; a read for
-/// the holder's remaining lease when it is not.
+/// Unfair acquisition: one autocommitted statement when the lock is free (its commit
+/// synced at `level`); a read for the holder's remaining lease when it is not.
 pub(super) async fn acquire(
     conn: &mut SqliteConnection,
     req: &AcquireRequest,
     now: &Now,
     metadata: &str,
     delay: Duration,
+    level: SyncLevel,
 ) -> sqlx::Result<Outcome> {
-    if let Some(fence) = grant(conn, req, now, metadata, delay).await? {
+    if let Some(fence) = grant(conn, req, now, metadata, delay, Some(level)).await? {
         return Ok(Outcome::Granted(fence));
     }
     let row = read_lock(conn, req.name.as_str(), now).await?;
@@ -358,7 +411,7 @@ pub(super) async fn acquire_fair(
             return Ok(Outcome::Busy(None));
         }
     }
-    let Some(fence) = grant(conn, req, now, metadata, delay).await? else {
+    let Some(fence) = grant(conn, req, now, metadata, delay, None).await? else {
         return Ok(busy(row.as_ref(), delay));
     };
     leave_queue(conn, name, &queue_entry(req)).await?;
@@ -472,13 +525,15 @@ pub(super) async fn renew(
 
 /// Drop one hold; `true` when this grant still had one.
 pub(super) async fn release(conn: &mut SqliteConnection, hold: &Hold<'_>) -> sqlx::Result<bool> {
-    let done = sqlx::query(RELEASE)
+    // Counted by the returned row: a statement's "changes" after the PRAGMA before it
+    // would count the connection's previous write too.
+    let left: Option<i64> = sqlx::query_scalar(RELEASE)
         .bind(hold.name)
         .bind(hold.owner)
         .bind(hold.fence)
-        .execute(&mut *conn)
+        .fetch_optional(&mut *conn)
         .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(left.is_some())
 }
 
 /// One grant of a lock, as the statements see it.

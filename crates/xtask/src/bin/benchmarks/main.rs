@@ -755,8 +755,8 @@ fn main() {
          the peers) is pinned to CPU 1 with `taskset`; {servers}. Every ratio is against a floor measured by the same client \
          in the same run: the bare commands one lock cycle needs (Redis `SET NX PX` + \
          `EVALSHA` compare-and-delete; etcd put-with-lease + delete; ZooKeeper create \
-         ephemeral + delete; SQL the bare insert/delete statements of the mode; SQLite the \
-         bare transaction; Redlock: the same cycles on one of its nodes). Where dlock's \
+         ephemeral + delete; SQL the bare insert/delete statements of the mode; SQLite a synced \
+         insert and an unsynced delete, as dlock's grant and release; Redlock: the same cycles on one of its nodes). Where dlock's \
          layout needs more than that floor for a fenced lock, `dlock bench` also measures \
          that *limit* against dlock in a second alternating run: ZooKeeper's lock recipe \
          (create an ephemeral sequential node, list its siblings, delete it — a fencing \
