@@ -888,6 +888,57 @@ mod tests {
         }
     }
 
+    /// A grant or a release whose commit fails is an error, never a grant (or a
+    /// release) that was rolled back: an autocommitted statement commits after its
+    /// RETURNING row. The commit is made to fail by a deferred foreign key that a
+    /// trigger on the locks table breaks (checked only at the commit), standing in for
+    /// a full disk or an I/O error there.
+    #[tokio::test]
+    async fn a_write_whose_commit_fails_is_an_error() {
+        let dir = tempfile::tempdir().expect("dir");
+        let url = format!("sqlite://{}/f.db", dir.path().display());
+        let b = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open");
+        let held = grant(&b, "held").await;
+        sqlx::raw_sql(
+            "CREATE TABLE t_parent (id INTEGER PRIMARY KEY);
+             CREATE TABLE t_child (parent INTEGER REFERENCES t_parent (id)
+                                   DEFERRABLE INITIALLY DEFERRED);
+             CREATE TRIGGER t_fail_insert AFTER INSERT ON dlock_locks
+                 BEGIN INSERT INTO t_child VALUES (42); END;
+             CREATE TRIGGER t_fail_update AFTER UPDATE ON dlock_locks
+                 BEGIN INSERT INTO t_child VALUES (42); END;",
+        )
+        .execute(&b.inner.writer)
+        .await
+        .expect("triggers");
+        for name in ["new", "held"] {
+            match b.try_acquire(&request(name)).await {
+                Err(_) => {}
+                Ok(Attempt::Acquired(h)) => panic!(
+                    "{name}: a grant whose commit failed was reported (token {})",
+                    h.fencing_token()
+                ),
+                Ok(Attempt::Busy { .. }) if name == "held" => {}
+                Ok(Attempt::Busy { .. }) => panic!("{name}: busy"),
+            }
+        }
+        assert!(
+            held.release().await.is_err(),
+            "a release whose commit failed was reported"
+        );
+        let rows: Vec<(String, i64)> = sqlx::query_as("SELECT name, holds FROM dlock_locks")
+            .fetch_all(&b.inner.reader)
+            .await
+            .expect("rows");
+        assert_eq!(
+            rows,
+            vec![("held".to_owned(), 1)],
+            "what the failed commits left"
+        );
+    }
+
     /// Collected rows fold their fence into the floor, so a name's tokens keep
     /// increasing after its row was collected.
     #[tokio::test]

@@ -344,7 +344,12 @@ async fn grant(
         Some(SyncLevel::Full) => GRANT_FULL,
         Some(SyncLevel::Normal) => GRANT_NORMAL,
     };
-    let fence: Option<i64> = sqlx::query_scalar(sql)
+    // Every row fetched, so the statement runs to its end: an autocommitted one commits
+    // after its RETURNING row, and a commit that fails (a full disk, an I/O error, a
+    // deferred constraint) must come back as the error, not as the row of a grant
+    // that was rolled back (stopping at the first row leaves the commit to the
+    // statement's reset, whose error no one sees).
+    let fences: Vec<i64> = sqlx::query_scalar(sql)
         .bind(req.name.as_str())
         .bind(req.owner.as_str())
         .bind(&*now.boot_id)
@@ -355,9 +360,9 @@ async fn grant(
         .bind(now.wall_ms)
         .bind(db)
         .bind(dw)
-        .fetch_optional(&mut *conn)
+        .fetch_all(&mut *conn)
         .await?;
-    Ok(fence.map(|f| u64::try_from(f).unwrap_or(0)))
+    Ok(fences.first().map(|f| u64::try_from(*f).unwrap_or(0)))
 }
 
 /// Unfair acquisition: one autocommitted statement when the lock is free (its commit
@@ -526,14 +531,15 @@ pub(super) async fn renew(
 /// Drop one hold; `true` when this grant still had one.
 pub(super) async fn release(conn: &mut SqliteConnection, hold: &Hold<'_>) -> sqlx::Result<bool> {
     // Counted by the returned row: a statement's "changes" after the PRAGMA before it
-    // would count the connection's previous write too.
-    let left: Option<i64> = sqlx::query_scalar(RELEASE)
+    // would count the connection's previous write too. Every row fetched, so a commit
+    // that fails is the error (as a grant's).
+    let left: Vec<i64> = sqlx::query_scalar(RELEASE)
         .bind(hold.name)
         .bind(hold.owner)
         .bind(hold.fence)
-        .fetch_optional(&mut *conn)
+        .fetch_all(&mut *conn)
         .await?;
-    Ok(left.is_some())
+    Ok(!left.is_empty())
 }
 
 /// One grant of a lock, as the statements see it.
