@@ -51,8 +51,10 @@ fn main() {
         }
     });
     // Do not wait for background tasks (a dropped guard's release is best effort and
-    // the lease covers it); every path that matters released explicitly.
-    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    // the lease covers it); every path that matters released explicitly. Spawned tasks
+    // are dropped at any shutdown; this one does not wait for idle blocking threads
+    // either (up to 1.5 ms of a `dlock run` measured here).
+    runtime.shutdown_background();
     match code {
         Ok(code) => std::process::exit(code),
         Err(failure) => exit::fail(&failure),
