@@ -1375,3 +1375,46 @@ async fn postgres_lease_renewal_is_judged_when_the_row_is_locked() {
         "a renewal that waited for the row brought the ended lease back"
     );
 }
+
+/// PostgreSQL lease mode: a renewal whose row is deleted by hand while it waits for
+/// it renews nothing (the renewal is an insert whose conflict updates: with the row
+/// gone, what it inserts is a free row, not a renewed lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lease_renewal_of_a_deleted_row_renews_nothing() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let url = pg.url();
+    let locker = Locker::connect(&url).await.expect("connect");
+    let name = unique("deleted-renewal");
+    let once = dlock::LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .renewal(dlock::Renewal::Off);
+    let held = locker.lock_with(&name, &once).await.expect("lock");
+
+    // An operator deletes the row; the renewal starts before that commits.
+    let mut rival = sqlx::PgConnection::connect(&url).await.expect("rival");
+    let mut tx = rival.begin().await.expect("begin");
+    let deleted = sqlx::query("DELETE FROM dlock_locks WHERE name = $1")
+        .bind(&name)
+        .execute(&mut *tx)
+        .await
+        .expect("delete");
+    assert_eq!(deleted.rows_affected(), 1, "the lock's row");
+    let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE wait_event_type = 'Lock' AND query LIKE '%dlock_locks%'";
+    let (renewed, ()) = tokio::join!(held.extend(Duration::from_secs(5)), async {
+        until_an_acquire_waits!(observer, waiting);
+        tx.commit().await.expect("commit");
+    });
+    assert!(
+        renewed.is_err(),
+        "a renewal of a deleted row was reported renewed"
+    );
+    let other = Locker::connect(&url).await.expect("connect");
+    assert!(
+        other.try_lock(&name).await.expect("try_lock").is_some(),
+        "the row a renewal put back holds the lock"
+    );
+}

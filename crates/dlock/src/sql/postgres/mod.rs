@@ -410,19 +410,19 @@ impl Dialect for Postgres {
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {
         let mut c = self.own_conn().await?;
-        let done = timed(
+        let renewed = timed(
             BACKEND,
             self.timeout,
-            sqlx::query(AssertSqlSafe(&*self.sql.renew))
+            sqlx::query_scalar::<_, i32>(AssertSqlSafe(&*self.sql.renew))
                 .bind(&hold.key[..])
                 .bind(hold.owner.as_str())
                 .bind(fence_i64(hold.fence))
                 .bind(micros(ttl))
-                .execute(&mut c.conn),
+                .fetch_optional(&mut c.conn),
         )
         .await?;
         self.own.put(c);
-        Ok(done.rows_affected() > 0)
+        Ok(renewed.is_some())
     }
 
     async fn lease_renew_many(&self, holds: &[Arc<Hold>], ttl: Duration) -> Result<Vec<bool>> {

@@ -183,6 +183,9 @@ impl Statements {
     /// other owners (a number in the SQL text, not user input).
     pub(super) fn new(p: &str, lock_delay: std::time::Duration) -> Self {
         let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
+        // What a renewal inserts should the row be gone: the row free (no hold, its
+        // lease ended), keeping its token.
+        let free_copy = "lock_key, name, owner, 0, fence, '-infinity'::timestamptz, metadata";
         Statements {
             shared: SharedStatements::new(p),
             schema: format!(
@@ -271,17 +274,21 @@ impl Statements {
             // row, and after waiting for a transaction that only locked the row (a
             // busy acquire's ON CONFLICT, a `FOR UPDATE`) it goes on with that old
             // answer. ON CONFLICT DO UPDATE locks the row first and evaluates its
-            // WHERE on it, so the renewal is an insert of the row's own copy (rows
-            // are never deleted: it always conflicts) whose conflict updates.
-            // Binds: 1 key, 2 owner, 3 fence, 4 ttl µs.
+            // WHERE on it, so the renewal is an insert of a copy of the row (dlock
+            // never deletes rows: it conflicts) whose conflict updates. Should the row
+            // be gone (deleted by hand) the copy that lands is a free one — no hold,
+            // an ended lease — and renews nothing: only rows holding count.
+            // Binds: 1 key, 2 owner, 3 fence, 4 ttl µs. A row (holds) when renewed.
             renew: format!(
-                "INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
-                 SELECT lock_key, name, owner, holds, fence, expires_at, metadata
-                 FROM {p}_locks WHERE lock_key = $1
-                 ON CONFLICT (lock_key) DO UPDATE
-                 SET expires_at = GREATEST(l.expires_at, statement_timestamp() + $4 * interval '1 microsecond')
-                 WHERE l.owner = $2 AND l.fence = $3 AND l.holds > 0
-                   AND l.expires_at > clock_timestamp()"
+                "WITH r AS (
+                    INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
+                    SELECT {free_copy} FROM {p}_locks WHERE lock_key = $1
+                    ON CONFLICT (lock_key) DO UPDATE
+                    SET expires_at = GREATEST(l.expires_at, statement_timestamp() + $4 * interval '1 microsecond')
+                    WHERE l.owner = $2 AND l.fence = $3 AND l.holds > 0
+                      AND l.expires_at > clock_timestamp()
+                    RETURNING l.holds)
+                 SELECT holds FROM r WHERE holds > 0"
             ),
             // The same for several holds, in one statement, the rows locked in key
             // order (two batches never wait for each other crosswise). Binds: 1 keys,
@@ -289,16 +296,17 @@ impl Statements {
             // the renewed rows' key and fence (a grant renewed twice in the batch,
             // once).
             renew_many: format!(
-                "INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
-                 SELECT lock_key, name, owner, holds, fence, expires_at, metadata
-                 FROM {p}_locks WHERE lock_key = ANY($1::bytea[])
-                 ORDER BY lock_key
-                 ON CONFLICT (lock_key) DO UPDATE
-                 SET expires_at = GREATEST(l.expires_at, statement_timestamp() + $4 * interval '1 microsecond')
-                 WHERE l.holds > 0 AND l.expires_at > clock_timestamp()
-                   AND EXISTS (SELECT 1 FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS v(lock_key, owner, fence)
-                               WHERE v.lock_key = l.lock_key AND v.owner = l.owner AND v.fence = l.fence)
-                 RETURNING l.lock_key, l.fence"
+                "WITH r AS (
+                    INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
+                    SELECT {free_copy} FROM {p}_locks WHERE lock_key = ANY($1::bytea[])
+                    ORDER BY lock_key
+                    ON CONFLICT (lock_key) DO UPDATE
+                    SET expires_at = GREATEST(l.expires_at, statement_timestamp() + $4 * interval '1 microsecond')
+                    WHERE l.holds > 0 AND l.expires_at > clock_timestamp()
+                      AND EXISTS (SELECT 1 FROM unnest($1::bytea[], $2::text[], $3::bigint[]) AS v(lock_key, owner, fence)
+                                  WHERE v.lock_key = l.lock_key AND v.owner = l.owner AND v.fence = l.fence)
+                    RETURNING l.lock_key, l.fence, l.holds)
+                 SELECT lock_key, fence FROM r WHERE holds > 0"
             ),
             // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. Notifies at the last hold.
             break_lease: format!(
