@@ -7,11 +7,15 @@
 //!   and release, and renewals batched (one statement per TTL for those waiting
 //!   together; see [`statements`](self) for why that cannot deadlock). Reentrant for the same owner.
 //!   An acquire that waited for the name's row longer than four fifths of `timeout`
-//!   grants nothing (its client has given up, and the server does not notice). The
-//!   statements mean the same under MariaDB's `SIMULTANEOUS_ASSIGNMENT` sql_mode. A
-//!   server started with `--sysdate-is-now` judges the owner's own ended lease by the
-//!   statement's start: an acquire that waited for the row while that lease ended
-//!   may then re-enter it (same token) instead of taking a new grant.
+//!   grants nothing (its client has given up, and the server does not notice) — except
+//!   the very first acquire of a name, whose insert of the row has its values
+//!   computed before it waits (for another client's uncommitted insert of the same
+//!   key, or a metadata lock such as a DDL's): abandoned past `timeout`, it may grant
+//!   a lease no one holds, which keeps the name taken for a TTL. The statements mean
+//!   the same under MariaDB's `SIMULTANEOUS_ASSIGNMENT` sql_mode. A server started
+//!   with `--sysdate-is-now` judges by the statement's start instead: an acquire that
+//!   waited for the row while its owner's lease ended may re-enter it (same token)
+//!   instead of taking a new grant, and the budget above is not kept.
 //! - `mode=named`: `GET_LOCK(name, 0)` on a pinned connection. The server-side name is
 //!   the 64 hex digits of SHA-256 of the dlock name: it fits MySQL's 64-character limit
 //!   (MariaDB allows 192) and no server's case folding or trailing-space rules can
