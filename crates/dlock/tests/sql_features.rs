@@ -1412,7 +1412,35 @@ async fn postgres_lease_renewal_of_a_deleted_row_renews_nothing() {
         renewed.is_err(),
         "a renewal of a deleted row was reported renewed"
     );
+
+    // An acquire that started on that row and found it taken meanwhile answers busy
+    // (its wait is computed from the row it started on, so that row's expiry must be
+    // a finite time).
     let other = Locker::connect(&url).await.expect("connect");
+    let mut tx = rival.begin().await.expect("begin");
+    let taken = sqlx::query(
+        "UPDATE dlock_locks SET owner = 'rival', holds = 1,
+                expires_at = statement_timestamp() + interval '1 minute'
+         WHERE name = $1",
+    )
+    .bind(&name)
+    .execute(&mut *tx)
+    .await
+    .expect("the rival's grant");
+    assert_eq!(taken.rows_affected(), 1, "the row the renewal put back");
+    let (answer, ()) = tokio::join!(other.try_lock(&name), async {
+        until_an_acquire_waits!(observer, waiting);
+        tx.commit().await.expect("commit");
+    });
+    assert!(
+        answer.expect("a busy answer, not an error").is_none(),
+        "granted while the rival held it"
+    );
+    sqlx::query("UPDATE dlock_locks SET holds = 0 WHERE name = $1")
+        .bind(&name)
+        .execute(&mut rival)
+        .await
+        .expect("the rival's release");
     assert!(
         other.try_lock(&name).await.expect("try_lock").is_some(),
         "the row a renewal put back holds the lock"

@@ -183,9 +183,11 @@ impl Statements {
     /// other owners (a number in the SQL text, not user input).
     pub(super) fn new(p: &str, lock_delay: std::time::Duration) -> Self {
         let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
-        // What a renewal inserts should the row be gone: the row free (no hold, its
-        // lease ended), keeping its token.
-        let free_copy = "lock_key, name, owner, 0, fence, '-infinity'::timestamptz, metadata";
+        // What a renewal inserts should the row be gone (deleted by hand: the name
+        // shows again, free): the row free (no hold, its lease ended — at a finite
+        // time, which a busy acquire subtracts from), keeping its token.
+        let free_copy =
+            "lock_key, name, owner, 0, fence, LEAST(expires_at, statement_timestamp()), metadata";
         Statements {
             shared: SharedStatements::new(p),
             schema: format!(
