@@ -870,7 +870,7 @@ mod tests {
                 assert_eq!(level().await, grants, "{url} round {round}: fair grant");
                 h.release().await.expect("release");
             }
-            // A release of a hold already gone drops nothing, and says so.
+            // A release of a hold already gone drops nothing.
             let h = grant(&b, "z").await;
             let hold = statements::Hold {
                 name: "z",
@@ -878,18 +878,23 @@ mod tests {
                 fence: i64::try_from(h.fencing_token()).expect("fence"),
             };
             let mut conn = b.inner.writer.acquire().await.expect("writer");
-            assert!(
-                !statements::release(&mut conn, &hold)
-                    .await
-                    .expect("release")
-            );
+            statements::release(&mut conn, &hold)
+                .await
+                .expect("release");
             drop(conn);
+            assert!(
+                matches!(
+                    b.try_acquire(&request("z")).await.expect("acquire"),
+                    Attempt::Busy { .. }
+                ),
+                "a release by another owner freed the lock"
+            );
             h.release().await.expect("release");
         }
     }
 
     /// A grant or a release whose commit fails is an error, never a grant (or a
-    /// release) that was rolled back: an autocommitted statement commits after its
+    /// release) that was rolled back: an autocommitted grant commits after its
     /// RETURNING row. The commit is made to fail by a deferred foreign key that a
     /// trigger on the locks table breaks (checked only at the commit), standing in for
     /// a full disk or an I/O error there.
