@@ -963,6 +963,33 @@ macro_rules! until_an_acquire_waits {
     }};
 }
 
+/// Poll `$count` on `$conn` until no acquire waits for a row lock any more (bounded):
+/// the one that waited has run.
+macro_rules! until_no_acquire_waits {
+    ($conn:expr, $count:expr) => {{
+        for _ in 0..500 {
+            let n: i64 = sqlx::query_scalar($count)
+                .fetch_one(&mut $conn)
+                .await
+                .expect("count the waiting acquires");
+            if n == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }};
+}
+
+/// PostgreSQL: lock the name's lease row and write nothing (binds the name; counts
+/// the rows locked).
+const PG_LOCK_ROW: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE) r";
+
+/// PostgreSQL: how many statements on the lease table (acquires, renewals) wait for
+/// a row lock.
+const PG_ROW_WAITS: &str = "SELECT count(*) FROM pg_stat_activity
+                            WHERE wait_event_type = 'Lock' AND query LIKE '%dlock_locks%'";
+
 /// A locker, a fresh name whose lease row exists (taken and released once), and the
 /// owner (with options naming it) that took it.
 async fn an_owner_whose_row_exists(
@@ -1002,11 +1029,20 @@ async fn a_new_grant_after_the_ended_hold(
         g.fencing_token()
     );
     g.release().await.expect("release");
+    assert_free_to_another(
+        url,
+        name,
+        "the lock stayed taken after its only live hold was released",
+    )
+    .await;
+}
+
+/// Another client takes `name` at once (else panic with `why`), and gives it back.
+async fn assert_free_to_another(url: &str, name: &str, why: &str) {
     let other = Locker::connect(url).await.expect("connect");
-    assert!(
-        other.try_lock(name).await.expect("try_lock").is_some(),
-        "the lock stayed taken after its only live hold was released"
-    );
+    let g = other.try_lock(name).await.expect("try_lock");
+    let g = g.unwrap_or_else(|| panic!("{why}"));
+    g.release().await.expect("release");
 }
 
 /// PostgreSQL lease mode: an acquire that has to wait for the lock's row (another
@@ -1030,13 +1066,11 @@ async fn postgres_lease_token_is_drawn_after_waiting_for_the_row() {
     // Another client's statement holds the row.
     let mut rival = sqlx::PgConnection::connect(&url).await.expect("rival");
     let mut tx = rival.begin().await.expect("begin");
-    let locked: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE) r",
-    )
-    .bind(&name)
-    .fetch_one(&mut *tx)
-    .await
-    .expect("lock the row");
+    let locked: i64 = sqlx::query_scalar(PG_LOCK_ROW)
+        .bind(&name)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("lock the row");
     assert_eq!(locked, 1, "the lock's row");
 
     let waiting = {
@@ -1213,16 +1247,7 @@ macro_rules! abandoned_acquire_grants_nothing {
         until_an_acquire_waits!(observer, $waiting);
         tx.commit().await.expect("commit");
         // Once it has run (bounded), the lock is free.
-        for _ in 0..500 {
-            let n: i64 = sqlx::query_scalar($waiting)
-                .fetch_one(&mut observer)
-                .await
-                .expect("count the waiting acquires");
-            if n == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_no_acquire_waits!(observer, $waiting);
         assert!(
             locker.try_lock(&name).await.expect("try_lock").is_some(),
             "the lock was granted to a client that had given up"
@@ -1233,13 +1258,7 @@ macro_rules! abandoned_acquire_grants_nothing {
 /// PostgreSQL lease mode: [`abandoned_acquire_grants_nothing`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lease_acquire_abandoned_by_its_client_grants_nothing() {
-    abandoned_acquire_grants_nothing!(
-        PgServer,
-        sqlx::PgConnection,
-        "SELECT count(*) FROM (SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE) r",
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_locks%'"
-    );
+    abandoned_acquire_grants_nothing!(PgServer, sqlx::PgConnection, PG_LOCK_ROW, PG_ROW_WAITS);
 }
 
 /// MariaDB lease mode: [`abandoned_acquire_grants_nothing`] (there the statement may
@@ -1341,39 +1360,27 @@ async fn postgres_lease_renewal_is_judged_when_the_row_is_locked() {
 
     // Another transaction locks the row and writes nothing.
     let mut tx = rival.begin().await.expect("begin");
-    let locked: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM dlock_locks WHERE name = $1 FOR UPDATE) r",
-    )
-    .bind(&name)
-    .fetch_one(&mut *tx)
-    .await
-    .expect("lock the row");
+    let locked: i64 = sqlx::query_scalar(PG_LOCK_ROW)
+        .bind(&name)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("lock the row");
     assert_eq!(locked, 1, "the lock's row");
     let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
-    let waiting = "SELECT count(*) FROM pg_stat_activity
-                   WHERE wait_event_type = 'Lock' AND query LIKE '%dlock_locks%'";
     // A renewal asking for 5 s more starts while the lease is live and waits for the
     // row; the lease (1 s) ends meanwhile.
     let (_, ()) = tokio::join!(held.extend(Duration::from_secs(5)), async {
-        until_an_acquire_waits!(observer, waiting);
+        until_an_acquire_waits!(observer, PG_ROW_WAITS);
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         tx.commit().await.expect("commit");
-        for _ in 0..500 {
-            let n: i64 = sqlx::query_scalar(waiting)
-                .fetch_one(&mut observer)
-                .await
-                .expect("pg_stat_activity");
-            if n == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_no_acquire_waits!(observer, PG_ROW_WAITS);
     });
-    let other = Locker::connect(&url).await.expect("connect");
-    assert!(
-        other.try_lock(&name).await.expect("try_lock").is_some(),
-        "a renewal that waited for the row brought the ended lease back"
-    );
+    assert_free_to_another(
+        &url,
+        &name,
+        "a renewal that waited for the row brought the ended lease back",
+    )
+    .await;
 }
 
 /// PostgreSQL lease mode: a renewal whose row is deleted by hand while it waits for
@@ -1402,10 +1409,8 @@ async fn postgres_lease_renewal_of_a_deleted_row_renews_nothing() {
         .expect("delete");
     assert_eq!(deleted.rows_affected(), 1, "the lock's row");
     let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
-    let waiting = "SELECT count(*) FROM pg_stat_activity
-                   WHERE wait_event_type = 'Lock' AND query LIKE '%dlock_locks%'";
     let (renewed, ()) = tokio::join!(held.extend(Duration::from_secs(5)), async {
-        until_an_acquire_waits!(observer, waiting);
+        until_an_acquire_waits!(observer, PG_ROW_WAITS);
         tx.commit().await.expect("commit");
     });
     assert!(
@@ -1429,7 +1434,7 @@ async fn postgres_lease_renewal_of_a_deleted_row_renews_nothing() {
     .expect("the rival's grant");
     assert_eq!(taken.rows_affected(), 1, "the row the renewal put back");
     let (answer, ()) = tokio::join!(other.try_lock(&name), async {
-        until_an_acquire_waits!(observer, waiting);
+        until_an_acquire_waits!(observer, PG_ROW_WAITS);
         tx.commit().await.expect("commit");
     });
     assert!(

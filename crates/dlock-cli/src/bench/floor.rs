@@ -136,15 +136,7 @@ impl Floor {
                 .execute(&mut **conn)
                 .await
                 .map_err(db)?;
-                sqlx::query(
-                    "PRAGMA synchronous = NORMAL; \
-                     DELETE FROM dlock_bench_floor_counted WHERE name = 'floor' AND owner = ?1",
-                )
-                .bind(owner.as_str())
-                .execute(&mut **conn)
-                .await
-                .map_err(db)?;
-                Ok(())
+                sqlite_release(conn, "dlock_bench_floor_counted", owner).await
             }
             Floor::Redis {
                 conn, key, owner, ..
@@ -219,15 +211,7 @@ impl Floor {
                 .execute(&mut **conn)
                 .await
                 .map_err(db)?;
-                sqlx::query(
-                    "PRAGMA synchronous = NORMAL; \
-                     DELETE FROM dlock_bench_floor WHERE name = 'floor' AND owner = ?1",
-                )
-                .bind(owner.as_str())
-                .execute(&mut **conn)
-                .await
-                .map_err(db)?;
-                Ok(())
+                sqlite_release(conn, "dlock_bench_floor", owner).await
             }
             Floor::Redis {
                 conn, key, owner, ..
@@ -378,6 +362,23 @@ pub async fn measure(
         bare.time(floor_n(n), &mut floor_cycle).await?;
     }
     Ok((ours.side(), has_floor.then(|| bare.side())))
+}
+
+/// The SQLite floor's release: its row deleted, written but not synced (as dlock's).
+async fn sqlite_release(
+    conn: &mut sqlx::pool::PoolConnection<sqlx::Sqlite>,
+    table: &str,
+    owner: &dlock::Owner,
+) -> Result<(), Failure> {
+    let sql = format!(
+        "PRAGMA synchronous = NORMAL; DELETE FROM {table} WHERE name = 'floor' AND owner = ?1"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(owner.as_str())
+        .execute(&mut **conn)
+        .await
+        .map_err(|e| Failure::internal(format!("floor: {e}")))?;
+    Ok(())
 }
 
 async fn sqlite(url: &str) -> Result<Option<Floor>, Failure> {

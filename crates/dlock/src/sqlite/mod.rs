@@ -832,6 +832,14 @@ mod tests {
         AcquireRequest::plain(name, Owner::random(), Duration::from_secs(30))
     }
 
+    /// A backend on the file `file` (with its URL query) in `dir`.
+    async fn open_in(dir: &tempfile::TempDir, file: &str) -> Arc<SqliteBackend> {
+        let url = format!("sqlite://{}/{file}", dir.path().display());
+        SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open")
+    }
+
     async fn grant(b: &SqliteBackend, name: &str) -> Box<dyn HeldLock> {
         match b.try_acquire(&request(name)).await.expect("acquire") {
             Attempt::Acquired(h) => h,
@@ -847,10 +855,8 @@ mod tests {
     async fn grants_commit_synced_and_releases_do_not() {
         let dir = tempfile::tempdir().expect("dir");
         for (query, grants) in [("", 2), ("?synchronous=normal", 1)] {
-            let url = format!("sqlite://{}/s{grants}.db{query}", dir.path().display());
-            let b = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
-                .await
-                .expect("open");
+            let url = format!("s{grants}.db{query}");
+            let b = open_in(&dir, &url).await;
             let level = || async {
                 sqlx::query_scalar::<_, i64>("PRAGMA synchronous")
                     .fetch_one(&b.inner.writer)
@@ -901,10 +907,7 @@ mod tests {
     #[tokio::test]
     async fn a_write_whose_commit_fails_is_an_error() {
         let dir = tempfile::tempdir().expect("dir");
-        let url = format!("sqlite://{}/f.db", dir.path().display());
-        let b = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
-            .await
-            .expect("open");
+        let b = open_in(&dir, "f.db").await;
         let held = grant(&b, "held").await;
         sqlx::raw_sql(
             "CREATE TABLE t_parent (id INTEGER PRIMARY KEY);
@@ -949,10 +952,7 @@ mod tests {
     #[tokio::test]
     async fn tokens_survive_collection() {
         let dir = tempfile::tempdir().expect("dir");
-        let url = format!("sqlite://{}/c.db", dir.path().display());
-        let b = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
-            .await
-            .expect("open");
+        let b = open_in(&dir, "c.db").await;
         let mut last = 0;
         for _ in 0..3 {
             let h = grant(&b, "x").await;
@@ -989,10 +989,7 @@ mod tests {
     #[tokio::test]
     async fn waiting_renewals_are_one_batch_and_answer_each_for_itself() {
         let dir = tempfile::tempdir().expect("dir");
-        let url = format!("sqlite://{}/r.db", dir.path().display());
-        let b = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
-            .await
-            .expect("open");
+        let b = open_in(&dir, "r.db").await;
         let mut held = Vec::new();
         for i in 0..40 {
             held.push(Arc::new(grant(&b, &format!("n{i}")).await));
