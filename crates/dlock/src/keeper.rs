@@ -197,6 +197,11 @@ pub(crate) struct Hold {
     deadline_ns: AtomicU64,
     /// Ends the backend-loss watcher (only backends with a loss signal have one).
     watch_end: Option<CancellationToken>,
+    /// The backend's loss signal, if it has one: read by [`Hold::is_lost`] itself, so
+    /// a loss the backend reported counts at once — before the watcher task runs, and
+    /// so before the backend may let the lock go on the server (etcd revokes a lost
+    /// session 50 ms later).
+    signal: Option<CancellationToken>,
     keepers: Arc<Keepers>,
     keep: tokio::sync::Mutex<Keep>,
 }
@@ -250,6 +255,7 @@ impl Hold {
             released: AtomicBool::new(false),
             deadline_ns: AtomicU64::new(nanos_since_epoch(deadline)),
             watch_end: signal.as_ref().map(|_| CancellationToken::new()),
+            signal: signal.clone(),
             keepers: Arc::clone(keepers),
             keep: tokio::sync::Mutex::new(Keep {
                 held: Some(Arc::from(held)),
@@ -282,8 +288,24 @@ impl Hold {
         hold
     }
 
+    /// Whether the lock is lost: marked so, or the backend's loss signal fired (the
+    /// watcher task that marks it and releases may not have run yet).
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
+        if self.lost.load(Ordering::SeqCst) {
+            return true;
+        }
+        if !self
+            .signal
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled)
+        {
+            return false;
+        }
+        let _ = self.reason.set(session_gone());
+        if let Some(token) = self.lost_token.get() {
+            token.cancel();
+        }
+        true
     }
 
     /// Whether the local deadline has passed, whether or not the keeper's timer has
@@ -332,12 +354,13 @@ impl Hold {
 
     /// Record the loss; `true` if this call was the first to.
     fn mark_lost(&self, reason: LossReason) -> bool {
-        let first = self.reason.set(reason).is_ok();
+        // The first reason stands ([`Hold::is_lost`] may have recorded one already).
+        let _ = self.reason.set(reason);
+        let first = !self.lost.swap(true, Ordering::SeqCst);
         if first && let Some(reason) = self.reason.get() {
             tracing::warn!(lock = %self.name, %reason, "lock lost");
             self.keepers.meters.lost(reason);
         }
-        self.lost.store(true, Ordering::SeqCst);
         if let Some(token) = self.lost_token.get() {
             token.cancel();
         }
@@ -393,9 +416,7 @@ impl Hold {
             () = signal.cancelled() => {}
             () = end.cancelled() => return,
         }
-        if self.mark_lost(LossReason::SessionLost(
-            "the backend reported the session gone".into(),
-        )) {
+        if self.mark_lost(session_gone()) {
             let mut keep = self.keep.lock().await;
             self.reschedule(&mut keep);
             Self::release_after_loss(&mut keep).await;
@@ -574,6 +595,11 @@ fn nanos_since_epoch(at: Instant) -> u64 {
     u64::try_from(at.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Why a hold whose backend reported its session gone was lost.
+fn session_gone() -> LossReason {
+    LossReason::SessionLost("the backend reported the session gone".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -637,6 +663,62 @@ mod tests {
         let keepers = Arc::new(Keepers::default());
         let name = LockName::new("k").expect("name");
         Hold::start(&keepers, held, name, Owner::random(), plan)
+    }
+
+    /// A lock whose backend reports the session gone through a signal, and counts
+    /// its releases.
+    #[derive(Debug)]
+    struct Signalled {
+        gone: CancellationToken,
+        releases: Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    #[async_trait::async_trait]
+    impl HeldLock for Signalled {
+        fn fencing_token(&self) -> u64 {
+            1
+        }
+        async fn renew(&self, _ttl: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn release(&self) -> Result<()> {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn loss_signal(&self) -> Option<CancellationToken> {
+            Some(self.gone.clone())
+        }
+    }
+
+    /// The backend's loss signal counts the moment it fires — before the watcher task
+    /// has run (a backend may let the lock go on the server soon after: etcd revokes a
+    /// lost session 50 ms later) — and the watcher still gives the lock back once.
+    #[tokio::test]
+    async fn a_reported_loss_counts_before_the_watcher_runs() {
+        let (gone, releases) = (CancellationToken::new(), Arc::default());
+        let hold = start(
+            Box::new(Signalled {
+                gone: gone.clone(),
+                releases: Arc::clone(&releases),
+            }),
+            plan(Duration::from_secs(30), Some(Duration::from_secs(10)), None),
+        );
+        tokio::task::yield_now().await;
+        assert!(!hold.is_lost());
+        gone.cancel();
+        // No await since: on this single-threaded runtime the watcher has not run.
+        assert!(
+            hold.is_lost(),
+            "a reported loss waited for the watcher task"
+        );
+        assert!(matches!(hold.reason(), Some(LossReason::SessionLost(_))));
+        assert!(hold.lost_token().is_cancelled());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            releases.load(Ordering::SeqCst),
+            1,
+            "released after the loss"
+        );
     }
 
     /// A renewal that asked for a shorter lease and got no answer may have been applied:

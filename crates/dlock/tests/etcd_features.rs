@@ -241,6 +241,55 @@ async fn a_cut_off_session_fires_lost_and_frees_the_lock_after_its_ttl() {
     blocker.release().await.expect("release");
 }
 
+/// Keep-alives that reach etcd while their answers do not (replies dropped by the
+/// proxy): the holder's session is lost here while etcd still extends its lease, so
+/// the process ends it on the server — the lock and the read it held are free for
+/// others at once, not when the lease applied last runs out (at least a third of
+/// the 6 s session TTL after `lost()`).
+#[tokio::test]
+async fn a_session_lost_here_is_ended_on_the_server() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(etcd.addr()).await.expect("proxy");
+    let cut = Locker::connect(&format!(
+        "etcd://{}?session_ttl=6s&timeout=1s",
+        proxy.addr()
+    ))
+    .await
+    .expect("connect through proxy");
+    let other = Locker::connect(&etcd.url()).await.expect("connect");
+    let g = cut.lock("lost-here").await.expect("lock");
+    let read = cut.rwlock("lost-here").read().await.expect("read");
+    proxy.set(Fault::DropReplies);
+    tokio::time::timeout(Duration::from_secs(15), g.lost())
+        .await
+        .expect("lost() never fired");
+    let lost_at = Instant::now();
+    let freed = other
+        .lock_timeout("lost-here", Duration::from_secs(15))
+        .await
+        .expect("the lock comes free");
+    let write = other
+        .rwlock("lost-here")
+        .write_timeout(Duration::from_secs(15))
+        .await
+        .expect("the write comes free");
+    let took = lost_at.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "the keys of a session lost here outlived it by {took:?}"
+    );
+    assert!(
+        read.release().await.is_err(),
+        "a read released after its loss"
+    );
+    freed.release().await.expect("release");
+    write.release().await.expect("release");
+    let keys = etcd.etcdctl_output(&["get", "/dlock/", "--prefix", "--keys-only"]);
+    assert!(keys.trim().is_empty(), "keys left: {keys}");
+}
+
 /// A user whose role may only read and write under `/dlock/` can lock; the same user
 /// cannot touch keys outside it (etcd refuses), and no password shows in errors.
 #[tokio::test]

@@ -1183,15 +1183,28 @@ pub async fn primitives_under_faults(h: &Harness) {
     let within = Duration::from_secs(5);
     let fresh = h.locker().await;
     let sem = fresh.semaphore(&sem_name, 2);
-    let all = sem
+    let all = match sem
         .acquire_many_with(2, &LockOptions::new().wait(Wait::Timeout(within)))
         .await
-        .expect("both permits free after the faults");
+    {
+        Ok(all) => all,
+        Err(e) => panic!(
+            "both permits free after the faults: {e:?}; still inside: {:?} (owners: {} behind the proxy, {} not)",
+            sem.holders().await,
+            near.owner(),
+            far.owner()
+        ),
+    };
     all.release().await.expect("release");
-    let w = fresh
-        .rwlock(&rw_name)
-        .write_timeout(within)
-        .await
-        .expect("the write free after the faults");
+    let rw = fresh.rwlock(&rw_name);
+    let w = match rw.write_timeout(within).await {
+        Ok(w) => w,
+        Err(e) => panic!(
+            "the write free after the faults: {e:?}; still inside: {:?} (owners: {} behind the proxy, {} not)",
+            rw.holders().await,
+            near.owner(),
+            far.owner()
+        ),
+    };
     w.release().await.expect("release");
 }

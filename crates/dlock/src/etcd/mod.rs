@@ -83,9 +83,13 @@
 //! The session is the lease on the server: a holder that dies frees its locks when the
 //! session lease expires (`session_ttl`). While the process lives, `lost()` fires when
 //! no keep-alive has been confirmed before the lease's known expiry, or etcd says the
-//! lease is gone. A lock's own TTL is kept by the live holder (renewal off: the holder
-//! gives the lock back when its TTL ends). A waiter whose session ends stops waiting
-//! with an error.
+//! lease is gone. A session lost in the process is then revoked on the server, 50 ms
+//! later (the margin by which `lost()` precedes the lease's earliest end), retried
+//! until etcd answers or the lease must have ended: its keep-alives may have reached
+//! etcd while their answers did not, and the keys of the holds that were told of their
+//! loss go at once instead of when that lease runs out. A lock's own TTL is kept by
+//! the live holder (renewal off: the holder gives the lock back when its TTL ends). A
+//! waiter whose session ends stops waiting with an error.
 //!
 //! # Options
 //!
@@ -603,6 +607,14 @@ impl Inner {
         session: Arc<Session>,
         token: i64,
     ) -> Result<Attempt> {
+        if session.lost.is_cancelled() {
+            // Lost while the grant was on its way: the key goes with the session (it is
+            // revoked), and no hold may start under it.
+            return Err(Error::connection(
+                SCHEME,
+                "the etcd session was lost while acquiring",
+            ));
+        }
         match self.slots().get_mut(dir) {
             Some(s) if s.acquisition == req.acquisition => {
                 s.held = true;
@@ -714,12 +726,13 @@ impl Inner {
                 Some(g) if !g.kvs.is_empty() => g.kvs[0].create_revision,
                 _ => {
                     // Our key is gone although the slot says queued: the session lease
-                    // ended under us.
+                    // ended under us (then etcd says so, and the session is lost), or
+                    // someone deleted the key (then only this attempt ends).
                     self.free_slot(dir, req.acquisition);
-                    session.lost.cancel();
+                    session::confirm(client, &session).await;
                     return Err(Error::connection(
                         SCHEME,
-                        "the etcd session ended while waiting (its lease expired)",
+                        "this waiter's key was deleted (with its session, or by hand)",
                     ));
                 }
             }

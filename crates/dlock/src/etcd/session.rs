@@ -2,6 +2,13 @@
 //! of this process is attached to. When the lease cannot be confirmed alive before
 //! its known expiry (minus the drift margin), or etcd says it is gone, the session is
 //! lost: every lock under it fires `lost()`, and the next acquisition opens a new one.
+//!
+//! A session lost here is ended on the server too: whatever marks it lost (the keep-alive,
+//! `Session::check`, a key found missing), its keep-alive task then revokes the lease,
+//! so every key still under it goes at once. Without that, a lease whose keep-alives
+//! reached etcd while their answers did not would keep this process's keys — held
+//! locks it was told it lost, queued contenders nobody waits for — for up to a TTL,
+//! and every other client would wait behind them.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -11,6 +18,9 @@ use super::proto::{LeaseKeepAliveRequest, LeaseKeepAliveResponse};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+
+/// How long before the lease's earliest known end the session counts as lost.
+const LOSS_MARGIN: Duration = Duration::from_millis(50);
 
 /// One lease.
 #[derive(Debug)]
@@ -58,7 +68,7 @@ impl Session {
             .expires
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        expires - Duration::from_millis(50)
+        expires - LOSS_MARGIN
     }
 
     /// An error when the session is lost.
@@ -97,7 +107,8 @@ pub(crate) async fn confirm(client: &Client, session: &Session) {
 }
 
 /// Keep the lease alive every third of its TTL; declare it lost when a keep-alive
-/// says it is gone or none succeeds before the known expiry.
+/// says it is gone or none succeeds before the known expiry. However the session comes
+/// to be lost, the task ends it on the server ([`end`]).
 async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive: Weak<()>) {
     let every = ttl / 3;
     let mut delay = every;
@@ -108,14 +119,13 @@ async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive:
     loop {
         let next = Instant::now() + delay;
         tokio::select! {
-            () = session.lost.cancelled() => return,
+            () = session.lost.cancelled() => break,
             () = tokio::time::sleep_until(next.min(session.trusted_until()).into()) => {}
         }
         if alive.strong_count() == 0 {
             // The backend is gone: give the lease back so its keys go at once.
-            let _ = client.lease_revoke(session.id).await;
             session.lost.cancel();
-            return;
+            break;
         }
         if Instant::now() >= session.trusted_until() {
             tracing::warn!(
@@ -123,7 +133,7 @@ async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive:
                 "etcd session lost: no keep-alive succeeded before the lease could expire"
             );
             session.lost.cancel();
-            return;
+            break;
         }
         let sent = Instant::now();
         let attempt = async {
@@ -144,7 +154,11 @@ async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive:
                 .map_err(|s| RpcError::Status(s.code(), s.message().to_owned()))
         };
         let budget = session.trusted_until().saturating_duration_since(sent);
-        match tokio::time::timeout(budget, attempt).await {
+        let answer = tokio::select! {
+            () = session.lost.cancelled() => break,
+            a = tokio::time::timeout(budget, attempt) => a,
+        };
+        match answer {
             Ok(Ok(Some(resp))) if resp.ttl > 0 => {
                 let granted = Duration::from_secs(u64::try_from(resp.ttl).unwrap_or(1));
                 *session
@@ -159,7 +173,7 @@ async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive:
                     "etcd session lost: the lease is gone on the server"
                 );
                 session.lost.cancel();
-                return;
+                break;
             }
             Ok(Ok(None) | Err(_)) | Err(_) => {
                 // Stream ended or failed: open a new one soon.
@@ -167,5 +181,36 @@ async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive:
                 delay = every.min(Duration::from_millis(250));
             }
         }
+    }
+    drop(stream);
+    end(&client, &session, ttl).await;
+}
+
+/// End a lost session on the server: revoke its lease, so the keys still under it go
+/// now rather than when a keep-alive that etcd applied but whose answer never came
+/// runs out. Tried until etcd answers (revoked, or already gone) or until the lease
+/// must have ended by itself (no keep-alive is sent after the loss: a TTL from now).
+///
+/// Holders hear of the loss before their keys go: a hold reads the session's `lost`
+/// token itself (`Hold::is_lost`), which was cancelled before this runs, and the
+/// revoke waits out the drift margin first — the margin by which a keep-alive's loss
+/// precedes the earliest expiry the server could apply.
+async fn end(client: &Client, session: &Session, ttl: Duration) {
+    let give_up = tokio::time::Instant::now() + ttl + Duration::from_secs(1);
+    let mut backoff = LOSS_MARGIN;
+    loop {
+        tokio::time::sleep(backoff).await;
+        match client.lease_revoke(session.id).await {
+            Ok(_) => return,
+            Err(RpcError::Status(tonic::Code::NotFound, _)) => return,
+            Err(e) => {
+                if tokio::time::Instant::now() + backoff >= give_up {
+                    tracing::debug!(lease = session.id, error = %e, "could not revoke a lost etcd session; its lease ends by itself");
+                    return;
+                }
+                tracing::debug!(lease = session.id, error = %e, "revoking a lost etcd session: retrying");
+            }
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
     }
 }

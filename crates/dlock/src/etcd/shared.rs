@@ -243,21 +243,39 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
     };
     let Some(mine) = entries.iter().position(|e| e.key == key) else {
         if !confirmed {
-            // Its put was never answered: nothing says the session ended.
+            // Its put was never answered: nothing says the session ended, and the put
+            // may still be applied. The entry stays, so `leave_queue` deletes the key
+            // now and once more after `LATE_PUT`.
+            inner.shared().insert(
+                slot,
+                SharedWait {
+                    key,
+                    session,
+                    watch_from: 0,
+                    put_confirmed: false,
+                },
+            );
             return Err(Error::connection(
                 SCHEME,
                 "this attempt's put was not applied",
             ));
         }
-        // Our key (its put answered) went with the session lease.
-        session.lost.cancel();
+        // Our key (its put answered) went with the session lease (then etcd says so,
+        // and the session is lost), or someone deleted it (then only this attempt ends).
+        super::session::confirm(&inner.client, &session).await;
         return Err(Error::connection(
             SCHEME,
-            "the etcd session ended while waiting (its lease expired)",
+            "this waiter's key was deleted (with its session, or by hand)",
         ));
     };
     let token = entries[mine].order;
     match verdict(req, &entries[..mine]) {
+        // Lost while the answer was on its way: the key goes with the session (it is
+        // revoked), and no hold may start under it.
+        Verdict::Grant if session.lost.is_cancelled() => Err(Error::connection(
+            SCHEME,
+            "the etcd session was lost while acquiring",
+        )),
         Verdict::Grant => Ok(Attempt::Acquired(Box::new(SharedHeld {
             client: inner.client.clone(),
             name: req.name.as_str().to_owned(),
@@ -371,7 +389,9 @@ pub(super) async fn watch_from_now(client: &Client, dir: &str) -> Option<DirWatc
         }
         None
     };
-    tokio::time::timeout(Duration::from_secs(5), open)
+    // Bounded well below a caller's wait: without it, the waiter opens a watch from
+    // the listing's revision on its first wait instead.
+    tokio::time::timeout(Duration::from_secs(1), open)
         .await
         .ok()
         .flatten()
