@@ -117,6 +117,17 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
         }
     }
 
+    /// Wake one waiter of every key `which` picks (a release of it may have gone
+    /// unannounced).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn wake_where(&self, which: impl Fn(&K) -> bool) {
+        for (key, (n, _)) in self.map().iter() {
+            if which(key) {
+                n.notify_one();
+            }
+        }
+    }
+
     /// Wake every waiter of every key (notifications may have been missed).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn wake_all(&self) {

@@ -1451,3 +1451,172 @@ async fn postgres_lease_renewal_of_a_deleted_row_renews_nothing() {
         "the row a renewal put back holds the lock"
     );
 }
+
+/// Advisory locks a process's waiter marks hold (shared, two-`int4` form).
+async fn waiter_marks(observer: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+         AND mode = 'ShareLock' AND granted",
+    )
+    .fetch_one(observer)
+    .await
+    .expect("marks")
+}
+
+/// PostgreSQL, every mode: a release nobody waits for sends no `NOTIFY` (it would cost
+/// the server a queue write and every listening process a message); a release somebody
+/// waits for does, and wakes that waiter at once although its re-poll is a minute
+/// away. The waiter's mark goes with its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_releases_notify_only_keys_waited_for() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let mut listener = sqlx::postgres::PgListener::connect(&pg.url())
+        .await
+        .expect("listener");
+    listener.listen("dlock_released").await.expect("listen");
+    let mut observer = sqlx::PgConnection::connect(&pg.url())
+        .await
+        .expect("observer");
+    for mode in ["lease", "advisory", "row"] {
+        let url = format!("{}?mode={mode}&poll=60s", pg.url());
+        let (a, b) = (
+            Locker::connect(&url).await.expect("a"),
+            Locker::connect(&url).await.expect("b"),
+        );
+        let name = unique("quiet");
+        for _ in 0..20 {
+            a.lock(&name)
+                .await
+                .expect("lock")
+                .release()
+                .await
+                .expect("release");
+        }
+        let sem = a.semaphore(&name, 1);
+        for _ in 0..5 {
+            sem.acquire()
+                .await
+                .expect("permit")
+                .release()
+                .await
+                .expect("release");
+        }
+        let heard = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+        assert!(
+            heard.is_err(),
+            "{mode}: a release nobody waited for notified: {heard:?}"
+        );
+
+        let held = a
+            .lock_with(
+                &name,
+                &dlock::LockOptions::new().ttl(Duration::from_secs(60)),
+            )
+            .await
+            .expect("lock");
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move { b.lock_timeout(&name, Duration::from_secs(30)).await })
+        };
+        let marked = Instant::now();
+        while waiter_marks(&mut observer).await == 0 {
+            assert!(
+                marked.elapsed() < Duration::from_secs(10),
+                "{mode}: the waiter never marked the key"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let released = Instant::now();
+        held.release().await.expect("release");
+        let got = waiter.await.expect("join").expect("the waiter is woken");
+        let woken = released.elapsed();
+        assert!(
+            woken < Duration::from_secs(5),
+            "{mode}: a waiter whose re-poll is 60 s away took {woken:?}"
+        );
+        let heard = tokio::time::timeout(Duration::from_secs(2), listener.recv()).await;
+        assert!(
+            heard.is_ok(),
+            "{mode}: the waited-for release did not notify"
+        );
+        got.release().await.expect("release");
+        let unmarked = Instant::now();
+        while waiter_marks(&mut observer).await > 0 {
+            assert!(
+                unmarked.elapsed() < Duration::from_secs(10),
+                "{mode}: a mark outlived its wait"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        while tokio::time::timeout(Duration::from_millis(200), listener.recv())
+            .await
+            .is_ok()
+        {}
+    }
+}
+
+/// PostgreSQL: a release that stayed silent while a waiter's mark could not be taken
+/// yet (its bucket held by someone else, then the lease ended by hand, without a
+/// release) does not strand the waiter: once its mark is taken, it is woken and tries
+/// again — with a re-poll a minute away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_waiter_marked_late_tries_again_once_marked() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let url = format!("{}?poll=60s", pg.url());
+    let (a, b) = (
+        Locker::connect(&url).await.expect("a"),
+        Locker::connect(&url).await.expect("b"),
+    );
+    let name = unique("late-mark");
+    let held = a
+        .lock_with(
+            &name,
+            &dlock::LockOptions::new().ttl(Duration::from_secs(60)),
+        )
+        .await
+        .expect("lock");
+    let mut raw = sqlx::PgConnection::connect(&pg.url()).await.expect("raw");
+    let bucket: i32 =
+        sqlx::query_scalar("SELECT get_byte(lock_key, 0) >> 2 FROM dlock_locks WHERE name = $1")
+            .bind(&name)
+            .fetch_one(&mut raw)
+            .await
+            .expect("the lock's bucket");
+    sqlx::query("SELECT pg_advisory_lock(1684828003, $1)")
+        .bind(bucket)
+        .execute(&mut raw)
+        .await
+        .expect("hold the bucket");
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.lock_timeout(&name, Duration::from_secs(30)).await })
+    };
+    // The waiter is waiting, its mark not taken; the lease then ends without a release
+    // (nothing notifies), and the bucket comes free.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!waiter.is_finished(), "the waiter got a held lock");
+    let ended = sqlx::query("UPDATE dlock_locks SET holds = 0 WHERE name = $1")
+        .bind(&name)
+        .execute(&mut raw)
+        .await
+        .expect("end the lease");
+    assert_eq!(ended.rows_affected(), 1);
+    let freed = Instant::now();
+    sqlx::query("SELECT pg_advisory_unlock(1684828003, $1)")
+        .bind(bucket)
+        .execute(&mut raw)
+        .await
+        .expect("free the bucket");
+    let got = waiter
+        .await
+        .expect("join")
+        .expect("the waiter is woken once its mark is taken");
+    let took = freed.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    got.release().await.expect("release");
+    drop(held);
+}

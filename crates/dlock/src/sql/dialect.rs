@@ -163,6 +163,15 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// not), at most `limit`, in byte order.
     async fn names(&self, mode: Mode, prefix: &str, limit: usize) -> Result<Vec<String>>;
 
+    /// Tell the server that this process waits for `key` until the returned mark is
+    /// dropped. The caller already watches the key locally: if the mark is not taken
+    /// at once, the watch is woken when it is (a release before that may have stayed
+    /// silent). PostgreSQL's releases notify only marked keys; a server without
+    /// notifications needs no mark.
+    async fn mark_waiting(&self, _key: &[u8; 32]) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        None
+    }
+
     /// An open transaction of a semaphore's or read-write lock's attempt.
     type SharedTx: Send;
     /// Create the semaphore and read-write lock tables unless they exist.

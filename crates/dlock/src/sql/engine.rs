@@ -241,10 +241,16 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     }
 
     async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
+        let key = lock_key(&req.name);
+        // Watching locally first, then marked on the server: a release after the mark
+        // announces itself, and the watch is woken once the mark is taken, so the
+        // attempt after that sees any release that stayed silent before.
+        let watch = self.hub.watch(&key);
         Ok(Box::new(SqlWaiter {
-            watch: self.hub.watch(&lock_key(&req.name)),
+            watch,
             poll: self.opts.poll,
             jitter: D::POLL_JITTER,
+            _mark: self.dialect.mark_waiting(&key).await,
         }))
     }
 

@@ -373,6 +373,9 @@ pub(crate) struct SqlWaiter {
     pub watch: WakeWatch<[u8; 32]>,
     pub poll: Duration,
     pub jitter: bool,
+    /// The server-side mark that makes releases of the key notify (see
+    /// [`dialect::Dialect::mark_waiting`]), kept while the waiter lives.
+    pub _mark: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 #[async_trait::async_trait]

@@ -41,10 +41,19 @@
 //! heartbeats, seconds before the server frees the lock.
 //!
 //! # Waiting
-//! Every release sends `NOTIFY <prefix>_released, '<key hex>'`; one listener connection
-//! per backend wakes the waiters of that key in this process. A lease that ends without
-//! a release is re-polled at its expiry; a session that dies without a release is found
-//! by the fallback re-poll every `poll` (default 100 ms).
+//! A release sends `NOTIFY <prefix>_released, '<key hex>'` when some process waits for
+//! the key: a process with waiters marks the key's bucket (one of 64) with a shared
+//! advisory lock on one more connection, `(1684828003, bucket)` in the two-`int4` key
+//! space, and the release notifies only if it cannot take that pair exclusively. A
+//! release nobody waits for thus costs neither the server's notification queue nor any
+//! listener a message. One listener connection per backend wakes the waiters of the
+//! notified key in this process. A lease that ends without a release is re-polled at
+//! its expiry; a session that dies without a release is found by the fallback re-poll
+//! every `poll` (default 100 ms), which also bounds every wait should a mark be missing.
+//! Waiters in a dlock older than these marks are not notified by newer releasers (they
+//! poll): upgrade the processes that share a `table_prefix` together. Through a
+//! transaction pooler neither the marks nor `LISTEN` hold (both are session state):
+//! waiters there rely on `poll`.
 //!
 //! # Options
 //!
@@ -104,6 +113,7 @@ use crate::notify::WakeOne;
 use crate::shared_holds::EntryKind;
 use crate::url::ConnectUrl;
 
+mod marks;
 mod statements;
 use statements::Statements;
 
@@ -245,6 +255,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let mut listener = timed(BACKEND, opts.timeout, PgListener::connect_with(&pool)).await?;
     timed(BACKEND, opts.timeout, listener.listen(&sql.channel)).await?;
     let listener = tokio::spawn(listen(listener, Arc::clone(&hub), opts.poll));
+    let marks = marks::Marks::start(connect.clone(), Arc::clone(&hub), opts.timeout);
     // Session connections ask the server to probe a silent client (TCP keepalives)
     // and, on PostgreSQL 14 or later, to end a session that sends nothing for five
     // heartbeats, so a cut-off holder's session (and lock) ends in seconds, not
@@ -276,6 +287,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         row_mode: opts.mode == Mode::Row,
         timeout: opts.timeout,
         listener,
+        marks,
     };
     // An idle session connection is dropped well before the server ends it for
     // silence (one the server ended would fail the next acquisition that took it),
@@ -305,6 +317,8 @@ struct Postgres {
     row_mode: bool,
     timeout: Duration,
     listener: tokio::task::JoinHandle<()>,
+    /// This process's marks on the keys it waits for: releases notify only those.
+    marks: marks::Marks,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -610,6 +624,10 @@ impl Dialect for Postgres {
         conn.execute(sqlx::raw_sql(AssertSqlSafe(batch)))
             .await
             .map(drop)
+    }
+
+    async fn mark_waiting(&self, key: &[u8; 32]) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        Some(Box::new(self.marks.mark(key)))
     }
 
     async fn names(&self, mode: Mode, prefix: &str, limit: usize) -> Result<Vec<String>> {

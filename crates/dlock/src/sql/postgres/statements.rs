@@ -8,6 +8,8 @@
 //! committed by the same statement that records it, so the sequence's advance is on disk
 //! before the token is reported, and tokens never repeat after a crash.
 
+use super::marks::notify_if_marked;
+
 /// The SQL text for one table prefix.
 #[derive(Debug)]
 pub(super) struct Statements {
@@ -66,6 +68,7 @@ pub(super) struct SharedStatements {
 
 impl SharedStatements {
     fn new(p: &str) -> Self {
+        let notify_remove = notify_if_marked("$6", "$7");
         SharedStatements {
             tables: format!(
                 "SELECT to_regclass('{p}_shared') IS NOT NULL AND to_regclass('{p}_shared_gate') IS NOT NULL"
@@ -143,7 +146,7 @@ impl SharedStatements {
                                   ELSE kind <> 'want-write' AND fence = $5 END
                     RETURNING 1)
                  SELECT count(*) FROM d
-                 LEFT JOIN LATERAL (SELECT pg_notify($6, $7)) n ON true"
+                 LEFT JOIN LATERAL (SELECT {notify_remove}) n ON true"
             ),
         }
     }
@@ -188,6 +191,9 @@ impl Statements {
         // time, which a busy acquire subtracts from), keeping its token.
         let free_copy =
             "lock_key, name, owner, 0, fence, LEAST(expires_at, statement_timestamp()), metadata";
+        // Releases wake waiters only where a process marked the key (see `marks`).
+        let notify_break = notify_if_marked("$3", "$4");
+        let notify_release = notify_if_marked("$4", "$5");
         Statements {
             shared: SharedStatements::new(p),
             schema: format!(
@@ -318,7 +324,7 @@ impl Statements {
                       AND expires_at > statement_timestamp()
                     RETURNING lock_key)
                  SELECT count(*) FROM b
-                 LEFT JOIN LATERAL (SELECT pg_notify($3, $4)) n ON true"
+                 LEFT JOIN LATERAL (SELECT {notify_break}) n ON true"
             ),
             release: format!(
                 "WITH r AS (
@@ -326,7 +332,7 @@ impl Statements {
                     WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
                     RETURNING holds)
                  SELECT r.holds FROM r
-                 LEFT JOIN LATERAL (SELECT pg_notify($4, $5) WHERE r.holds = 0) n ON true"
+                 LEFT JOIN LATERAL (SELECT {notify_release} WHERE r.holds = 0) n ON true"
             ),
             // Binds: 1 key.
             names_lease: format!("SELECT name FROM {p}_locks WHERE left(name, length($1)) = $1 ORDER BY name COLLATE \"C\" LIMIT $2"),
@@ -350,7 +356,10 @@ impl Statements {
                  RETURNING h.fence"
             ),
             // On the pinned connection. Binds: 1 advisory key, 2 channel, 3 key hex.
-            advisory_release: "SELECT pg_advisory_unlock($1), pg_notify($2, $3)".into(),
+            advisory_release: format!(
+                "SELECT pg_advisory_unlock($1), {}",
+                notify_if_marked("$2", "$3")
+            ),
             // Asks what the acquire asks: is the advisory key taken (in this database)?
             // Then who holds it: the holder record of this name's session, if any (none:
             // a client outside dlock, or dlock under a name with the same key).
@@ -385,7 +394,8 @@ impl Statements {
                     SELECT pg_backend_pid()::int8, txid_current() FROM {p}_rows
                     WHERE lock_key = $1 FOR UPDATE NOWAIT;
                  PREPARE {p}_row_release(bytea) AS
-                    SELECT pg_notify('{p}_released', encode($1, 'hex'))"
+                    SELECT {notify_row}",
+                notify_row = notify_if_marked(&format!("'{p}_released'"), "encode($1, 'hex')")
             ),
             // Opens the pinned transaction and locks the row in one round trip (a
             // simple query: no binds; the key is hex digits, decoded by the server,
