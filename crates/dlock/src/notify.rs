@@ -117,12 +117,13 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
         }
     }
 
-    /// Wake one waiter of every key `which` picks (a release of it may have gone
-    /// unannounced).
+    /// Wake every waiter of every key `which` picks (releases of it may have gone
+    /// unannounced: several permits or readers may have come free).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn wake_where(&self, which: impl Fn(&K) -> bool) {
         for (key, (n, _)) in self.map().iter() {
             if which(key) {
+                n.notify_waiters();
                 n.notify_one();
             }
         }

@@ -1528,6 +1528,9 @@ async fn postgres_releases_notify_only_keys_waited_for() {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // The attempt the mark's wake-up causes is over: only the notification can
+        // wake the waiter now.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let released = Instant::now();
         held.release().await.expect("release");
         let got = waiter.await.expect("join").expect("the waiter is woken");

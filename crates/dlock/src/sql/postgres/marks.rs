@@ -119,6 +119,14 @@ impl Drop for Marks {
     }
 }
 
+/// Whether taking a mark may wait for a bucket held exclusively (by a release until
+/// its commit, or by something outside dlock): up to `lock_timeout`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    No,
+    Briefly,
+}
+
 /// One bucket the task keeps.
 #[derive(Default)]
 struct Bucket {
@@ -163,7 +171,7 @@ async fn run(
                     st.apply(cmd);
                     next = rx.try_recv().ok();
                 }
-                st.mark_all().await;
+                st.mark_all(Wait::No).await;
             }
             _ = check.tick() => st.check().await,
         }
@@ -195,8 +203,9 @@ impl State {
 
     /// Take every mark waited for and not held, connecting if need be (twice at most:
     /// a connection found dead is made again at once); wake the waiters of each
-    /// bucket newly marked.
-    async fn mark_all(&mut self) {
+    /// bucket newly marked. With `Wait::No` a bucket held exclusively is left for the
+    /// next tick, so one busy bucket holds up no other.
+    async fn mark_all(&mut self, wait: Wait) {
         for _ in 0..2 {
             if !self.buckets.values().any(|b| b.waiters > 0 && !b.held) {
                 return;
@@ -215,15 +224,21 @@ impl State {
                 let Some(conn) = self.conn.as_mut() else {
                     break;
                 };
+                let sql = match wait {
+                    Wait::No => "SELECT pg_try_advisory_lock_shared($1, $2)",
+                    Wait::Briefly => "SELECT true FROM (SELECT pg_advisory_lock_shared($1, $2)) m",
+                };
                 let taken = tokio::time::timeout(
                     self.timeout,
-                    sqlx::query("SELECT pg_advisory_lock_shared($1, $2)")
+                    sqlx::query_scalar::<_, bool>(sql)
                         .bind(MARK_SPACE)
                         .bind(b)
-                        .execute(&mut *conn),
+                        .fetch_one(&mut *conn),
                 )
                 .await;
                 match taken {
+                    // Not now: the next tick waits for it.
+                    Ok(Ok(false)) if wait == Wait::No => {}
                     Ok(Ok(_)) => {
                         if let Some(bucket) = self.buckets.get_mut(&b) {
                             bucket.held = true;
@@ -257,7 +272,7 @@ impl State {
                 .clamp(Duration::from_millis(10), Duration::from_secs(1))
                 .as_millis();
             c.execute(sqlx::AssertSqlSafe(format!(
-                "SET lock_timeout = '{wait}ms'"
+                "SET statement_timeout = 0; SET lock_timeout = '{wait}ms'"
             )))
             .await?;
             Ok::<_, sqlx::Error>(c)
@@ -303,7 +318,9 @@ impl State {
         }
         if self.buckets.is_empty() {
             // Nothing marked: no connection to keep.
-            self.conn = None;
+            if let Some(conn) = self.conn.take() {
+                let _ = tokio::time::timeout(self.timeout, conn.close()).await;
+            }
             return;
         }
         if let Some(conn) = self.conn.as_mut()
@@ -314,7 +331,7 @@ impl State {
         {
             self.drop_conn();
         }
-        self.mark_all().await;
+        self.mark_all(Wait::Briefly).await;
     }
 
     /// The connection is gone, and every mark with it.
