@@ -53,7 +53,7 @@ fn main() {
     // Do not wait for background tasks (a dropped guard's release is best effort and
     // the lease covers it); every path that matters released explicitly. Spawned tasks
     // are dropped at any shutdown; this one does not wait for idle blocking threads
-    // either (up to 1.5 ms of a `dlock run` measured here).
+    // either (joining them is a measurable part of a short `dlock run`).
     runtime.shutdown_background();
     match code {
         Ok(code) => std::process::exit(code),

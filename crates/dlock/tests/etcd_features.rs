@@ -13,6 +13,16 @@ use dlock_testkit::{EtcdServer, Fault, FaultProxy};
 
 const T: Duration = Duration::from_secs(5);
 
+/// A locker reaching etcd through `proxy`, with requests timing out after 1 s.
+async fn through(proxy: &FaultProxy, session_ttl: &str) -> Locker {
+    Locker::connect(&format!(
+        "etcd://{}?session_ttl={session_ttl}&timeout=1s",
+        proxy.addr()
+    ))
+    .await
+    .expect("connect through proxy")
+}
+
 /// `etcdctl lock NAME sh -c 'echo held; sleep S'`, returned once it holds the lock.
 fn etcdctl_holding(etcd: &EtcdServer, name: &str, secs: u32) -> Child {
     let mut child = etcd
@@ -204,10 +214,7 @@ async fn a_cut_off_session_fires_lost_and_frees_the_lock_after_its_ttl() {
         return;
     };
     let proxy = FaultProxy::start(etcd.addr()).await.expect("proxy");
-    let cut_url = format!("etcd://{}?session_ttl=2s&timeout=1s", proxy.addr());
-    let cut = Locker::connect(&cut_url)
-        .await
-        .expect("connect through proxy");
+    let cut = through(&proxy, "2s").await;
     let other = Locker::connect(&etcd.url()).await.expect("connect");
     let g = cut.lock("cutoff").await.expect("lock");
     let blocker = other.lock("second").await.expect("lock second");
@@ -252,12 +259,7 @@ async fn a_session_lost_here_is_ended_on_the_server() {
         return;
     };
     let proxy = FaultProxy::start(etcd.addr()).await.expect("proxy");
-    let cut = Locker::connect(&format!(
-        "etcd://{}?session_ttl=6s&timeout=1s",
-        proxy.addr()
-    ))
-    .await
-    .expect("connect through proxy");
+    let cut = through(&proxy, "6s").await;
     let other = Locker::connect(&etcd.url()).await.expect("connect");
     let g = cut.lock("lost-here").await.expect("lock");
     let read = cut.rwlock("lost-here").read().await.expect("read");
@@ -411,12 +413,7 @@ async fn a_reply_lost_mid_acquire_leaves_no_key_behind() {
         return;
     };
     let proxy = FaultProxy::start(etcd.addr()).await.expect("proxy");
-    let cut = Locker::connect(&format!(
-        "etcd://{}?session_ttl=30s&timeout=1s",
-        proxy.addr()
-    ))
-    .await
-    .expect("connect through proxy");
+    let cut = through(&proxy, "30s").await;
     // Open the session before the fault, so only the acquire itself is affected.
     let warm = cut.lock("warm").await.expect("warm-up");
     warm.release().await.expect("release");
@@ -447,12 +444,7 @@ async fn a_waiter_leaving_during_an_outage_leaves_no_key_behind() {
         return;
     };
     let proxy = FaultProxy::start(etcd.addr()).await.expect("proxy");
-    let cut = Locker::connect(&format!(
-        "etcd://{}?session_ttl=30s&timeout=1s",
-        proxy.addr()
-    ))
-    .await
-    .expect("connect through proxy");
+    let cut = through(&proxy, "30s").await;
     let other = Locker::connect(&etcd.url()).await.expect("connect");
     // Cancelled while nothing gets through: the delete times out, then the reset.
     dlock::conformance::waiter_cancelled_in_an_outage(

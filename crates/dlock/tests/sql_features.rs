@@ -12,6 +12,14 @@ use dlock_testkit::{Fault, FaultProxy, MariaDbServer, PG_PASSWORD, PgServer};
 use sqlx::Connection;
 use tokio::time::Instant;
 
+/// Two lockers on `url` (two processes, as far as the server can tell).
+async fn two_lockers(url: &str) -> (Locker, Locker) {
+    (
+        Locker::connect(url).await.expect("connect"),
+        Locker::connect(url).await.expect("connect"),
+    )
+}
+
 fn unique(label: &str) -> String {
     format!("sqlf:{label}:{}", dlock::Owner::random())
 }
@@ -411,10 +419,7 @@ async fn postgres_row_holder_whose_session_ended_is_not_shown() {
         return;
     };
     let url = format!("{}?mode=row", pg.url());
-    let (a, b) = (
-        Locker::connect(&url).await.expect("connect"),
-        Locker::connect(&url).await.expect("connect"),
-    );
+    let (a, b) = two_lockers(&url).await;
     let name = unique("ended");
     let g = a.lock(&name).await.expect("lock");
     let first = g.fencing_token();
@@ -540,10 +545,7 @@ async fn row_mode_ignores_the_servers_autocommit_default() {
         "the server default did not change"
     );
     let url = format!("{}?mode=row", maria.url());
-    let (a, b) = (
-        Locker::connect(&url).await.expect("connect"),
-        Locker::connect(&url).await.expect("connect"),
-    );
+    let (a, b) = two_lockers(&url).await;
     let name = unique("autocommit");
     for round in 0..3 {
         assert!(
@@ -807,10 +809,7 @@ async fn break_lock_ends_the_hold_it_was_shown() {
         return;
     };
     for url in [pg.url(), maria.url()] {
-        let (a, b) = (
-            Locker::connect(&url).await.expect("connect"),
-            Locker::connect(&url).await.expect("connect"),
-        );
+        let (a, b) = two_lockers(&url).await;
         let name = unique("break");
         let opts = dlock::LockOptions::new().ttl(Duration::from_secs(2));
         let held = a.lock_with(&name, &opts).await.expect("lock");
@@ -1292,10 +1291,7 @@ async fn mariadb_lease_grant_holds_under_simultaneous_assignment() {
         "the server's sql_mode did not change"
     );
     let url = maria.url();
-    let (a, b) = (
-        Locker::connect(&url).await.expect("connect"),
-        Locker::connect(&url).await.expect("connect"),
-    );
+    let (a, b) = two_lockers(&url).await;
     for round in 0..3 {
         let name = unique("simultaneous");
         // The name's row holds another owner's lease, ended a second ago.
@@ -1330,6 +1326,22 @@ async fn mariadb_lease_grant_holds_under_simultaneous_assignment() {
     }
 }
 
+/// A lock `label` held on `url` for `ttl`, its renewal left to the test (with the
+/// locker that holds it, which must outlive it).
+async fn held_unrenewed(
+    url: &str,
+    label: &str,
+    ttl: Duration,
+) -> (Locker, String, dlock::LockGuard) {
+    let locker = Locker::connect(url).await.expect("connect");
+    let name = unique(label);
+    let once = dlock::LockOptions::new()
+        .ttl(ttl)
+        .renewal(dlock::Renewal::Off);
+    let held = locker.lock_with(&name, &once).await.expect("lock");
+    (locker, name, held)
+}
+
 /// PostgreSQL lease mode: a renewal that waited for the lock's row while the lease
 /// ended does not bring the ended lease back, also when the transaction it waited
 /// for only locked the row (a busy acquire, a `FOR UPDATE`): an UPDATE judges its
@@ -1342,12 +1354,7 @@ async fn postgres_lease_renewal_is_judged_when_the_row_is_locked() {
         return;
     };
     let url = pg.url();
-    let locker = Locker::connect(&url).await.expect("connect");
-    let name = unique("late-renewal");
-    let once = dlock::LockOptions::new()
-        .ttl(Duration::from_secs(1))
-        .renewal(dlock::Renewal::Off);
-    let held = locker.lock_with(&name, &once).await.expect("lock");
+    let (_locker, name, held) = held_unrenewed(&url, "late-renewal", Duration::from_secs(1)).await;
     // Another process of the owner holds it too (its hold count stays when this one's
     // keeper gives its hold back after the loss).
     let mut rival = sqlx::PgConnection::connect(&url).await.expect("rival");
@@ -1392,12 +1399,8 @@ async fn postgres_lease_renewal_of_a_deleted_row_renews_nothing() {
         return;
     };
     let url = pg.url();
-    let locker = Locker::connect(&url).await.expect("connect");
-    let name = unique("deleted-renewal");
-    let once = dlock::LockOptions::new()
-        .ttl(Duration::from_secs(5))
-        .renewal(dlock::Renewal::Off);
-    let held = locker.lock_with(&name, &once).await.expect("lock");
+    let (_locker, name, held) =
+        held_unrenewed(&url, "deleted-renewal", Duration::from_secs(5)).await;
 
     // An operator deletes the row; the renewal starts before that commits.
     let mut rival = sqlx::PgConnection::connect(&url).await.expect("rival");
@@ -1463,6 +1466,15 @@ async fn waiter_marks(observer: &mut sqlx::PgConnection) -> i64 {
     .expect("marks")
 }
 
+/// Until some waiter mark is held (`any`) or none is, at most 10 s (else `what`).
+async fn until_marks(observer: &mut sqlx::PgConnection, any: bool, what: &str) {
+    let since = Instant::now();
+    while (waiter_marks(observer).await > 0) != any {
+        assert!(since.elapsed() < Duration::from_secs(10), "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// PostgreSQL, every mode: a release nobody waits for sends no `NOTIFY` (it would cost
 /// the server a queue write and every listening process a message); a release somebody
 /// waits for does, and wakes that waiter at once although its re-poll is a minute
@@ -1481,10 +1493,7 @@ async fn postgres_releases_notify_only_keys_waited_for() {
         .expect("observer");
     for mode in ["lease", "advisory", "row"] {
         let url = format!("{}?mode={mode}&poll=60s", pg.url());
-        let (a, b) = (
-            Locker::connect(&url).await.expect("a"),
-            Locker::connect(&url).await.expect("b"),
-        );
+        let (a, b) = two_lockers(&url).await;
         let name = unique("quiet");
         for _ in 0..20 {
             a.lock(&name)
@@ -1520,14 +1529,12 @@ async fn postgres_releases_notify_only_keys_waited_for() {
             let (b, name) = (b.clone(), name.clone());
             tokio::spawn(async move { b.lock_timeout(&name, Duration::from_secs(30)).await })
         };
-        let marked = Instant::now();
-        while waiter_marks(&mut observer).await == 0 {
-            assert!(
-                marked.elapsed() < Duration::from_secs(10),
-                "{mode}: the waiter never marked the key"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_marks(
+            &mut observer,
+            true,
+            &format!("{mode}: the waiter never marked the key"),
+        )
+        .await;
         // The attempt the mark's wake-up causes is over: only the notification can
         // wake the waiter now.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1545,14 +1552,12 @@ async fn postgres_releases_notify_only_keys_waited_for() {
             "{mode}: the waited-for release did not notify"
         );
         got.release().await.expect("release");
-        let unmarked = Instant::now();
-        while waiter_marks(&mut observer).await > 0 {
-            assert!(
-                unmarked.elapsed() < Duration::from_secs(10),
-                "{mode}: a mark outlived its wait"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_marks(
+            &mut observer,
+            false,
+            &format!("{mode}: a mark outlived its wait"),
+        )
+        .await;
         while tokio::time::timeout(Duration::from_millis(200), listener.recv())
             .await
             .is_ok()
@@ -1570,10 +1575,7 @@ async fn postgres_a_waiter_marked_late_tries_again_once_marked() {
         return;
     };
     let url = format!("{}?poll=60s", pg.url());
-    let (a, b) = (
-        Locker::connect(&url).await.expect("a"),
-        Locker::connect(&url).await.expect("b"),
-    );
+    let (a, b) = two_lockers(&url).await;
     let name = unique("late-mark");
     let held = a
         .lock_with(

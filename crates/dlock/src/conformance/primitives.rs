@@ -1183,28 +1183,26 @@ pub async fn primitives_under_faults(h: &Harness) {
     let within = Duration::from_secs(5);
     let fresh = h.locker().await;
     let sem = fresh.semaphore(&sem_name, 2);
+    // Who is still inside, when something is: the owners say which locker left it.
+    let left = |what: &str, e: &Error, inside: crate::Result<Vec<crate::LockInfo>>| {
+        format!(
+            "{what} free after the faults: {e:?}; still inside: {inside:?} (owners: {} behind the proxy, {} not)",
+            near.owner(),
+            far.owner()
+        )
+    };
     let all = match sem
         .acquire_many_with(2, &LockOptions::new().wait(Wait::Timeout(within)))
         .await
     {
         Ok(all) => all,
-        Err(e) => panic!(
-            "both permits free after the faults: {e:?}; still inside: {:?} (owners: {} behind the proxy, {} not)",
-            sem.holders().await,
-            near.owner(),
-            far.owner()
-        ),
+        Err(e) => panic!("{}", left("both permits", &e, sem.holders().await)),
     };
     all.release().await.expect("release");
     let rw = fresh.rwlock(&rw_name);
     let w = match rw.write_timeout(within).await {
         Ok(w) => w,
-        Err(e) => panic!(
-            "the write free after the faults: {e:?}; still inside: {:?} (owners: {} behind the proxy, {} not)",
-            rw.holders().await,
-            near.owner(),
-            far.owner()
-        ),
+        Err(e) => panic!("{}", left("the write", &e, rw.holders().await)),
     };
     w.release().await.expect("release");
 }

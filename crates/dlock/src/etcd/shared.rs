@@ -35,6 +35,27 @@ pub(super) struct SharedWait {
     put_confirmed: bool,
 }
 
+/// Keep `slot`'s attempt waiting (or pending a cleanup) under its key: what
+/// `leave_queue` deletes, and what the next attempt of the acquisition goes on with.
+fn keep_waiting(
+    inner: &Inner,
+    slot: (String, u64),
+    key: String,
+    session: Arc<Session>,
+    watch_from: i64,
+    put_confirmed: bool,
+) {
+    inner.shared().insert(
+        slot,
+        SharedWait {
+            key,
+            session,
+            watch_from,
+            put_confirmed,
+        },
+    );
+}
+
 /// How long after an unanswered put its key is deleted once more: a put that timed out
 /// on the client may still be applied by etcd (twice the default request timeout).
 const LATE_PUT: Duration = Duration::from_secs(10);
@@ -200,14 +221,13 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
                 req.acquisition.get(),
                 fastrand::u64(..)
             );
-            inner.shared().insert(
+            keep_waiting(
+                inner,
                 slot.clone(),
-                SharedWait {
-                    key: key.clone(),
-                    session: Arc::clone(&session),
-                    watch_from: 0,
-                    put_confirmed: false,
-                },
+                key.clone(),
+                Arc::clone(&session),
+                0,
+                false,
             );
             let value = StoredHolder::encode(req);
             let put = proto::PutRequest {
@@ -229,15 +249,7 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
     let (entries, _, at) = match listing(&inner.client, &dir).await {
         Ok(l) => l,
         Err(e) => {
-            inner.shared().insert(
-                slot,
-                SharedWait {
-                    key,
-                    session,
-                    watch_from: 0,
-                    put_confirmed: confirmed,
-                },
-            );
+            keep_waiting(inner, slot, key, session, 0, confirmed);
             return Err(e);
         }
     };
@@ -246,15 +258,7 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
             // Its put was never answered: nothing says the session ended, and the put
             // may still be applied. The entry stays, so `leave_queue` deletes the key
             // now and once more after `LATE_PUT`.
-            inner.shared().insert(
-                slot,
-                SharedWait {
-                    key,
-                    session,
-                    watch_from: 0,
-                    put_confirmed: false,
-                },
-            );
+            keep_waiting(inner, slot, key, session, 0, false);
             return Err(Error::connection(
                 SCHEME,
                 "this attempt's put was not applied",
@@ -293,15 +297,7 @@ pub(super) async fn try_acquire(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
             Ok(busy())
         }
         Verdict::Wait(_) => {
-            inner.shared().insert(
-                slot,
-                SharedWait {
-                    key,
-                    session,
-                    watch_from: at + 1,
-                    put_confirmed: true,
-                },
-            );
+            keep_waiting(inner, slot, key, session, at + 1, true);
             Ok(busy())
         }
     }

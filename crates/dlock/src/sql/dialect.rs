@@ -168,7 +168,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// at once, the watch is woken when it is (a release before that may have stayed
     /// silent). PostgreSQL's releases notify only marked keys; a server without
     /// notifications needs no mark.
-    async fn mark_waiting(&self, _key: &[u8; 32]) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+    fn mark_waiting(&self, _key: &[u8; 32]) -> Option<Box<dyn std::any::Any + Send + Sync>> {
         None
     }
 

@@ -250,7 +250,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
             watch,
             poll: self.opts.poll,
             jitter: D::POLL_JITTER,
-            _mark: self.dialect.mark_waiting(&key).await,
+            _mark: self.dialect.mark_waiting(&key),
         }))
     }
 

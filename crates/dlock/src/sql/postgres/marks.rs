@@ -3,9 +3,9 @@
 //!
 //! A `NOTIFY` costs the server a write to its notification queue and a wake-up of every
 //! listening session, and costs every listening dlock process a message — on every
-//! release, waited for or not (about a fifth of a bare advisory cycle's throughput,
-//! measured with pgbench). So a process with waiters on a key *marks* the key's bucket
-//! (one of 64, by the key's first six bits): its mark connection holds a shared
+//! release, waited for or not, and the more so the more processes listen. So a
+//! process with waiters on a key *marks* the key's bucket (one of 64, by the key's
+//! first six bits): its mark connection holds a shared
 //! session-level advisory lock on (`MARK_SPACE`, bucket) — the two-`int4` form, a space
 //! apart from the advisory mode's single-`bigint` locks — until a second after the
 //! bucket's last waiter there left. 64 buckets keep a process within the lock-table
@@ -172,8 +172,10 @@ async fn run(
                     next = rx.try_recv().ok();
                 }
                 st.mark_all(Wait::No).await;
+                st.close_if_unused().await;
             }
-            _ = check.tick() => st.check().await,
+            // Nothing kept, nothing to check: the task sleeps until the next command.
+            _ = check.tick(), if !st.buckets.is_empty() => st.check().await,
         }
     }
 }
@@ -316,11 +318,7 @@ impl State {
                 }
             }
         }
-        if self.buckets.is_empty() {
-            // Nothing marked: no connection to keep.
-            if let Some(conn) = self.conn.take() {
-                let _ = tokio::time::timeout(self.timeout, conn.close()).await;
-            }
+        if self.close_if_unused().await {
             return;
         }
         if let Some(conn) = self.conn.as_mut()
@@ -332,6 +330,17 @@ impl State {
             self.drop_conn();
         }
         self.mark_all(Wait::Briefly).await;
+    }
+
+    /// With no bucket kept, no connection is kept either; `true` then.
+    async fn close_if_unused(&mut self) -> bool {
+        if !self.buckets.is_empty() {
+            return false;
+        }
+        if let Some(conn) = self.conn.take() {
+            let _ = tokio::time::timeout(self.timeout, conn.close()).await;
+        }
+        true
     }
 
     /// The connection is gone, and every mark with it.

@@ -626,7 +626,7 @@ impl Dialect for Postgres {
             .map(drop)
     }
 
-    async fn mark_waiting(&self, key: &[u8; 32]) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+    fn mark_waiting(&self, key: &[u8; 32]) -> Option<Box<dyn std::any::Any + Send + Sync>> {
         Some(Box::new(self.marks.mark(key)))
     }
 
