@@ -10,11 +10,12 @@ fn digits(b: u8) -> [u8; 2] {
 
 /// `bytes` as lower-case hex, two digits per byte.
 pub(crate) fn encode(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for d in bytes.iter().flat_map(|b| digits(*b)) {
-        out.push(char::from(d));
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.extend_from_slice(&digits(*b));
     }
-    out
+    // Hex digits are ASCII: this never falls back.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// 16 bytes as 32 lower-case hex digits (ASCII), without allocating.

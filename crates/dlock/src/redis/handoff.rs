@@ -135,16 +135,24 @@ struct Holders {
     lease_end: Instant,
 }
 
+/// The table's hasher: foldhash, seeded per table. Every acquisition and release looks
+/// up its lock here several times; SipHash made that a visible share of a cycle.
+type Hasher = foldhash::fast::RandomState;
+
 #[derive(Debug)]
 struct Table<G> {
-    lines: HashMap<String, Line<G>>,
+    lines: HashMap<String, Line<G>, Hasher>,
     /// By a hash of the lock key (a collision only costs a waiter a re-poll).
-    holders: HashMap<u64, Holders>,
+    holders: HashMap<u64, Holders, Hasher>,
+    /// Hashes lock keys and owners for `holders`.
+    keys: Hasher,
 }
 
-fn key_hash(lock: &str) -> u64 {
-    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    BuildHasherDefault::<DefaultHasher>::default().hash_one(lock)
+impl<G> Table<G> {
+    fn key_hash(&self, key: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.keys.hash_one(key)
+    }
 }
 
 /// Every lock's local waiters, in arrival order, and its local holders.
@@ -159,8 +167,9 @@ impl<G> Handoffs<G> {
     pub(crate) fn new(burst: u32) -> Self {
         Handoffs {
             table: Mutex::new(Table {
-                lines: HashMap::new(),
-                holders: HashMap::new(),
+                lines: HashMap::default(),
+                holders: HashMap::default(),
+                keys: Hasher::default(),
             }),
             burst,
         }
@@ -175,27 +184,30 @@ impl<G> Handoffs<G> {
     /// Whether `owner` is among this process's holders of `lock` (a reentrant attempt
     /// of a local holder must go to the server, never wait for a hand-off).
     pub(crate) fn is_local_holder(&self, lock: &str, owner: &str) -> bool {
-        self.table()
-            .holders
-            .get(&key_hash(lock))
-            .is_some_and(|h| h.owners.contains(&key_hash(owner)))
+        let t = self.table();
+        t.holders
+            .get(&t.key_hash(lock))
+            .is_some_and(|h| h.owners.contains(&t.key_hash(owner)))
     }
 
     /// `owner`, a task of this process, now holds `lock` until `lease_end` (at the
     /// latest).
     pub(crate) fn note_held(&self, lock: &str, owner: &str, lease_end: Instant) {
         let mut t = self.table();
-        let h = t.holders.entry(key_hash(lock)).or_insert(Holders {
+        let (lock, owner) = (t.key_hash(lock), t.key_hash(owner));
+        let h = t.holders.entry(lock).or_insert(Holders {
             owners: Vec::new(),
             lease_end,
         });
-        h.owners.push(key_hash(owner));
+        h.owners.push(owner);
         h.lease_end = h.lease_end.max(lease_end);
     }
 
     /// A local holder's lease was renewed to `lease_end`.
     pub(crate) fn note_renewed(&self, lock: &str, lease_end: Instant) {
-        if let Some(h) = self.table().holders.get_mut(&key_hash(lock)) {
+        let mut t = self.table();
+        let lock = t.key_hash(lock);
+        if let Some(h) = t.holders.get_mut(&lock) {
             h.lease_end = h.lease_end.max(lease_end);
         }
     }
@@ -207,9 +219,8 @@ impl<G> Handoffs<G> {
     }
 
     fn holder_left(t: &mut Table<G>, lock: &str, owner: &str) {
-        let key = key_hash(lock);
+        let (key, owner) = (t.key_hash(lock), t.key_hash(owner));
         if let Some(h) = t.holders.get_mut(&key) {
-            let owner = key_hash(owner);
             if let Some(i) = h.owners.iter().position(|o| *o == owner) {
                 h.owners.swap_remove(i);
             }
@@ -260,8 +271,8 @@ impl<G> Handoffs<G> {
         // the holder is this very owner, re-entering).
         let local_hold = t
             .holders
-            .get(&key_hash(lock))
-            .filter(|h| !h.owners.contains(&key_hash(owner)))
+            .get(&t.key_hash(lock))
+            .filter(|h| !h.owners.contains(&t.key_hash(owner)))
             .map(|h| h.lease_end.saturating_duration_since(now));
         let Some(line) = t.lines.get(lock) else {
             return local_hold

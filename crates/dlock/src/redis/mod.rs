@@ -117,6 +117,7 @@ use crate::name::LockName;
 use crate::options::{Metadata, Owner};
 use crate::url::ConnectUrl;
 
+mod call;
 mod conn;
 mod handoff;
 pub(crate) mod layout;
@@ -586,20 +587,23 @@ impl Inner {
     }
 
     async fn release(&self, keys: &Keys, owner: &str, fence: u64) -> Result<i64> {
-        let mut inv = self.layout.release_script().prepare_invoke();
-        inv.key(&keys.lock).key(keys.signal()).arg(owner);
-        match &keys.meta() {
+        let signal = keys.signal();
+        let script = self.layout.release_script();
+        let mut call = match keys.meta() {
             None => {
-                inv.arg(fence);
+                let mut call = call::Call::new(script, &[&keys.lock, &signal], 2);
+                call.arg(owner);
+                call
             }
             Some(meta) => {
-                inv.key(meta)
-                    .key(keys.counter())
-                    .arg(self.signal_kind())
-                    .arg(fence);
+                let counter = keys.counter();
+                let mut call = call::Call::new(script, &[&keys.lock, &signal, &meta, &counter], 3);
+                call.arg(owner).arg(self.signal_kind());
+                call
             }
-        }
-        inv.invoke_async(&mut self.conn.clone())
+        };
+        call.arg(fence)
+            .run(&mut self.conn.clone())
             .await
             .map_err(|e| map_err(&e))
     }
@@ -747,33 +751,37 @@ impl Backend for RedisBackend {
         let started = std::time::Instant::now();
         let mut round = 0u32;
         let fair_keys = if req.fair { keys.queue() } else { None };
+        let (counter, meta) = (keys.counter(), keys.meta());
         let (granted, value): (i64, i64) = loop {
             let fair_queue = fair_keys.as_ref();
             let script = match fair_queue {
                 Some(_) => &*layout::REDISSON_FAIR_ACQUIRE,
                 None => inner.layout.acquire_script(),
             };
-            let mut inv = script.prepare_invoke();
-            inv.key(&keys.lock)
-                .key(keys.counter())
-                .arg(ttl_ms)
+            // KEYS: the lock, its counter, then the metadata key (plain layouts) or
+            // the queue and its deadlines (fair mode).
+            let mut names = [keys.lock.as_str(), counter.as_str(), "", "", ""];
+            let mut count = 2;
+            let more = meta
+                .iter()
+                .chain(fair_queue.into_iter().flat_map(|(q, d)| [q, d]));
+            for key in more {
+                names[count] = key;
+                count += 1;
+            }
+            let mut call = call::Call::new(script, &names[..count], 7);
+            call.arg(ttl_ms)
                 .arg(req.owner.as_str())
                 .arg(&metadata)
                 .arg(&nonce)
                 .arg(if recovering { "1" } else { "0" });
-            if let Some(meta) = &keys.meta() {
-                inv.key(meta);
-            }
-            if let Some((queue, deadlines)) = fair_queue {
+            if fair_queue.is_some() {
                 let life = req
                     .enqueue
                     .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
-                inv.key(queue)
-                    .key(deadlines)
-                    .arg(life)
-                    .arg(queue_entry(req));
+                call.arg(life).arg(queue_entry(req));
             }
-            match inv.invoke_async(&mut inner.conn.clone()).await {
+            match call.run(&mut inner.conn.clone()).await {
                 Ok(answer) => break answer,
                 Err(e) if uncertain(&e) && round < 3 => {
                     tracing::debug!(lock = %req.name, error = %e, "acquire reply lost; retrying with the same nonce");
@@ -1074,19 +1082,21 @@ impl RedisHeld {
     ) -> Result<bool> {
         let sent_at = std::time::Instant::now();
         let want = &offer.want;
-        let answer: redis::RedisResult<(i64, u64)> = layout::REDISSON_HANDOFF
-            .key(&self.keys.lock)
-            .key(self.keys.counter())
-            .key(self.keys.signal())
-            .arg(self.owner.as_str())
-            .arg(self.fence)
-            .arg(offer.owner().as_str())
-            .arg(u64::try_from(want.ttl.as_millis()).unwrap_or(u64::MAX))
-            .arg(&want.metadata)
-            .arg(&want.nonce)
-            .arg(if offer.last { "1" } else { "0" })
-            .invoke_async(&mut self.inner.conn.clone())
-            .await;
+        let (counter, signal) = (self.keys.counter(), self.keys.signal());
+        let answer: redis::RedisResult<(i64, u64)> = call::Call::new(
+            &layout::REDISSON_HANDOFF,
+            &[&self.keys.lock, &counter, &signal],
+            7,
+        )
+        .arg(self.owner.as_str())
+        .arg(self.fence)
+        .arg(offer.owner().as_str())
+        .arg(u64::try_from(want.ttl.as_millis()).unwrap_or(u64::MAX))
+        .arg(&want.metadata)
+        .arg(&want.nonce)
+        .arg(if offer.last { "1" } else { "0" })
+        .run(&mut self.inner.conn.clone())
+        .await;
         match answer {
             Ok((0, fence)) => {
                 let grant = RedisHeld {
