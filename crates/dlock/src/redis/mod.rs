@@ -558,6 +558,34 @@ pub(crate) struct StoredMetadata<'a> {
     pub(crate) nonce: &'a str,
 }
 
+impl StoredMetadata<'_> {
+    /// The stored JSON. This process's own metadata (the default) is serialized once;
+    /// each attempt then only appends its nonce.
+    pub(crate) fn to_json(&self) -> String {
+        static OWN: std::sync::LazyLock<(Metadata, String)> = std::sync::LazyLock::new(|| {
+            let own = Metadata::this_process();
+            let json = serde_json::to_string(&own).unwrap_or_default();
+            (own, json)
+        });
+        let plain = |b: u8| b.is_ascii_alphanumeric() || b == b':';
+        if *self.metadata == OWN.0
+            && self.nonce.bytes().all(plain)
+            && let Some(fields) = OWN.1.strip_suffix('}')
+        {
+            let mut out = String::with_capacity(fields.len() + self.nonce.len() + 12);
+            out.push_str(fields);
+            if fields != "{" {
+                out.push(',');
+            }
+            out.push_str("\"nonce\":\"");
+            out.push_str(self.nonce);
+            out.push_str("\"}");
+            return out;
+        }
+        serde_json::to_string(self).unwrap_or_else(|_| "{}".into())
+    }
+}
+
 /// The nonce an in-process hand-off to the waiter of an attempt writes: derived from
 /// the attempt's, and never equal to any attempt's.
 fn handoff_nonce(attempt: &str) -> String {
@@ -691,11 +719,11 @@ impl Backend for RedisBackend {
         // Unique per attempt is all it needs: no OS randomness on the hot path.
         let mut nonce = crate::hex::u128_32(fastrand::u128(..));
         let stored = |nonce: &str| {
-            serde_json::to_string(&StoredMetadata {
+            StoredMetadata {
                 metadata: &req.metadata,
                 nonce,
-            })
-            .unwrap_or_else(|_| "{}".into())
+            }
+            .to_json()
         };
         let mut metadata = stored(&nonce);
         let mut recovering = false;
@@ -743,6 +771,7 @@ impl Backend for RedisBackend {
             && !req.fair
             && inner.layout.publishes()
             && barging_is_waiting
+            && inner.subscriber.watching_any()
             && inner.subscriber.watchers(&keys.signal()) > 0
         {
             return Ok(Attempt::Busy { retry_after: None });
@@ -1248,6 +1277,22 @@ mod tests {
 
         async fn holds(&mut self, owner: &str) -> Option<i64> {
             self.cmd(&["HGET", "l", owner]).await
+        }
+    }
+
+    #[test]
+    fn stored_metadata_is_what_serde_writes() {
+        let own = Metadata::this_process();
+        let noted = Metadata::this_process().with_note("a \"quoted\" note");
+        let empty = Metadata::default();
+        for metadata in [&own, &noted, &empty] {
+            for nonce in ["0123456789abcdef0123456789abcdef", "00ff:h", "", "a\"b"] {
+                let stored = StoredMetadata { metadata, nonce };
+                let json = stored.to_json();
+                assert_eq!(json, serde_json::to_string(&stored).expect("json"));
+                let back: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+                assert_eq!(back["nonce"], nonce);
+            }
         }
     }
 

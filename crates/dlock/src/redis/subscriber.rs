@@ -77,6 +77,11 @@ impl Subscriber {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Whether this process watches any channel (a check that needs no channel name).
+    pub(crate) fn watching_any(&self) -> bool {
+        !self.channels().is_empty()
+    }
+
     /// How many waiters of this process wait on `channel`.
     pub(crate) fn watchers(&self, channel: &str) -> usize {
         self.channels().get(channel).map_or(0, |e| e.watchers)

@@ -434,11 +434,11 @@ impl Inner {
         // Each round's grants carry a nonce of their own in their metadata: release and
         // renewal act on this grant only, never on another task's grant of one owner.
         let nonce = crate::hex::u128_32(fastrand::u128(..));
-        let metadata = serde_json::to_string(&crate::redis::StoredMetadata {
+        let metadata = crate::redis::StoredMetadata {
             metadata: &req.metadata,
             nonce: &nonce,
-        })
-        .unwrap_or_else(|_| "{}".into());
+        }
+        .to_json();
         let mut inv = ACQUIRE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.counter)
