@@ -33,6 +33,9 @@ impl LockName {
                 "a lock name is at most {MAX_NAME_LEN} bytes, this one has {}",
                 name.len()
             ))
+        } else if name.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            // Printable ASCII, the usual name: no character to decode.
+            None
         } else {
             name.char_indices()
                 .find(|(_, c)| c.is_control())
@@ -137,7 +140,14 @@ mod tests {
 
     #[test]
     fn rejects_bad_names() {
-        for bad in ["", "a\0b", "tab\there", "new\nline"] {
+        for bad in [
+            "",
+            "a\0b",
+            "tab\there",
+            "new\nline",
+            "del\u{7f}",
+            "c1\u{85}",
+        ] {
             assert!(
                 matches!(LockName::new(bad), Err(Error::InvalidName { .. })),
                 "{bad:?}"
