@@ -8,6 +8,7 @@
 //! beyond the mutex) is measured again and replaces that section of OUTPUT.md; with
 //! `--only-scaling`, only the scaling section and its plot.
 
+mod callgrind;
 mod primitives;
 mod scaling;
 
@@ -509,6 +510,10 @@ fn main() {
         cli_rows.insert_str(first + 1, &breakdown);
     }
 
+    // Instructions per uncontended Redis cycle, dlock's and the floor's (callgrind).
+    eprintln!("benchmarks: callgrind on dlock bench --scenario uncontended (redis)");
+    let instructions = callgrind::per_cycle(&dlock, &redis_url);
+
     // 4. Targets from the issue, with the measured value beside each.
     let mut targets = String::new();
     let mut target = |what: &str, measured: String, ok: Option<bool>| {
@@ -533,6 +538,14 @@ fn main() {
         "Redis uncontended: exactly 2 commands per cycle (client commands the server saw, MONITOR)",
         rc.map_or("–".into(), |c| format!("{c:.2}")),
         rc.map(|c| (c - 2.0).abs() < 0.005),
+    );
+    target(
+        "Redis uncontended: client instructions per cycle ≤ 1.3× the floor's (callgrind, `scripts/benchmarks`' two runs)",
+        match &instructions {
+            Ok((d, f)) => format!("{d:.0} vs the floor's {f:.0}: {:.2}×", d / f),
+            Err(why) => format!("not measured: {why}"),
+        },
+        instructions.as_ref().ok().map(|(d, f)| d / f <= 1.3),
     );
     let r64 = ratio_of(redis, "uncontended-64-tasks");
     target(
