@@ -6,7 +6,9 @@
 //!   (`synchronous=FULL`, as a grant whose token must survive a power loss), delete it
 //!   if the owner matches, written but not synced (`NORMAL`, as dlock's release) — the
 //!   least any fenced lease lock on SQLite must do.
-//! - Redis: `SET NX PX` + `EVALSHA` compare-and-delete.
+//! - Redis: `SET NX PX` + `EVALSHA` compare-and-delete; its limit (the least fenced
+//!   lock, [`Floor::limit`]): a script that grants and draws the token, then the same
+//!   compare-and-delete.
 //! - etcd: put a key attached to a lease (granted once) + delete it.
 //! - ZooKeeper: create an ephemeral node + delete it.
 //! - PostgreSQL / MySQL: the bare statements of the URL's mode (see `raw_sql`).
@@ -101,6 +103,19 @@ impl Floor {
             // The lock recipe is a counted grant of one: create, list, delete.
             (Shape::Fenced, Floor::Zk { .. }) => self.counted(i, 1).await,
             (Shape::Fenced, Floor::Sql(f)) => f.cycle(i, Shape::Fenced).await,
+            (
+                Shape::Fenced,
+                Floor::Redis {
+                    conn, key, owner, ..
+                },
+            ) => crate::bench::raw_redis::fenced_cycle(
+                conn,
+                key,
+                &format!("{key}:token"),
+                owner.as_str(),
+            )
+            .await
+            .map_err(crate::bench::raw_redis::err),
             (Shape::Fenced, _) => self.exclusive(i).await,
         }
     }
@@ -115,6 +130,10 @@ impl Floor {
                  sequential node, list its siblings (is it the lowest?), delete it",
             ),
             Floor::Sql(f) => f.limit(),
+            Floor::Redis { .. } => Some(
+                "one script that grants a free key and draws its token from a counter, \
+                 then the compare-and-delete",
+            ),
             _ => None,
         }
     }
@@ -279,6 +298,13 @@ impl Floor {
                 ..
             } => {
                 let _ = client.delete(&p, None).await;
+            }
+            // The limit's token counter (the lock key itself is deleted by each cycle).
+            Floor::Redis { mut conn, key, .. } => {
+                let _: redis::RedisResult<i64> = redis::cmd("DEL")
+                    .arg(format!("{key}:token"))
+                    .query_async(&mut conn)
+                    .await;
             }
             _ => {}
         }

@@ -52,6 +52,42 @@ pub async fn floor_cycle(
     Ok(())
 }
 
+/// The least a fenced lock does on Redis: one script grants a free key and draws the
+/// next token from a counter in the same step (stored with the owner, so a release or
+/// a renewal can tell this grant from a later one); the release is the floor's
+/// compare-and-delete. A bare `SET NX PX` cannot draw a token: this is what fencing
+/// costs the server beyond the floor.
+static FENCED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('exists', KEYS[1]) == 1 then return 0 end \
+         local token = redis.call('incr', KEYS[2]) \
+         redis.call('set', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2]) \
+         return token",
+    )
+});
+
+/// One cycle of the least fenced lock (above): grant with a token, compare-and-delete.
+pub async fn fenced_cycle(
+    conn: &mut ConnectionManager,
+    key: &str,
+    counter: &str,
+    owner: &str,
+) -> redis::RedisResult<()> {
+    let token: i64 = FENCED_ACQUIRE
+        .key(key)
+        .key(counter)
+        .arg(owner)
+        .arg(30_000)
+        .invoke_async(conn)
+        .await?;
+    let _: i64 = COMPARE_AND_DELETE
+        .key(key)
+        .arg(format!("{owner}:{token}"))
+        .invoke_async(conn)
+        .await?;
+    Ok(())
+}
+
 /// A counted grant in one script, the shape of the npm `redis-semaphore` package's
 /// acquire: drop members whose lease ran out, add this one while fewer than the limit
 /// are there.
