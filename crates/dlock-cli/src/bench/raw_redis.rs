@@ -80,6 +80,13 @@ pub async fn fenced_cycle(
         .arg(30_000)
         .invoke_async(conn)
         .await?;
+    if token == 0 {
+        // A cycle that was not granted must not count as one.
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "the limit's key was taken",
+        )));
+    }
     let _: i64 = COMPARE_AND_DELETE
         .key(key)
         .arg(format!("{owner}:{token}"))

@@ -142,7 +142,9 @@ type Hasher = foldhash::fast::RandomState;
 #[derive(Debug)]
 struct Table<G> {
     lines: HashMap<String, Line<G>, Hasher>,
-    /// By a hash of the lock key (a collision only costs a waiter a re-poll).
+    /// By a hash of the lock key, seeded per table. A collision (odds 2^-64 per pair of
+    /// keys, and no way to aim for one without the seed) would make a newcomer to one
+    /// lock hold back while the other is held here; grants stay the server's.
     holders: HashMap<u64, Holders, Hasher>,
     /// Hashes lock keys and owners for `holders`.
     keys: Hasher,

@@ -34,8 +34,9 @@
 //! cluster every key of one lock shares the name's hash slot (Redisson's naming rule).
 //!
 //! # How a lock works here
-//! Acquire, renew and release are Lua scripts (EVALSHA, EVAL on NOSCRIPT), so every
-//! check-and-set is atomic on the server: an uncontended cycle is two commands. Every
+//! Acquire, renew and release are Lua scripts (EVALSHA; on NOSCRIPT, SCRIPT LOAD and
+//! EVALSHA again), so every check-and-set is atomic on the server: an uncontended
+//! cycle is two commands. Every
 //! acquire carries a nonce: if the connection drops after the server ran it but before
 //! the reply arrived, the retry finds that grant instead of orphaning it or taking a
 //! second hold. A renewal never shortens a lease (reentrant holds share it). Renewals

@@ -2,10 +2,15 @@
 //! callgrind (the issue's instruction target; wall-clock ratios swing with the machine,
 //! instruction counts do not).
 //!
-//! Two runs of `dlock bench --scenario uncontended`, with `SHORT` and `LONG` cycles; each
-//! function's inclusive count in the second minus the first, over the difference in
-//! cycles, cancels what the bench does besides its timed cycles (warm-up, the extra
-//! cycles it counts requests over).
+//! Each side is counted with `--toggle-collect` on its cycle function: every instruction
+//! run while that function is on the stack, whatever it calls or inlines. The work of
+//! other tasks is left out on both sides (the client's connection task, which parses
+//! the replies, and dlock's keeper, which a cycle only touches through its own calls).
+//! Two runs per side of `dlock bench --scenario uncontended`, with `SHORT` and `LONG`
+//! cycles: the difference in count over the difference in cycles cancels what the
+//! bench does besides (warm-up, the extra cycles it counts requests over). dlock's
+//! cycle also runs in the bench's second alternating run against the limit, when there
+//! is one: its report says so, and the count is divided accordingly.
 
 use std::path::Path;
 use std::process::Command;
@@ -15,71 +20,64 @@ use dlock_testkit::find_binary;
 const SHORT: u32 = 1000;
 const LONG: u32 = 3000;
 /// dlock's cycle (`lock` + `release`) and the floor's (`SET NX PX` + `EVALSHA`), as
-/// `dlock bench` names them: renaming either function makes this say so, never guess.
+/// `dlock bench` names them: renaming either makes this say it found nothing.
 const DLOCK_CYCLE: &str = "dlock::bench::take::Take::cycle::{{closure}}";
 const FLOOR_CYCLE: &str = "dlock::bench::floor::Floor::exclusive::{{closure}}";
 
 /// Instructions per cycle: (dlock, floor).
 ///
 /// # Errors
-/// Why there is no figure: valgrind missing, a run that failed, a function not found.
+/// Why there is no figure: valgrind missing, a run that failed, nothing counted.
 pub fn per_cycle(dlock: &Path, url: &str) -> Result<(f64, f64), String> {
     let valgrind = find_binary("valgrind").ok_or("valgrind is not installed")?;
-    let annotate = find_binary("callgrind_annotate").ok_or("callgrind_annotate is missing")?;
     let dir = tempfile::tempdir().map_err(|e| format!("a temp dir: {e}"))?;
-    let mut counts = Vec::new();
-    for cycles in [SHORT, LONG] {
-        let out = dir.path().join(format!("callgrind.{cycles}"));
-        let status = Command::new(&valgrind)
+    let count = |function: &str, cycles: u32| -> Result<(u64, bool), String> {
+        let out = dir.path().join("callgrind.out");
+        let run = Command::new(&valgrind)
             .arg("--tool=callgrind")
             .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(format!("--toggle-collect={function}"))
             .arg(dlock)
-            .args([
-                "bench",
-                "--url",
-                url,
-                "--scenario",
-                "uncontended",
-                "--cycles",
-            ])
+            .args(["bench", "--json", "--url", url, "--scenario", "uncontended"])
+            .arg("--cycles")
             .arg(cycles.to_string())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .map_err(|e| format!("valgrind: {e}"))?;
-        if !status.success() {
-            return Err(format!("dlock bench under valgrind exited with {status}"));
-        }
-        let listing = Command::new(&annotate)
-            .arg("--inclusive=yes")
-            .arg(&out)
+            .env_remove("DLOCK_URL")
             .output()
-            .map_err(|e| format!("callgrind_annotate: {e}"))?;
-        let text = String::from_utf8_lossy(&listing.stdout);
-        counts.push((
-            inclusive(&text, DLOCK_CYCLE)?,
-            inclusive(&text, FLOOR_CYCLE)?,
-        ));
-    }
-    let cycles = f64::from(LONG - SHORT);
-    let per = |long: u64, short: u64| long.saturating_sub(short) as f64 / cycles;
-    Ok((per(counts[1].0, counts[0].0), per(counts[1].1, counts[0].1)))
+            .map_err(|e| format!("valgrind: {e}"))?;
+        if !run.status.success() {
+            return Err(format!(
+                "dlock bench under valgrind exited with {}",
+                run.status
+            ));
+        }
+        let limit = super::json_line(&run).is_some_and(|r| !r["uncontended"]["limit"].is_null());
+        let text = std::fs::read_to_string(&out).map_err(|e| format!("callgrind's output: {e}"))?;
+        Ok((total(&text).ok_or("callgrind counted nothing")?, limit))
+    };
+    let per = |function: &str| -> Result<f64, String> {
+        let (short, _) = count(function, SHORT)?;
+        let (long, limit) = count(function, LONG)?;
+        // dlock's cycle runs once per bench cycle, twice when a limit is measured too.
+        let runs = if function == DLOCK_CYCLE && limit {
+            2.0
+        } else {
+            1.0
+        };
+        let counted = long.checked_sub(short).filter(|d| *d > 0);
+        let counted = counted.ok_or_else(|| format!("no instructions counted in {function}"))?;
+        Ok(counted as f64 / (f64::from(LONG - SHORT) * runs))
+    };
+    Ok((per(DLOCK_CYCLE)?, per(FLOOR_CYCLE)?))
 }
 
-/// The largest inclusive count `callgrind_annotate` lists for `function` (inlined
-/// copies are listed under other files, with smaller counts).
-fn inclusive(listing: &str, function: &str) -> Result<u64, String> {
-    listing
-        .lines()
-        .filter(|l| {
-            let l = l.trim_end();
-            let l = l.rsplit_once(" [").map_or(l, |(head, _)| head);
-            l.ends_with(&format!(":{function}"))
-        })
-        .filter_map(|l| l.split_whitespace().next())
-        .filter_map(|n| n.replace(',', "").parse::<u64>().ok())
-        .max()
-        .ok_or_else(|| format!("callgrind lists no {function}"))
+/// The instructions callgrind counted: its `totals:` line (`summary:` in older files).
+fn total(callgrind_out: &str) -> Option<u64> {
+    callgrind_out.lines().find_map(|l| {
+        l.strip_prefix("totals:")
+            .or_else(|| l.strip_prefix("summary:"))
+            .and_then(|n| n.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+    })
 }
 
 #[cfg(test)]
@@ -87,13 +85,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_largest_count_of_the_function_is_read() {
-        let listing = "\
- 9,000 (10.0%)  /a/take.rs:dlock::bench::take::Take::cycle::{{closure}} [/bin/dlock]
-   500 ( 1.0%)  core/future.rs:dlock::bench::take::Take::cycle::{{closure}}
- 1,000 ( 1.0%)  /a/take.rs:dlock::bench::take::Take::cycle::{{closure}}::{{closure}} [/bin/dlock]
-";
-        assert_eq!(inclusive(listing, DLOCK_CYCLE), Ok(9000));
-        assert!(inclusive(listing, FLOOR_CYCLE).is_err());
+    fn the_total_is_read_from_either_line() {
+        assert_eq!(
+            total("events: Ir\nfl=x\ntotals: 92889758\n"),
+            Some(92_889_758)
+        );
+        assert_eq!(total("events: Ir\nsummary: 12 \n"), Some(12));
+        assert_eq!(total("events: Ir\n"), None);
     }
 }

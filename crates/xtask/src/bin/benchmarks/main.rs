@@ -542,7 +542,7 @@ fn main() {
             let limit = l1.map_or(String::new(), |l| format!("; {l:.2}× the limit"));
             format!("{r:.2}× the floor ({floor} 0.90×){limit}")
         }),
-        r1.map(|r| r >= 0.95 || l1.is_some_and(|l| l >= 0.95)),
+        r1.map(|r| r >= 0.90 && (r >= 0.95 || l1.is_some_and(|l| l >= 0.95))),
     );
     // Counted by the server over a separate run (`requests_per_cycle`).
     let per_cycle =
