@@ -18,10 +18,18 @@ pub fn err(e: redis::RedisError) -> Failure {
     Failure::internal(format!("bench's bare redis client: {e}"))
 }
 
-/// A multiplexed, reconnecting connection to `url` (a bare URL).
+/// A multiplexed, reconnecting connection to `url` (a bare URL), waiting for replies
+/// as long as dlock does by default (5 s): the crate's own default, 500 ms, fails a
+/// floor on a server that syncs every write where dlock would only wait.
 pub async fn connect(url: &str) -> Result<ConnectionManager, Failure> {
     let client = redis::Client::open(url).map_err(err)?;
-    ConnectionManager::new(client).await.map_err(err)
+    let wait = Some(std::time::Duration::from_secs(5));
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(wait)
+        .set_connection_timeout(wait);
+    ConnectionManager::new_with_config(client, config)
+        .await
+        .map_err(err)
 }
 
 static COMPARE_AND_DELETE: LazyLock<Script> = LazyLock::new(|| {

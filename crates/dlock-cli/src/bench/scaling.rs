@@ -16,7 +16,7 @@
 //! done within [`CYCLES_LIMIT`], or an error (a backend that pins a connection per
 //! held lock runs out of them) — ends its series with the reason; the levels measured
 //! before it stay. The waiters series runs first, since the held one ends with its locks given
-//! back for [`GIVE_BACK_LIMIT`] at most.
+//! back for [`GIVE_BACK_LIMIT`](crate::bench::hold::GIVE_BACK_LIMIT) at most.
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ use dlock::{LockOptions, Locker};
 use serde::Serialize;
 
 use crate::bench::handoff::Waiting;
-use crate::bench::hold::{cpu_seconds, take_many, trimmed_rss_bytes};
+use crate::bench::hold::{cpu_seconds, give_back, take_many, trimmed_rss_bytes};
 use crate::bench::raw_sql::SqlConn;
 use crate::bench::stats::{Latency, micros};
 use crate::exit::Failure;
@@ -33,8 +33,6 @@ use crate::exit::Failure;
 const FILL_LIMIT: Duration = Duration::from_secs(60);
 /// How long the timed cycles of one level may take.
 const CYCLES_LIMIT: Duration = Duration::from_secs(60);
-/// How long the held locks are given back for at the end.
-const GIVE_BACK_LIMIT: Duration = Duration::from_secs(20);
 /// The most cycles timed at each level of held names.
 const MAX_CYCLES: u32 = 1000;
 /// Below this many held locks, memory per lock is noise and not reported.
@@ -221,28 +219,8 @@ async fn held_series(
             }
         }
     }
-    // Given back from as many tasks as took them, for a bounded time: a backend whose
-    // renewals of so many locks already take all it can do would take minutes (the
-    // leases free the rest after the process ends).
-    let _ = tokio::time::timeout(GIVE_BACK_LIMIT, give_back(guards)).await;
+    give_back(guards).await;
     (levels, stopped)
-}
-
-/// Release `guards` from up to 64 tasks, waiting for every release; dropped unfinished
-/// (the time bound), the tasks are aborted and the guards left release in the
-/// background as they drop.
-async fn give_back(mut guards: Vec<dlock::LockGuard>) {
-    let per_task = guards.len().div_ceil(64).max(1);
-    let mut set = tokio::task::JoinSet::new();
-    while !guards.is_empty() {
-        let part = guards.split_off(guards.len().saturating_sub(per_task));
-        set.spawn(async move {
-            for g in part {
-                let _ = g.release().await;
-            }
-        });
-    }
-    while set.join_next().await.is_some() {}
 }
 
 /// Fill `guards` up to `n` held locks, then time the cycles.
