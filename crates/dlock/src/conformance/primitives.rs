@@ -957,13 +957,14 @@ pub async fn election_one_leader_terms_increase(h: &Harness) {
                     }
                 };
                 if let Some(c) = change {
-                    reported.push(c.expect("watch").map(|l| l.term));
+                    reported.push(c.expect("watch").map(|l| (l.value, l.term)));
                 }
             }
             reported
         }
     });
     let mut terms = Vec::new();
+    let mut leaders = Vec::new();
     while let Some((value, term, seen_tx)) =
         tokio::time::timeout(Duration::from_secs(30), done_rx.recv())
             .await
@@ -989,6 +990,7 @@ pub async fn election_one_leader_terms_increase(h: &Harness) {
         );
         let _ = seen_tx.send(());
         terms.push(term);
+        leaders.push((value, term));
     }
     for c in candidates {
         c.await.expect("candidate");
@@ -998,29 +1000,32 @@ pub async fn election_one_leader_terms_increase(h: &Harness) {
         terms.windows(2).all(|w| w[0] < w[1]),
         "terms do not increase: {terms:?}"
     );
-    // The watch reported leaders (it may miss a short one) in increasing terms, and
-    // ends with none. (Term 0: held, by whom not known yet — MySQL row mode between a
-    // lock and its record.)
+    // The watch reported leaders (it may miss a short one), and ends with none. Each
+    // it reported is one of the leaders, at that leader's term or, on Redlock while the
+    // grant's token is written back to a majority of nodes, at a term below it but
+    // above the previous leader's: never a value that did not lead, never a term of an
+    // earlier leader or above the leader's own. (Term 0: held, by whom not known yet —
+    // MySQL row mode between a lock and its record. A term may be reported again after
+    // a moment without one: a hand-off's record is written after the lock on SQL row
+    // modes.)
     resigned.cancel();
     let reported = watcher.await.expect("watcher");
-    // (A term may be reported again after a moment without one: a hand-off's record
-    // is written after the lock on SQL row modes.)
-    let mut led: Vec<u64> = reported
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|&t| t != 0)
-        .collect();
-    led.sort_unstable();
-    led.dedup();
+    let seen: Vec<&(String, u64)> = reported.iter().flatten().filter(|(_, t)| *t != 0).collect();
     assert!(
-        !led.is_empty(),
+        !seen.is_empty(),
         "the watch reported no leader: {reported:?}"
     );
-    assert!(
-        led.iter().all(|t| terms.contains(t)),
-        "the watch reported {reported:?}; the leaders were {terms:?}"
-    );
+    for (value, term) in seen {
+        let at = leaders.iter().position(|(v, _)| v == value);
+        let fits = at.is_some_and(|i| {
+            let before = if i == 0 { 0 } else { leaders[i - 1].1 };
+            *term > before && *term <= leaders[i].1
+        });
+        assert!(
+            fits,
+            "the watch reported {value} at term {term} ({reported:?}); the leaders were {leaders:?}"
+        );
+    }
     assert_eq!(
         reported.last(),
         Some(&None),

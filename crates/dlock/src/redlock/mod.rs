@@ -40,6 +40,10 @@
 //! [`Fencing::Durable`] only when every node says `appendfsync always` at connect time,
 //! [`Fencing::BestEffort`] otherwise.
 //!
+//! [`crate::Locker::inspect`] (and an election's observers) reads the token most of
+//! a majority's holding nodes record: while a grant's T is being written back, that
+//! can be below T — an observer may see a leader's term rise once.
+//!
 //! Each round's grants carry a nonce in their metadata on every node: release, renewal
 //! and the clean-up of a failed round act on that grant only, never on another task's
 //! grant of the same owner. A renewal never shortens a lease. Renewals waiting at the
