@@ -3,6 +3,7 @@
 mod args;
 mod bench;
 mod check;
+mod child;
 mod demo;
 mod elect;
 mod exit;

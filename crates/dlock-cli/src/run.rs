@@ -13,8 +13,6 @@
 //!   terminal the command stays in dlock's process group (job control keeps working)
 //!   and only the command itself is covered.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::Stdio;
 use std::time::Duration;
 
 use dlock::{LockOptions, Locker, Metadata, MultiGuard, Owner, Wait};
@@ -24,6 +22,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 use crate::args::RunArgs;
+use crate::child::{self, Reaper};
 use crate::exit::{self, Failure};
 use crate::output::errln;
 
@@ -58,6 +57,11 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         .queue_entry_ttl(args.queue_entry_ttl)
         .owner(owner.clone())
         .metadata(Metadata::this_process().with_note(note));
+
+    // Off a terminal the command gets a process group of its own, which a reaper
+    // kills if dlock dies; it is forked now, while dlock is one thread and small.
+    let own_group = !nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
+    let reaper = if own_group { Reaper::start() } else { None };
 
     let mut sigint = signal(SignalKind::interrupt()).map_err(sig_err)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(sig_err)?;
@@ -120,27 +124,23 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         errln!("dlock: lock {label} was lost before the command could start: {reason}");
         return Ok(exit::LOCK_LOST);
     }
-    let own_group = !nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
-    let parent = nix::unistd::getpid().as_raw();
-    let mut command = tokio::process::Command::new(&program);
-    command
-        .args(argv.get(1..).unwrap_or_default())
-        .env("DLOCK_NAME", &args.name)
-        .env("DLOCK_OWNER", owner.as_str())
-        .env(
+    let program_os = std::ffi::OsString::from(&program);
+    let rest: Vec<std::ffi::OsString> = argv
+        .get(1..)
+        .unwrap_or_default()
+        .iter()
+        .map(std::ffi::OsString::from)
+        .collect();
+    let env = [
+        ("DLOCK_NAME", args.name.clone()),
+        ("DLOCK_OWNER", owner.as_str().to_owned()),
+        (
             "DLOCK_FENCING_TOKEN",
             guard.fencing_token(&args.name).unwrap_or(0).to_string(),
-        )
-        .env("DLOCK_FENCING_TOKENS", tokens_env(&guard))
-        .stdin(Stdio::inherit())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit());
-    // SAFETY: the closure runs in the forked child before exec and makes only
-    // async-signal-safe calls (setpgid, prctl, getppid, kill, getpid).
-    unsafe {
-        command.pre_exec(move || child_setup(parent, own_group));
-    }
-    let mut child = match command.spawn() {
+        ),
+        ("DLOCK_FENCING_TOKENS", tokens_env(&guard)),
+    ];
+    let mut child = match child::spawn(&program_os, &rest, &env, own_group) {
         Ok(c) => c,
         Err(e) => {
             let _ = guard.release().await;
@@ -152,15 +152,15 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
             return Err(Failure::new(code, format!("cannot run {program:?}: {e}")));
         }
     };
-    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
-        return Err(Failure::internal("the command has no process id"));
-    };
+    let pid = child.id();
     let target = if own_group {
         Target::Group(Pid::from_raw(pid))
     } else {
         Target::Process(Pid::from_raw(pid))
     };
-    let reaper = own_group.then(|| Reaper::start(pid)).flatten();
+    if let Some(r) = &reaper {
+        r.watch(pid);
+    }
 
     let lost = guard.lost();
     tokio::pin!(lost);
@@ -291,25 +291,6 @@ impl Target {
     }
 }
 
-/// In the forked child, before exec: a process group of its own (unless on a
-/// terminal), and death with the parent. If the parent died before the death signal
-/// was armed, the signal never comes: then the child ends itself.
-fn child_setup(parent: i32, own_group: bool) -> std::io::Result<()> {
-    // SAFETY: async-signal-safe libc calls with valid arguments.
-    unsafe {
-        if own_group && libc::setpgid(0, 0) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if libc::getppid() != parent {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
-    }
-    Ok(())
-}
-
 /// When to look next whether renewals are failing: the instant the guard's remaining
 /// lease falls to the stop threshold (re-checked, since renewals move the deadline).
 fn stop_check_at(guard: &MultiGuard, ttl: Duration, grace: Duration, stopping: bool) -> Instant {
@@ -337,72 +318,6 @@ fn renewals_failing(guard: &MultiGuard, ttl: Duration, grace: Duration) -> bool 
             .deadline()
             .saturating_duration_since(std::time::Instant::now())
             <= stop_threshold(ttl, grace)
-}
-
-/// A process that kills the command's process group if dlock dies: forked (no exec),
-/// it waits on a pipe whose other end only dlock holds. A byte means "done, leave
-/// them"; the end of the pipe without one means dlock is gone.
-struct Reaper {
-    pipe: OwnedFd,
-}
-
-impl Reaper {
-    fn start(group: i32) -> Option<Self> {
-        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
-        let read_fd = read.as_raw_fd();
-        // SAFETY: the child only makes async-signal-safe calls (no allocation, no
-        // locks) and ends with _exit.
-        match unsafe { libc::fork() } {
-            0 => unsafe { reap(read_fd, group) },
-            -1 => None,
-            _ => {
-                drop(read);
-                Some(Reaper { pipe: write })
-            }
-        }
-    }
-
-    /// dlock is finishing normally: the reaper leaves without killing.
-    fn done(self) {
-        let _ = nix::unistd::write(&self.pipe, b"d");
-    }
-
-    /// The lock was lost: kill the command's group now (the reaper's end does it).
-    fn kill_now(self) {
-        drop(self.pipe);
-    }
-}
-
-/// The reaper's life (in the forked child).
-///
-/// # Safety
-/// Only in a child just forked: it makes async-signal-safe calls only.
-unsafe fn reap(read_fd: i32, group: i32) -> ! {
-    // SAFETY: async-signal-safe calls on our own descriptors and process group.
-    unsafe {
-        // Out of dlock's process group (a Ctrl-C or a signal to dlock's group must
-        // not take the reaper with it), and holding nothing of dlock's but the pipe.
-        libc::setpgid(0, 0);
-        libc::syscall(
-            libc::SYS_close_range,
-            0u32,
-            (read_fd as u32).saturating_sub(1),
-            0u32,
-        );
-        libc::syscall(libc::SYS_close_range, (read_fd as u32) + 1, u32::MAX, 0u32);
-        let mut byte = [0u8; 1];
-        loop {
-            let n = libc::read(read_fd, byte.as_mut_ptr().cast(), 1);
-            if n == 1 {
-                libc::_exit(0);
-            }
-            if n == 0 || *libc::__errno_location() != libc::EINTR {
-                break;
-            }
-        }
-        libc::kill(-group, libc::SIGKILL);
-        libc::_exit(0)
-    }
 }
 
 /// The lock was busy (or the wait ran out): say who holds it and for how long.

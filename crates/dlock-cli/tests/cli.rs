@@ -499,6 +499,81 @@ fn missing_command_is_127() {
     let env = Env::new();
     let out = env.run(&["run", "n", "--", "/nonexistent/dlock-test-cmd"]);
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    // A bare name is looked up in PATH, directory by directory, as execvp does.
+    let out = env
+        .cmd()
+        .env("PATH", "/nonexistent-dir")
+        .args(["run", "n", "--", "dlock-test-cmd"])
+        .output()
+        .expect("run dlock");
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    // Nothing ran without the lock, and nothing holds it now.
+    let out = env.run(&["run", "--no-wait", "n", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn command_lookup_and_unexecutable_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let bin = env.path("bin");
+    std::fs::create_dir(&bin).expect("bin dir");
+    // A file that is not executable: 126, as a shell says.
+    let plain = bin.join("plain");
+    std::fs::write(&plain, "#!/bin/sh\nexit 3\n").expect("write");
+    let out = env.run(&["run", "n", "--", plain.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cannot run"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The same name found through PATH once it is executable, after a directory
+    // that does not hold it; its arguments and exit status come through.
+    let script = bin.join("dlock-found");
+    std::fs::write(&script, "#!/bin/sh\nexit \"$1\"\n").expect("write");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = format!("/nonexistent-dir:{}", bin.display());
+    let out = env
+        .cmd()
+        .env("PATH", &path)
+        .args(["run", "n", "--", "dlock-found", "9"])
+        .output()
+        .expect("run dlock");
+    assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+}
+
+/// The command starts with the signal state `std::process::Command` gives a child:
+/// nothing blocked, and only what the caller ignored still ignored (dlock's own
+/// handlers and its ignored SIGPIPE do not leak into it). Signals 32 and 33 are
+/// glibc's own (thread cancellation, set*id) and left out.
+#[test]
+fn command_starts_with_a_clean_signal_state() {
+    let env = Env::new();
+    let show = "grep -E '^Sig(Blk|Ign|Cgt):' /proc/$$/status";
+    let masks = |out: &[u8]| -> Vec<(String, u64)> {
+        let glibc = (1u64 << 31) | (1u64 << 32);
+        text(out)
+            .lines()
+            .map(|l| {
+                let (k, v) = l.split_once(':').expect("status line");
+                let bits = u64::from_str_radix(v.trim(), 16).expect("hex mask");
+                (k.to_owned(), bits & !glibc)
+            })
+            .collect()
+    };
+    let bare = Command::new("sh")
+        .args(["-c", show])
+        .output()
+        .expect("run sh");
+    let out = env.run(&["run", "n", "--", "sh", "-c", show]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let ours = masks(&out.stdout);
+    assert_eq!(ours.len(), 3, "{}", text(&out.stdout));
+    assert_eq!(ours, masks(&bare.stdout));
+    assert_eq!(ours[0], ("SigBlk".to_owned(), 0));
+    // SIGPIPE (13) is back to its default in the command.
+    assert_eq!(ours[1].1 & (1 << 12), 0, "{}", text(&out.stdout));
 }
 
 #[test]

@@ -1,0 +1,428 @@
+//! The command `dlock run` starts, and the watcher that ends it if dlock dies.
+//!
+//! The command is started the way `posix_spawn` starts one — a child that shares
+//! dlock's memory and runs only until `execve`, while the starting thread waits —
+//! instead of a `fork`, which copies dlock's page tables and then makes every write of
+//! dlock's fault until the child has exec'd (measured here: a fork-based start was
+//! about a tenth of a whole `dlock run true`). Unlike `posix_spawn` it arms the parent
+//! death signal in the child before the exec, which the command must never run
+//! without.
+//!
+//! The [`Reaper`] is forked once, early, while dlock is one thread and small, and is
+//! told the command's process group only once there is one.
+
+use std::ffi::{CString, OsStr, OsString, c_int, c_void};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+/// The child's stack while it runs before `execve` (it only makes system calls).
+const STACK: usize = 64 * 1024;
+
+/// A command started by [`spawn`].
+#[derive(Debug)]
+pub struct Child {
+    pid: libc::pid_t,
+    sigchld: Signal,
+    status: Option<ExitStatus>,
+}
+
+/// Everything the child needs, prepared before it starts: between `clone` and
+/// `execve` it shares dlock's memory and may not allocate or take a lock.
+struct Plan {
+    /// The paths to try, in `PATH` order (one when the program names a path).
+    candidates: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    own_group: bool,
+    parent: libc::pid_t,
+    /// The `errno` of the step that failed in the child (0: it exec'd).
+    error: c_int,
+}
+
+/// Start `program` with `args`, dlock's environment plus `env`, standard streams
+/// inherited: in a process group of its own when `own_group`, and killed by the kernel
+/// if dlock dies (`PR_SET_PDEATHSIG`, checked against a parent that died before it
+/// was armed). The signal mask is emptied and handled signals (and `SIGPIPE`) go back
+/// to their defaults, as `std::process::Command` does.
+///
+/// # Errors
+/// The command was not found or could not be executed (`errno` of the last try, as
+/// `execvp` reports it), or the child could not be created.
+pub fn spawn(
+    program: &OsStr,
+    args: &[OsString],
+    env: &[(&str, String)],
+    own_group: bool,
+) -> io::Result<Child> {
+    // Listening before the child exists: its exit cannot be missed.
+    let sigchld = signal(SignalKind::child())?;
+    let cstr = |bytes: Vec<u8>| {
+        CString::new(bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the command"))
+    };
+    let candidates = candidates(program)
+        .into_iter()
+        .map(|p| cstr(p.into_vec()))
+        .collect::<io::Result<Vec<_>>>()?;
+    let argv_owned = std::iter::once(program.to_owned())
+        .chain(args.iter().cloned())
+        .map(|a| cstr(a.into_vec()))
+        .collect::<io::Result<Vec<_>>>()?;
+    let mut env_owned = Vec::new();
+    for (key, value) in std::env::vars_os() {
+        if env.iter().any(|(k, _)| OsStr::new(k) == key) {
+            continue;
+        }
+        let mut entry = key.into_vec();
+        entry.push(b'=');
+        entry.extend_from_slice(value.as_bytes());
+        env_owned.push(cstr(entry)?);
+    }
+    for (key, value) in env {
+        env_owned.push(cstr(format!("{key}={value}").into_bytes())?);
+    }
+    let null_terminated = |v: &[CString]| {
+        v.iter()
+            .map(|c| c.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect::<Vec<_>>()
+    };
+    let mut plan = Plan {
+        candidates,
+        argv: null_terminated(&argv_owned),
+        envp: null_terminated(&env_owned),
+        own_group,
+        parent: nix::unistd::getpid().as_raw(),
+        error: 0,
+    };
+    let stack = Stack::new()?;
+    // SAFETY: the child runs `child_main` on its own stack with `plan`, which outlives
+    // it (CLONE_VFORK: this thread resumes only once the child exec'd or exited); all
+    // signals are blocked around the clone so no handler of dlock's runs in the child
+    // before it has reset the dispositions.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&raw mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &raw const all, &raw mut old);
+        let pid = libc::clone(
+            child_main,
+            stack.top(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&raw mut plan).cast::<c_void>(),
+        );
+        let clone_error = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(clone_error);
+        }
+        pid
+    };
+    drop(stack);
+    // SAFETY: the child wrote `error` (if at all) before it exited; it is gone now.
+    let error = unsafe { std::ptr::read_volatile(&raw const plan.error) };
+    let mut child = Child {
+        pid,
+        sigchld,
+        status: None,
+    };
+    if error != 0 {
+        // The child exited (127) without exec'ing: collect it, report why.
+        let _ = child.wait_blocking();
+        return Err(io::Error::from_raw_os_error(error));
+    }
+    Ok(child)
+}
+
+impl Child {
+    /// The command's process id.
+    pub fn id(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Wait for the command to exit (its status is kept: a second wait returns it).
+    ///
+    /// # Errors
+    /// `waitpid` failed.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the status is read only once the command has exited, and kept.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(status);
+            }
+            if self.sigchld.recv().await.is_none() {
+                return Err(io::Error::other("the SIGCHLD stream ended"));
+            }
+        }
+    }
+
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        self.reap(libc::WNOHANG)
+    }
+
+    fn wait_blocking(&mut self) -> io::Result<Option<ExitStatus>> {
+        self.reap(0)
+    }
+
+    fn reap(&mut self, flags: c_int) -> io::Result<Option<ExitStatus>> {
+        if let Some(s) = self.status {
+            return Ok(Some(s));
+        }
+        let mut raw = 0;
+        loop {
+            // SAFETY: waitpid on our own child with a valid status pointer.
+            let r = unsafe { libc::waitpid(self.pid, &raw mut raw, flags) };
+            if r == 0 {
+                return Ok(None);
+            }
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            let status = ExitStatus::from_raw(raw);
+            self.status = Some(status);
+            return Ok(Some(status));
+        }
+    }
+}
+
+/// Where `execvp` would look for `program`: the path itself when it holds a `/`, else
+/// each directory of `PATH` (an empty one is the current directory; no `PATH`:
+/// `/bin:/usr/bin`).
+fn candidates(program: &OsStr) -> Vec<OsString> {
+    if program.as_bytes().contains(&b'/') {
+        return vec![program.to_owned()];
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/bin:/usr/bin"));
+    path.as_bytes()
+        .split(|b| *b == b':')
+        .map(|dir| {
+            let mut full = if dir.is_empty() {
+                b".".to_vec()
+            } else {
+                dir.to_vec()
+            };
+            full.push(b'/');
+            full.extend_from_slice(program.as_bytes());
+            OsString::from_vec(full)
+        })
+        .collect()
+}
+
+/// The child's life between `clone` and `execve`.
+///
+/// It shares dlock's memory (the starting thread is suspended until it execs or exits)
+/// but has its own signal dispositions: only async-signal-safe calls, no allocation.
+extern "C" fn child_main(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `Plan` of `spawn`, alive and untouched by the suspended
+    // parent thread; only async-signal-safe libc calls follow.
+    unsafe {
+        let plan = &mut *arg.cast::<Plan>();
+        // dlock's handlers must not run here: defaults for every handled signal (and
+        // SIGPIPE, which Rust ignores), ignored ones stay ignored, as exec would keep.
+        for sig in 1..65 {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &raw mut current) != 0 {
+                continue;
+            }
+            if sig == libc::SIGPIPE
+                || (current.sa_sigaction != libc::SIG_IGN && current.sa_sigaction != libc::SIG_DFL)
+            {
+                let mut default: libc::sigaction = std::mem::zeroed();
+                default.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &raw const default, std::ptr::null_mut());
+            }
+        }
+        if plan.own_group && libc::setpgid(0, 0) != 0 {
+            fail(plan);
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            fail(plan);
+        }
+        if libc::getppid() != plan.parent {
+            // dlock died before the death signal was armed: it will never come.
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&raw mut empty);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &raw const empty, std::ptr::null_mut());
+        // execvp's search: a directory that cannot be searched or does not hold the
+        // program moves on; "permission denied" is reported if nothing else worked;
+        // any other failure ends the search.
+        let mut denied = false;
+        for path in &plan.candidates {
+            libc::execve(path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
+            match *libc::__errno_location() {
+                libc::EACCES => denied = true,
+                libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+                _ => fail(plan),
+            }
+        }
+        if denied {
+            *libc::__errno_location() = libc::EACCES;
+        } else if plan.candidates.is_empty() {
+            *libc::__errno_location() = libc::ENOENT;
+        }
+        fail(plan)
+    }
+}
+
+/// Report `errno` to the suspended parent and end the child.
+///
+/// # Safety
+/// Only in the child of [`spawn`], before `execve` succeeded.
+unsafe fn fail(plan: &mut Plan) -> ! {
+    // SAFETY: the parent reads `error` only after the child is gone.
+    unsafe {
+        std::ptr::write_volatile(&raw mut plan.error, *libc::__errno_location());
+        libc::_exit(127)
+    }
+}
+
+/// The child's stack: mapped for the start, with a guard page below it.
+struct Stack {
+    base: *mut c_void,
+}
+
+impl Stack {
+    fn new() -> io::Result<Self> {
+        // SAFETY: a fresh private anonymous mapping, owned by the returned value.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                STACK,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            let stack = Stack { base };
+            // The lowest page faults instead of running into other memory.
+            if libc::mprotect(base, 4096, libc::PROT_NONE) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(stack)
+        }
+    }
+
+    /// The top (the stack grows down).
+    fn top(&self) -> *mut c_void {
+        // SAFETY: one past the end of the mapping, 16-byte aligned (page-aligned base).
+        unsafe { self.base.cast::<u8>().add(STACK).cast() }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used (the child exec'd or exited).
+        unsafe {
+            libc::munmap(self.base, STACK);
+        }
+    }
+}
+
+/// A process that kills the command's process group if dlock dies: forked (no exec),
+/// it waits on a pipe whose other end only dlock holds. It is told the group first
+/// (4 bytes); then a byte means "done, leave them", and the end of the pipe without
+/// one means dlock is gone. The end of the pipe before a group: there is nothing to
+/// kill.
+#[derive(Debug)]
+pub struct Reaper {
+    pipe: OwnedFd,
+}
+
+impl Reaper {
+    /// Fork the reaper now: call it early, while dlock is still one thread and its
+    /// memory small (a fork copies the page tables, and each page dlock writes
+    /// afterwards while the child lives is copied once more).
+    pub fn start() -> Option<Self> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
+        let read_fd = read.as_raw_fd();
+        // SAFETY: the child only makes async-signal-safe calls (no allocation, no
+        // locks) and ends with _exit.
+        match unsafe { libc::fork() } {
+            0 => unsafe { reap(read_fd) },
+            -1 => None,
+            _ => {
+                drop(read);
+                Some(Reaper { pipe: write })
+            }
+        }
+    }
+
+    /// From now on, dlock's death kills `group`.
+    pub fn watch(&self, group: libc::pid_t) {
+        let _ = nix::unistd::write(&self.pipe, &group.to_le_bytes());
+    }
+
+    /// dlock is finishing normally: the reaper leaves without killing.
+    pub fn done(self) {
+        let _ = nix::unistd::write(&self.pipe, b"d");
+    }
+
+    /// The lock was lost: kill the watched group now (the reaper's end does it).
+    pub fn kill_now(self) {
+        drop(self.pipe);
+    }
+}
+
+/// The reaper's life (in the forked child).
+///
+/// # Safety
+/// Only in a child just forked: it makes async-signal-safe calls only.
+unsafe fn reap(read_fd: i32) -> ! {
+    // SAFETY: async-signal-safe calls on our own descriptors and process group.
+    unsafe {
+        // Out of dlock's process group (a Ctrl-C or a signal to dlock's group must
+        // not take the reaper with it), and holding nothing of dlock's but the pipe.
+        libc::setpgid(0, 0);
+        libc::syscall(
+            libc::SYS_close_range,
+            0u32,
+            (read_fd as u32).saturating_sub(1),
+            0u32,
+        );
+        libc::syscall(libc::SYS_close_range, (read_fd as u32) + 1, u32::MAX, 0u32);
+        let mut group = [0u8; 4];
+        if !read_exact(read_fd, &mut group) {
+            libc::_exit(0);
+        }
+        let mut byte = [0u8; 1];
+        if read_exact(read_fd, &mut byte) {
+            libc::_exit(0);
+        }
+        libc::kill(-i32::from_le_bytes(group), libc::SIGKILL);
+        libc::_exit(0)
+    }
+}
+
+/// Fill `buf` from `fd`: false at the end of the pipe (or an error) first.
+///
+/// # Safety
+/// Async-signal-safe; `fd` is a pipe's read end.
+unsafe fn read_exact(fd: i32, buf: &mut [u8]) -> bool {
+    let mut filled = 0;
+    while filled < buf.len() {
+        // SAFETY: reading into the unfilled rest of `buf`.
+        let n = unsafe { libc::read(fd, buf[filled..].as_mut_ptr().cast(), buf.len() - filled) };
+        if n > 0 {
+            filled += n.cast_unsigned();
+        } else if n == 0 || unsafe { *libc::__errno_location() } != libc::EINTR {
+            return false;
+        }
+    }
+    true
+}
