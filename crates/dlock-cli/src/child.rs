@@ -20,7 +20,8 @@ use std::process::ExitStatus;
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-/// The child's stack while it runs before `execve` (it only makes system calls).
+/// The child's stack while it runs before `execve` (it only makes system calls),
+/// besides the guard page below it.
 const STACK: usize = 64 * 1024;
 
 /// A command started by [`spawn`].
@@ -37,28 +38,49 @@ struct Plan {
     /// The paths to try, in `PATH` order (one when the program names a path).
     candidates: Vec<CString>,
     argv: Vec<*const libc::c_char>,
+    /// `/bin/sh PATH ARG…` for a file without `#!` (`ENOEXEC`), as `execvp` runs it;
+    /// the child writes the path it found into the second slot.
+    sh_argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
     own_group: bool,
     parent: libc::pid_t,
-    /// The `errno` of the step that failed in the child (0: it exec'd).
+    /// The reaper's pipe: the child announces its process group there before it
+    /// execs, so nothing the command starts can escape it (-1: no reaper).
+    reaper: c_int,
+    /// The `errno` of the step that failed in the child; [`NOT_REACHED`] until it
+    /// tries to exec, 0 once it does.
     error: c_int,
 }
 
+/// `Plan::error` of a child that died before it tried to exec.
+const NOT_REACHED: c_int = c_int::MIN;
+
+/// The shell that runs a file without `#!`, as `execvp` does.
+const SH: &std::ffi::CStr = c"/bin/sh";
+
 /// Start `program` with `args`, dlock's environment plus `env`, standard streams
-/// inherited: in a process group of its own when `own_group`, and killed by the kernel
-/// if dlock dies (`PR_SET_PDEATHSIG`, checked against a parent that died before it
-/// was armed). The signal mask is emptied and handled signals (and `SIGPIPE`) go back
-/// to their defaults, as `std::process::Command` does.
+/// inherited: in a process group of its own when `own_group` (announced to `reaper`
+/// before the exec), and killed by the kernel if dlock dies (`PR_SET_PDEATHSIG`,
+/// checked against a parent that died before it was armed). The signal mask is
+/// emptied and handled signals (and `SIGPIPE`) go back to their defaults, as
+/// `std::process::Command` does; a file without `#!` runs through `/bin/sh`, as
+/// `execvp` runs it.
 ///
 /// # Errors
 /// The command was not found or could not be executed (`errno` of the last try, as
-/// `execvp` reports it), or the child could not be created.
+/// `execvp` reports it), or the child could not be created or died before its exec.
+/// The reaper may have been told the child's group: tell it [`Reaper::done`].
 pub fn spawn(
     program: &OsStr,
     args: &[OsString],
     env: &[(&str, String)],
     own_group: bool,
+    reaper: Option<&Reaper>,
 ) -> io::Result<Child> {
+    if program.is_empty() {
+        // execvp("") fails with ENOENT (each PATH directory would be tried as is).
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
     // Listening before the child exists: its exit cannot be missed.
     let sigchld = signal(SignalKind::child())?;
     let cstr = |bytes: Vec<u8>| {
@@ -74,8 +96,9 @@ pub fn spawn(
         .map(|a| cstr(a.into_vec()))
         .collect::<io::Result<Vec<_>>>()?;
     let mut env_owned = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (key, value) in std::env::vars_os() {
-        if env.iter().any(|(k, _)| OsStr::new(k) == key) {
+        if env.iter().any(|(k, _)| OsStr::new(k) == key) || !seen.insert(key.clone()) {
             continue;
         }
         let mut entry = key.into_vec();
@@ -92,13 +115,17 @@ pub fn spawn(
             .chain(std::iter::once(std::ptr::null()))
             .collect::<Vec<_>>()
     };
+    let mut sh_argv = null_terminated(&argv_owned);
+    sh_argv.insert(0, SH.as_ptr());
     let mut plan = Plan {
         candidates,
         argv: null_terminated(&argv_owned),
+        sh_argv,
         envp: null_terminated(&env_owned),
         own_group,
         parent: nix::unistd::getpid().as_raw(),
-        error: 0,
+        reaper: reaper.map_or(-1, |r| r.pipe.as_raw_fd()),
+        error: NOT_REACHED,
     };
     let stack = Stack::new()?;
     // SAFETY: the child runs `child_main` on its own stack with `plan`, which outlives
@@ -132,8 +159,11 @@ pub fn spawn(
         status: None,
     };
     if error != 0 {
-        // The child exited (127) without exec'ing: collect it, report why.
+        // The child ended without exec'ing: collect it, report why.
         let _ = child.wait_blocking();
+        if error == NOT_REACHED {
+            return Err(io::Error::other("the child ended before it could exec"));
+        }
         return Err(io::Error::from_raw_os_error(error));
     }
     Ok(child)
@@ -228,6 +258,15 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // parent thread; only async-signal-safe libc calls follow.
     unsafe {
         let plan = &mut *arg.cast::<Plan>();
+        if plan.own_group && libc::setpgid(0, 0) != 0 {
+            fail(plan);
+        }
+        if plan.reaper >= 0 {
+            // Before anything of the command runs (SIGPIPE is still dlock's ignored
+            // one here: a reaper gone gives EPIPE, not a signal).
+            let group = libc::getpid().to_le_bytes();
+            libc::write(plan.reaper, group.as_ptr().cast(), group.len());
+        }
         // dlock's handlers must not run here: defaults for every handled signal (and
         // SIGPIPE, which Rust ignores), ignored ones stay ignored, as exec would keep.
         for sig in 1..65 {
@@ -243,9 +282,6 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
                 libc::sigaction(sig, &raw const default, std::ptr::null_mut());
             }
         }
-        if plan.own_group && libc::setpgid(0, 0) != 0 {
-            fail(plan);
-        }
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
             fail(plan);
         }
@@ -256,15 +292,22 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&raw mut empty);
         libc::pthread_sigmask(libc::SIG_SETMASK, &raw const empty, std::ptr::null_mut());
+        std::ptr::write_volatile(&raw mut plan.error, 0);
         // execvp's search: a directory that cannot be searched or does not hold the
-        // program moves on; "permission denied" is reported if nothing else worked;
-        // any other failure ends the search.
+        // program moves on; "permission denied" is reported if nothing else worked; a
+        // file without `#!` runs through /bin/sh; any other failure ends the search.
         let mut denied = false;
-        for path in &plan.candidates {
-            libc::execve(path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
+        for i in 0..plan.candidates.len() {
+            let path = plan.candidates[i].as_ptr();
+            libc::execve(path, plan.argv.as_ptr(), plan.envp.as_ptr());
             match *libc::__errno_location() {
                 libc::EACCES => denied = true,
                 libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+                libc::ENOEXEC => {
+                    plan.sh_argv[1] = path;
+                    libc::execve(SH.as_ptr(), plan.sh_argv.as_ptr(), plan.envp.as_ptr());
+                    fail(plan);
+                }
                 _ => fail(plan),
             }
         }
@@ -292,15 +335,19 @@ unsafe fn fail(plan: &mut Plan) -> ! {
 /// The child's stack: mapped for the start, with a guard page below it.
 struct Stack {
     base: *mut c_void,
+    len: usize,
 }
 
 impl Stack {
     fn new() -> io::Result<Self> {
-        // SAFETY: a fresh private anonymous mapping, owned by the returned value.
+        // SAFETY: sysconf has no preconditions; then a fresh private anonymous
+        // mapping, owned by the returned value.
         unsafe {
+            let page = usize::try_from(libc::sysconf(libc::_SC_PAGESIZE)).unwrap_or(4096);
+            let len = STACK + page;
             let base = libc::mmap(
                 std::ptr::null_mut(),
-                STACK,
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
                 -1,
@@ -309,9 +356,9 @@ impl Stack {
             if base == libc::MAP_FAILED {
                 return Err(io::Error::last_os_error());
             }
-            let stack = Stack { base };
+            let stack = Stack { base, len };
             // The lowest page faults instead of running into other memory.
-            if libc::mprotect(base, 4096, libc::PROT_NONE) != 0 {
+            if libc::mprotect(base, page, libc::PROT_NONE) != 0 {
                 return Err(io::Error::last_os_error());
             }
             Ok(stack)
@@ -320,8 +367,9 @@ impl Stack {
 
     /// The top (the stack grows down).
     fn top(&self) -> *mut c_void {
-        // SAFETY: one past the end of the mapping, 16-byte aligned (page-aligned base).
-        unsafe { self.base.cast::<u8>().add(STACK).cast() }
+        // SAFETY: one past the end of the mapping, 16-byte aligned (page-aligned base
+        // and length).
+        unsafe { self.base.cast::<u8>().add(self.len).cast() }
     }
 }
 
@@ -329,16 +377,16 @@ impl Drop for Stack {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, no longer used (the child exec'd or exited).
         unsafe {
-            libc::munmap(self.base, STACK);
+            libc::munmap(self.base, self.len);
         }
     }
 }
 
 /// A process that kills the command's process group if dlock dies: forked (no exec),
 /// it waits on a pipe whose other end only dlock holds. It is told the group first
-/// (4 bytes); then a byte means "done, leave them", and the end of the pipe without
-/// one means dlock is gone. The end of the pipe before a group: there is nothing to
-/// kill.
+/// (4 bytes, by the command's child itself before its exec: [`spawn`]); then a byte
+/// means "done, leave them", and the end of the pipe without one means dlock is gone.
+/// The end of the pipe before a group: there is nothing to kill.
 #[derive(Debug)]
 pub struct Reaper {
     pipe: OwnedFd,
@@ -361,11 +409,6 @@ impl Reaper {
                 Some(Reaper { pipe: write })
             }
         }
-    }
-
-    /// From now on, dlock's death kills `group`.
-    pub fn watch(&self, group: libc::pid_t) {
-        let _ = nix::unistd::write(&self.pipe, &group.to_le_bytes());
     }
 
     /// dlock is finishing normally: the reaper leaves without killing.

@@ -140,9 +140,13 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         ),
         ("DLOCK_FENCING_TOKENS", tokens_env(&guard)),
     ];
-    let mut child = match child::spawn(&program_os, &rest, &env, own_group) {
+    let mut child = match child::spawn(&program_os, &rest, &env, own_group, reaper.as_ref()) {
         Ok(c) => c,
         Err(e) => {
+            // The child that failed may have announced its group: nothing to kill.
+            if let Some(r) = reaper {
+                r.done();
+            }
             let _ = guard.release().await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
@@ -158,10 +162,6 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     } else {
         Target::Process(Pid::from_raw(pid))
     };
-    if let Some(r) = &reaper {
-        r.watch(pid);
-    }
-
     let lost = guard.lost();
     tokio::pin!(lost);
     let mut stopping: Option<Instant> = None;
@@ -238,6 +238,11 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         }
         tracing::warn!(error = %e, "release failed; the lease will free the lock");
     }
+    // The process ends now, and closing the backend would only add work on the way
+    // out: SQLite's last connection checkpoints the WAL as it closes (two syncs, and
+    // the next run creates the files again). Its WAL stays, short: SQLite checkpoints
+    // it as it grows (`wal_autocheckpoint`).
+    std::mem::forget(locker);
     Ok(child_code(code))
 }
 

@@ -507,6 +507,8 @@ fn missing_command_is_127() {
         .output()
         .expect("run dlock");
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    let out = env.run(&["run", "n", "--", ""]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
     // Nothing ran without the lock, and nothing holds it now.
     let out = env.run(&["run", "--no-wait", "n", "--", "true"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -541,6 +543,12 @@ fn command_lookup_and_unexecutable_file() {
         .output()
         .expect("run dlock");
     assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+    // An executable file without `#!` runs through /bin/sh, as execvp runs it.
+    let bare = bin.join("no-shebang");
+    std::fs::write(&bare, "exit \"$1\"\n").expect("write");
+    std::fs::set_permissions(&bare, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = env.run(&["run", "n", "--", bare.to_str().expect("utf-8"), "5"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
 }
 
 /// The command starts with the signal state `std::process::Command` gives a child:
