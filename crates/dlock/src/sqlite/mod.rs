@@ -36,6 +36,11 @@
 //! are in the WAL, seen by every process, when they return, and only a power loss
 //! could undo them — which leaves a lock taken until its lease ends and never moves a
 //! token (the next grant's fsync makes them durable too).
+//! Closing a connection never checkpoints the WAL (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`):
+//! for a short-lived process such as `dlock run`, the last connection's checkpoint on
+//! the way out cost two syncs and made the next process create the WAL again. The WAL
+//! is checkpointed as it grows instead (SQLite's `wal_autocheckpoint`, 1,000 pages),
+//! and the next process to open the file reads what it holds.
 //! Renewals are batched: those waiting when the writer connection is free (up to 256)
 //! are one transaction, so one commit (one fsync) renews many leases. SQLite's busy
 //! handler is switched off and dlock retries `SQLITE_BUSY` itself after 50–500 µs,
@@ -372,6 +377,11 @@ impl SqliteBackend {
             // A local file needs no liveness ping before every use.
             .test_before_acquire(false)
             .acquire_slow_level(crate::telemetry::POOL_WAIT_LOG);
+        let options = if in_memory {
+            options
+        } else {
+            options.after_connect(|conn, _| Box::pin(no_checkpoint_on_close(conn)))
+        };
         if !writer {
             // Readers keep SQLite's busy handler (a WAL read is rarely busy, but can be
             // while another process opens or checkpoints the file).
@@ -392,6 +402,30 @@ impl SqliteBackend {
                 }
             }
         }
+    }
+}
+
+/// Keep `conn`'s close from checkpointing the WAL (module docs, # Writes).
+async fn no_checkpoint_on_close(conn: &mut SqliteConnection) -> sqlx::Result<()> {
+    let mut handle = conn.lock_handle().await?;
+    let db = handle.as_raw_handle().as_ptr();
+    // SAFETY: `db` is this connection's open handle, held locked for the call;
+    // SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE takes an int (1: on) and an int pointer for the
+    // new setting, which may be null.
+    let rc = unsafe {
+        libsqlite3_sys::sqlite3_db_config(
+            db,
+            libsqlite3_sys::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            1 as std::ffi::c_int,
+            std::ptr::null_mut::<std::ffi::c_int>(),
+        )
+    };
+    if rc == libsqlite3_sys::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(sqlx::Error::Configuration(
+            format!("sqlite3_db_config(NO_CKPT_ON_CLOSE) returned {rc}").into(),
+        ))
     }
 }
 
@@ -845,6 +879,33 @@ mod tests {
             Attempt::Acquired(h) => h,
             Attempt::Busy { .. } => panic!("{name} busy"),
         }
+    }
+
+    /// Closing the last connection leaves the WAL as it is (no checkpoint, no new files
+    /// for the next process to create), where a plain connection's close checkpoints it
+    /// and deletes it.
+    #[tokio::test]
+    async fn closing_never_checkpoints() {
+        let dir = tempfile::tempdir().expect("dir");
+        let wal = dir.path().join("c.db-wal");
+        let b = open_in(&dir, "c.db").await;
+        grant(&b, "n").await.release().await.expect("release");
+        b.inner.writer.close().await;
+        b.inner.reader.close().await;
+        let left = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            left > 0,
+            "the WAL was checkpointed away on close ({left} bytes)"
+        );
+        // The control: sqlx's own connection, closed, takes the WAL with it.
+        let url = format!("sqlite://{}/c.db", dir.path().display());
+        let mut plain = SqliteConnection::connect(&url).await.expect("connect");
+        sqlx::query("UPDATE dlock_locks SET holds = holds WHERE name = 'n'")
+            .execute(&mut plain)
+            .await
+            .expect("write");
+        plain.close().await.expect("close");
+        assert!(!wal.exists(), "a plain close left the WAL");
     }
 
     /// A grant commits at `synchronous=FULL` whatever the statement before it left on
