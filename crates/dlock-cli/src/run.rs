@@ -223,13 +223,17 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         errln!("dlock: {program:?} was stopped: the lock {label} could not be kept");
         return Ok(exit::LOCK_LOST);
     }
-    if let Some(r) = reaper {
-        r.done();
-    }
     if let Some(reason) = guard.loss_reason() {
+        if let Some(r) = reaper {
+            // What the command left behind ran without the lock too.
+            r.kill_now();
+        }
         errln!("dlock: lock {label} was lost while {program:?} ran: {reason}");
         let _ = tokio::time::timeout(STOPPED_RELEASE_LIMIT, guard.release()).await;
         return Ok(exit::LOCK_LOST);
+    }
+    if let Some(r) = reaper {
+        r.done();
     }
     if let Err(e) = guard.release().await {
         if matches!(e, dlock::Error::LockLost { .. }) {
@@ -238,11 +242,6 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         }
         tracing::warn!(error = %e, "release failed; the lease will free the lock");
     }
-    // The process ends now, and closing the backend would only add work on the way
-    // out: SQLite's last connection checkpoints the WAL as it closes (two syncs, and
-    // the next run creates the files again). Its WAL stays, short: SQLite checkpoints
-    // it as it grows (`wal_autocheckpoint`).
-    std::mem::forget(locker);
     Ok(child_code(code))
 }
 

@@ -54,8 +54,11 @@ fn main() -> ExitCode {
             .bind(expires)
             .execute(&mut conn)
             .await;
-        if granted.is_err() {
+        if let Err(e) = granted {
             // The first run on a new file: the table, then the grant again.
+            if !e.to_string().contains("no such table") {
+                return Err(e);
+            }
             sqlx::query(CREATE).execute(&mut conn).await?;
             sqlx::query(insert)
                 .bind(&owner)
@@ -71,8 +74,8 @@ fn main() -> ExitCode {
         .bind(&owner)
         .execute(&mut conn)
         .await?;
-        // Left open, as `dlock run` leaves it: closing the last connection would
-        // checkpoint the WAL on the way out.
+        // Left open: closing the last connection would checkpoint the WAL on the way
+        // out, which dlock's connections never do (the sqlite module's docs).
         std::mem::forget(conn);
         Ok::<_, sqlx::Error>(status)
     });

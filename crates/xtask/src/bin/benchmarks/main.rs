@@ -132,12 +132,17 @@ fn runs_per_sec(n: u32, mut cmd: impl FnMut() -> Command) -> Option<f64> {
     Some(f64::from(n) / start.elapsed().as_secs_f64())
 }
 
-/// Runs per second of each command, `n` rounds of one run each in turn (a change in
-/// the machine's speed lands on all of them); `None` for a command that failed.
+/// Runs per second of each command, `n` rounds of one run each in turn, each round
+/// starting one command further on (a change in the machine's speed lands on all of
+/// them); `None` for a command that failed.
 fn alternating_runs_per_sec(n: u32, cmds: &mut [&mut dyn FnMut() -> Command]) -> Vec<Option<f64>> {
     let mut spent = vec![Some(Duration::ZERO); cmds.len()];
+    let k = cmds.len();
     for i in 0..n {
-        for (cmd, total) in cmds.iter_mut().zip(spent.iter_mut()) {
+        // Each round starts one command further on: none always follows the same one.
+        for j in 0..k {
+            let at = (j + usize::try_from(i).unwrap_or(0)) % k;
+            let (cmd, total) = (&mut cmds[at], &mut spent[at]);
             let Some(sum) = total else { continue };
             let mut c = cmd();
             let start = Instant::now();
@@ -444,28 +449,41 @@ fn main() {
         .map(|e| e.with_file_name("sqlite-run-limit"))
         .filter(|p| p.exists());
     let limit_db = dir.path().join("limit.db");
-    let [flock, limit, ours_sqlite] = match (find_binary("flock"), &limit_bin) {
-        (Some(f), Some(l)) => {
-            let mut flock_cmd = || {
-                let mut c = Command::new(&f);
-                c.arg(&flock_file).arg("true");
-                c
-            };
-            let mut limit_cmd = || {
-                let mut c = Command::new(l);
-                c.arg(&limit_db).arg("true");
-                c
-            };
-            let mut ours_cmd = dlock_run(sqlite.clone());
-            let r =
-                alternating_runs_per_sec(200, &mut [&mut flock_cmd, &mut limit_cmd, &mut ours_cmd]);
-            [r[0], r[1], r[2]]
-        }
-        _ => {
-            eprintln!("benchmarks: flock or sqlite-run-limit is missing");
-            [None, None, None]
-        }
+    // A missing tool only leaves its own figure out.
+    let flock_bin = find_binary("flock");
+    let mut flock_cmd = || {
+        let mut c = Command::new(flock_bin.as_deref().unwrap_or(Path::new("flock")));
+        c.arg(&flock_file).arg("true");
+        c
     };
+    let mut limit_cmd = || {
+        let mut c = Command::new(
+            limit_bin
+                .as_deref()
+                .unwrap_or(Path::new("sqlite-run-limit")),
+        );
+        c.arg(&limit_db).arg("true");
+        c
+    };
+    let mut ours_cmd = dlock_run(sqlite.clone());
+    let mut cmds: Vec<&mut dyn FnMut() -> Command> = vec![&mut ours_cmd];
+    if flock_bin.is_some() {
+        cmds.push(&mut flock_cmd);
+    }
+    if limit_bin.is_some() {
+        cmds.push(&mut limit_cmd);
+    } else {
+        eprintln!(
+            "benchmarks: sqlite-run-limit is missing (cargo build --release -p xtask --bins)"
+        );
+    }
+    let measured = alternating_runs_per_sec(200, &mut cmds);
+    let ours_sqlite = measured[0];
+    let flock = flock_bin.is_some().then(|| measured[1]).flatten();
+    let limit = limit_bin
+        .is_some()
+        .then(|| measured[measured.len() - 1])
+        .flatten();
     let vs_flock = flock
         .zip(ours_sqlite)
         .filter(|(_, o)| *o > 0.0)
@@ -476,7 +494,7 @@ fn main() {
         .map(|(l, o)| o / l);
     let _ = writeln!(
         cli_rows,
-        "| `dlock run` on SQLite | {} | `flock FILE true`: {} | {} ({} the limit) | {} |",
+        "| `dlock run` on SQLite | {} | `flock FILE true`: {} | {} (dlock's runs/s {} the limit's) | {} |",
         ours_sqlite.map_or("failed".to_owned(), |o| format!("{o:.0}")),
         flock.map_or("failed".to_owned(), |t| format!("{t:.0}")),
         vs_flock.map_or("–".to_owned(), |r| format!("{r:.2}×")),
@@ -503,7 +521,7 @@ fn main() {
     let mut breakdown = String::new();
     let _ = writeln!(
         breakdown,
-        "| of which: the limit, `sqlite-run-limit` (start, open, a synced grant, the command, an unsynced release) | {} | `flock FILE true`: {} | {} | (limit) |",
+        "| the limit on SQLite, `sqlite-run-limit` (start, open, a synced grant, the command, an unsynced release) | {} | `flock FILE true`: {} | {} | (limit) |",
         limit.map_or("failed".to_owned(), |o| format!("{o:.0}")),
         flock.map_or("failed".to_owned(), |t| format!("{t:.0}")),
         flock
