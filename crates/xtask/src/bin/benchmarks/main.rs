@@ -161,6 +161,17 @@ fn alternating_runs_per_sec(n: u32, cmds: &mut [&mut dyn FnMut() -> Command]) ->
         .collect()
 }
 
+/// A command-line row's three figures: our runs/s, the tool's, and the tool's runs/s
+/// over ours (our time over the tool's), "failed"/"–" where one is missing.
+fn cli_cells(ours: Option<f64>, tool: Option<f64>) -> [String; 3] {
+    let rate = |r: Option<f64>| r.map_or("failed".to_owned(), |v| format!("{v:.0}"));
+    let ratio = tool
+        .zip(ours)
+        .filter(|(_, o)| *o > 0.0)
+        .map_or("–".to_owned(), |(t, o)| format!("{:.2}×", t / o));
+    [rate(ours), rate(tool), ratio]
+}
+
 fn row<'a>(report: &'a Value, scenario: &str) -> Option<&'a Value> {
     report["scenarios"]
         .as_array()?
@@ -492,26 +503,19 @@ fn main() {
         .zip(ours_sqlite)
         .filter(|(l, _)| *l > 0.0)
         .map(|(l, o)| o / l);
+    let [ours_cell, flock_cell, ratio_cell] = cli_cells(ours_sqlite, flock);
     let _ = writeln!(
         cli_rows,
-        "| `dlock run` on SQLite | {} | `flock FILE true`: {} | {} (dlock's runs/s {} the limit's) | {} |",
-        ours_sqlite.map_or("failed".to_owned(), |o| format!("{o:.0}")),
-        flock.map_or("failed".to_owned(), |t| format!("{t:.0}")),
-        vs_flock.map_or("–".to_owned(), |r| format!("{r:.2}×")),
+        "| `dlock run` on SQLite | {ours_cell} | `flock FILE true`: {flock_cell} | {ratio_cell} (dlock's runs/s {} the limit's) | {} |",
         vs_limit.map_or("–".to_owned(), |r| format!("{r:.2}×")),
         verdict(vs_flock.map(|r| r <= 2.0 || vs_limit.is_some_and(|l| l >= 0.95))),
     );
     let mut cli = |what: &str, tool: Option<f64>, tool_label: &str, ours: Option<f64>| {
-        let ratio = match (tool, ours) {
-            (Some(t), Some(o)) if o > 0.0 => Some(t / o),
-            _ => None,
-        };
+        let ratio = tool.zip(ours).filter(|(_, o)| *o > 0.0).map(|(t, o)| t / o);
+        let [ours_cell, tool_cell, ratio_cell] = cli_cells(ours, tool);
         let _ = writeln!(
             cli_rows,
-            "| {what} | {} | {tool_label}: {} | {} | {} |",
-            ours.map_or("failed".to_owned(), |o| format!("{o:.0}")),
-            tool.map_or("failed".to_owned(), |t| format!("{t:.0}")),
-            ratio.map_or("–".to_owned(), |r| format!("{r:.2}×")),
+            "| {what} | {ours_cell} | {tool_label}: {tool_cell} | {ratio_cell} | {} |",
             verdict(ratio.map(|r| r <= 2.0)),
         );
     };
@@ -519,15 +523,10 @@ fn main() {
     // database opened and read once (no lock taken, no command run; `list` exits 0).
     // Rows placed under the SQLite row once the table is complete.
     let mut breakdown = String::new();
+    let [limit_cell, flock_cell, ratio_cell] = cli_cells(limit, flock);
     let _ = writeln!(
         breakdown,
-        "| the limit on SQLite, `sqlite-run-limit` (start, open, a synced grant, the command, an unsynced release) | {} | `flock FILE true`: {} | {} | (limit) |",
-        limit.map_or("failed".to_owned(), |o| format!("{o:.0}")),
-        flock.map_or("failed".to_owned(), |t| format!("{t:.0}")),
-        flock
-            .zip(limit)
-            .filter(|(_, l)| *l > 0.0)
-            .map_or("–".to_owned(), |(t, l)| format!("{:.2}×", t / l)),
+        "| the limit on SQLite, `sqlite-run-limit` (start, open, a synced grant, the command, an unsynced release) | {limit_cell} | `flock FILE true`: {flock_cell} | {ratio_cell} | (limit) |",
     );
     for (what, args) in [
         (
@@ -544,16 +543,10 @@ fn main() {
             c.args(&args).env_remove("DLOCK_URL");
             c
         });
-        let ratio = flock
-            .zip(ours)
-            .filter(|(_, o)| *o > 0.0)
-            .map(|(t, o)| t / o);
+        let [ours_cell, flock_cell, ratio_cell] = cli_cells(ours, flock);
         let _ = writeln!(
             breakdown,
-            "| {what} | {} | `flock FILE true`: {} | {} | (breakdown) |",
-            ours.map_or("failed".to_owned(), |o| format!("{o:.0}")),
-            flock.map_or("failed".to_owned(), |t| format!("{t:.0}")),
-            ratio.map_or("–".to_owned(), |r| format!("{r:.2}×")),
+            "| {what} | {ours_cell} | `flock FILE true`: {flock_cell} | {ratio_cell} | (breakdown) |",
         );
     }
     let redis_port = redis_url.rsplit(':').next().unwrap_or("6379").to_owned();
