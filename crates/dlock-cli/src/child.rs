@@ -55,6 +55,10 @@ struct Plan {
 /// `Plan::error` of a child that died before it tried to exec.
 const NOT_REACHED: c_int = c_int::MIN;
 
+/// `Plan::error` of a child that could not tell the reaper its group (the reaper is
+/// gone: it was killed).
+const NO_REAPER: c_int = c_int::MIN + 1;
+
 /// The shell that runs a file without `#!`, as `execvp` does.
 const SH: &std::ffi::CStr = c"/bin/sh";
 
@@ -68,8 +72,9 @@ const SH: &std::ffi::CStr = c"/bin/sh";
 ///
 /// # Errors
 /// The command was not found or could not be executed (`errno` of the last try, as
-/// `execvp` reports it), or the child could not be created or died before its exec.
-/// The reaper may have been told the child's group: tell it [`Reaper::done`].
+/// `execvp` reports it), or the child could not be created, could not reach the
+/// reaper (gone), or died before its exec. The reaper may have been told the child's
+/// group: tell it [`Reaper::done`].
 pub fn spawn(
     program: &OsStr,
     args: &[OsString],
@@ -163,6 +168,12 @@ pub fn spawn(
         let _ = child.wait_blocking();
         if error == NOT_REACHED {
             return Err(io::Error::other("the child ended before it could exec"));
+        }
+        if error == NO_REAPER {
+            return Err(io::Error::other(
+                "dlock's reaper process (which ends the command's process group if \
+                 dlock dies) is gone: not started without it",
+            ));
         }
         return Err(io::Error::from_raw_os_error(error));
     }
@@ -263,9 +274,14 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         }
         if plan.reaper >= 0 {
             // Before anything of the command runs (SIGPIPE is still dlock's ignored
-            // one here: a reaper gone gives EPIPE, not a signal).
+            // one here: a reaper gone gives EPIPE, not a signal). Without the reaper
+            // nothing would end what the command starts if dlock died: no start.
             let group = libc::getpid().to_le_bytes();
-            libc::write(plan.reaper, group.as_ptr().cast(), group.len());
+            let written = libc::write(plan.reaper, group.as_ptr().cast(), group.len());
+            if usize::try_from(written) != Ok(group.len()) {
+                std::ptr::write_volatile(&raw mut plan.error, NO_REAPER);
+                libc::_exit(127);
+            }
         }
         // dlock's handlers must not run here: defaults for every handled signal (and
         // SIGPIPE, which Rust ignores), ignored ones stay ignored, as exec would keep.

@@ -9,9 +9,10 @@
 //!   when the lease is too short for the whole grace), SIGKILL at the deadline;
 //! - when standard input is not a terminal (cron, systemd, CI), the command runs in a
 //!   process group of its own: signals go to that group, and a small reaper process
-//!   kills the whole group — the command's own children too — if dlock dies. On a
-//!   terminal the command stays in dlock's process group (job control keeps working)
-//!   and only the command itself is covered.
+//!   kills the whole group — the command's own children too — if dlock dies (a reaper
+//!   found gone when the command would start: the run ends with 126, the command never
+//!   started). On a terminal the command stays in dlock's process group (job control
+//!   keeps working) and only the command itself is covered.
 
 use std::time::Duration;
 

@@ -236,3 +236,95 @@ fn failing_renewals_stop_the_command_before_the_lease_ends() {
         );
     }
 }
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // Field 4 of /proc/PID/stat, after the parenthesized command name.
+        let parent = std::fs::read_to_string(format!("/proc/{child}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_owned))
+            })
+            .and_then(|p| p.parse::<u32>().ok());
+        if parent == Some(pid) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// A command never starts without the reaper that would end its process group if
+/// dlock died: when that reaper is gone (killed while dlock waited for the lock), the
+/// run ends with 126 and a message that says so, and the command did not run.
+#[test]
+fn no_command_starts_once_its_reaper_is_gone() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/locks.db", dir.path().display());
+    let held = dir.path().join("held");
+    let ran = dir.path().join("ran");
+    let mut holder = spawn(&[
+        "run",
+        "--url",
+        &url,
+        "n",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "echo x > {h}.tmp && mv {h}.tmp {h}; exec sleep 30",
+            h = held.display()
+        ),
+    ]);
+    wait_for_file(&held, Duration::from_secs(20));
+    let mut waiter = spawn(&[
+        "run",
+        "--url",
+        &url,
+        "--wait",
+        "20s",
+        "n",
+        "--",
+        "touch",
+        ran.to_str().expect("utf-8 path"),
+    ]);
+    // The waiter's reaper is forked before it asks for the lock; it is its only child
+    // while it waits.
+    let end = Instant::now() + Duration::from_secs(10);
+    let reaper = loop {
+        let children = children_of(waiter.id());
+        if let [one] = children[..] {
+            break one;
+        }
+        assert!(
+            Instant::now() < end,
+            "the waiting dlock has no reaper: {children:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(reaper),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the reaper");
+    // The holder stops: the waiter gets the lock, and must not start its command.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(holder.id()).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("stop the holder");
+    let _ = wait_exit(&mut holder, Duration::from_secs(20));
+    let status = wait_exit(&mut waiter, Duration::from_secs(20));
+    let mut stderr = String::new();
+    if let Some(mut e) = waiter.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    assert_eq!(status.code(), Some(126), "{stderr}");
+    assert!(stderr.contains("reaper"), "{stderr}");
+    assert!(!ran.exists(), "the command ran without its reaper");
+}
