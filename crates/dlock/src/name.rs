@@ -61,6 +61,11 @@ impl LockName {
         &self.0
     }
 
+    /// The text itself, shared (for keys that are the name as it is).
+    pub(crate) fn shared(&self) -> &Arc<str> {
+        &self.0
+    }
+
     /// The injective, path-safe form used as a key segment (see the module docs).
     #[must_use]
     pub fn encoded(&self) -> String {

@@ -130,9 +130,48 @@ impl<G> Offer<G> {
 #[derive(Debug)]
 struct Holders {
     /// A hash of each hold's owner (a reentrant owner appears once per hold).
-    owners: Vec<u64>,
+    owners: Owners,
     /// The latest lease end any of them was granted or renewed to.
     lease_end: Instant,
+}
+
+/// The owner hashes of a lock's local holds, never empty: the first in place, any
+/// further (a reentrant owner's, or shared holds) on the heap — a lock held once, the
+/// usual case, costs no allocation of its own.
+#[derive(Debug)]
+struct Owners {
+    first: u64,
+    more: Vec<u64>,
+}
+
+impl Owners {
+    fn one(owner: u64) -> Self {
+        Owners {
+            first: owner,
+            more: Vec::new(),
+        }
+    }
+
+    fn contains(&self, owner: u64) -> bool {
+        self.first == owner || self.more.contains(&owner)
+    }
+
+    fn push(&mut self, owner: u64) {
+        self.more.push(owner);
+    }
+
+    /// Take one hold of `owner` out (none if it has none); `true` when no hold is left.
+    fn remove(&mut self, owner: u64) -> bool {
+        if self.first == owner {
+            match self.more.pop() {
+                Some(last) => self.first = last,
+                None => return true,
+            }
+        } else if let Some(i) = self.more.iter().position(|o| *o == owner) {
+            self.more.swap_remove(i);
+        }
+        false
+    }
 }
 
 /// The table's hasher: foldhash, seeded per table. Every acquisition and release looks
@@ -189,7 +228,7 @@ impl<G> Handoffs<G> {
         let t = self.table();
         t.holders
             .get(&t.key_hash(lock))
-            .is_some_and(|h| h.owners.contains(&t.key_hash(owner)))
+            .is_some_and(|h| h.owners.contains(t.key_hash(owner)))
     }
 
     /// `owner`, a task of this process, now holds `lock` until `lease_end` (at the
@@ -197,12 +236,19 @@ impl<G> Handoffs<G> {
     pub(crate) fn note_held(&self, lock: &str, owner: &str, lease_end: Instant) {
         let mut t = self.table();
         let (lock, owner) = (t.key_hash(lock), t.key_hash(owner));
-        let h = t.holders.entry(lock).or_insert(Holders {
-            owners: Vec::new(),
-            lease_end,
-        });
-        h.owners.push(owner);
-        h.lease_end = h.lease_end.max(lease_end);
+        match t.holders.entry(lock) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let h = e.get_mut();
+                h.owners.push(owner);
+                h.lease_end = h.lease_end.max(lease_end);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Holders {
+                    owners: Owners::one(owner),
+                    lease_end,
+                });
+            }
+        }
     }
 
     /// A local holder's lease was renewed to `lease_end`.
@@ -222,13 +268,10 @@ impl<G> Handoffs<G> {
 
     fn holder_left(t: &mut Table<G>, lock: &str, owner: &str) {
         let (key, owner) = (t.key_hash(lock), t.key_hash(owner));
-        if let Some(h) = t.holders.get_mut(&key) {
-            if let Some(i) = h.owners.iter().position(|o| *o == owner) {
-                h.owners.swap_remove(i);
-            }
-            if h.owners.is_empty() {
-                t.holders.remove(&key);
-            }
+        if let Some(h) = t.holders.get_mut(&key)
+            && h.owners.remove(owner)
+        {
+            t.holders.remove(&key);
         }
     }
 
@@ -274,7 +317,7 @@ impl<G> Handoffs<G> {
         let local_hold = t
             .holders
             .get(&t.key_hash(lock))
-            .filter(|h| !h.owners.contains(&t.key_hash(owner)))
+            .filter(|h| !h.owners.contains(t.key_hash(owner)))
             .map(|h| h.lease_end.saturating_duration_since(now));
         let Some(line) = t.lines.get(lock) else {
             return local_hold
@@ -416,6 +459,24 @@ pub(crate) enum Leftover<G> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Holds of one lock come and go in any order: the set stays right, and says it is
+    /// empty exactly when the last hold left (an owner with no hold takes nothing).
+    #[test]
+    fn owners_count_every_hold() {
+        let mut o = Owners::one(1);
+        o.push(2);
+        o.push(1);
+        assert!(o.contains(1) && o.contains(2) && !o.contains(3));
+        assert!(!o.remove(3));
+        assert!(!o.remove(1));
+        assert!(o.contains(1), "a reentrant owner's second hold stays");
+        assert!(!o.remove(1));
+        assert!(!o.contains(1));
+        assert!(o.contains(2));
+        assert!(!o.remove(1), "no hold of 1 left to take");
+        assert!(o.remove(2));
+    }
 
     fn own(token: &str) -> Owner {
         token.parse().expect("an owner token")

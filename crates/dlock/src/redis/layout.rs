@@ -20,7 +20,7 @@
 //! Suffix keys follow Redisson's naming rule: `prefix:{name}` unless the name already
 //! contains `{`, so every key of one lock lands in the name's cluster hash slot.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use redis::Script;
 
@@ -68,9 +68,15 @@ impl Layout {
 
     /// The keys of lock `name` (with the configured key prefix already applied).
     pub(crate) fn keys(self, name: &str) -> Keys {
+        self.keys_of(&Arc::from(name))
+    }
+
+    /// [`Layout::keys`] of a name held as shared text: where the lock key is the name
+    /// itself, the text is shared, not copied (a held lock keeps its keys).
+    pub(crate) fn keys_of(self, name: &Arc<str>) -> Keys {
         let lock = match self {
-            Layout::Redisson | Layout::RedisPy => name.to_owned(),
-            Layout::PythonRedisLock => format!("{PYTHON_REDIS_LOCK_PREFIX}{name}"),
+            Layout::Redisson | Layout::RedisPy => Arc::clone(name),
+            Layout::PythonRedisLock => Arc::from(format!("{PYTHON_REDIS_LOCK_PREFIX}{name}")),
         };
         Keys { lock, layout: self }
     }
@@ -114,7 +120,7 @@ const PYTHON_REDIS_LOCK_PREFIX: &str = "lock:";
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     /// The lock itself.
-    pub lock: String,
+    pub lock: Arc<str>,
     layout: Layout,
 }
 
@@ -226,7 +232,7 @@ mod tests {
     #[test]
     fn redisson_naming_rule() {
         let k = Layout::Redisson.keys("orders:42");
-        assert_eq!(k.lock, "orders:42");
+        assert_eq!(&*k.lock, "orders:42");
         assert_eq!(k.counter(), "redisson_lock_token:{orders:42}");
         assert_eq!(k.signal(), "redisson_lock__channel:{orders:42}");
         assert_eq!(k.meta(), None);
@@ -237,7 +243,7 @@ mod tests {
     #[test]
     fn python_redis_lock_keys() {
         let k = Layout::PythonRedisLock.keys("job");
-        assert_eq!(k.lock, "lock:job");
+        assert_eq!(&*k.lock, "lock:job");
         assert_eq!(k.signal(), "lock-signal:job");
         assert_eq!(k.counter(), "dlock_token:{lock:job}");
         assert_eq!(k.meta().as_deref(), Some("dlock_meta:{lock:job}"));
@@ -246,7 +252,7 @@ mod tests {
     #[test]
     fn redis_py_keys() {
         let k = Layout::RedisPy.keys("job");
-        assert_eq!(k.lock, "job");
+        assert_eq!(&*k.lock, "job");
         assert_eq!(k.signal(), "dlock_unlock:{job}");
         assert_eq!(k.counter(), "dlock_token:{job}");
         assert_eq!(k.meta().as_deref(), Some("dlock_meta:{job}"));

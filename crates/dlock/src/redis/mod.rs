@@ -595,7 +595,11 @@ fn handoff_nonce(attempt: &str) -> String {
 
 impl Inner {
     fn keys(&self, name: &LockName) -> Keys {
-        self.layout.keys(&self.prefixed(name))
+        if self.prefix.is_empty() {
+            self.layout.keys_of(name.shared())
+        } else {
+            self.layout.keys(&self.prefixed(name))
+        }
     }
 
     /// `name` with the configured key prefix (borrowed when there is none: hot path).
@@ -640,7 +644,7 @@ impl Inner {
     /// Undo a hand-off to `owner` whose reply was lost and whose waiter has gone.
     async fn abandon(&self, keys: &Keys, owner: &str, nonce: &str) -> Result<()> {
         let _: i64 = layout::REDISSON_ABANDON
-            .key(&keys.lock)
+            .key(&*keys.lock)
             .key(keys.signal())
             .arg(owner)
             .arg(nonce)
@@ -790,7 +794,7 @@ impl Backend for RedisBackend {
             };
             // KEYS: the lock, its counter, then the metadata key (plain layouts) or
             // the queue and its deadlines (fair mode).
-            let mut names = [keys.lock.as_str(), counter.as_str(), "", "", ""];
+            let mut names = [&*keys.lock, counter.as_str(), "", "", ""];
             let mut count = 2;
             let more = meta
                 .iter()
@@ -899,7 +903,7 @@ impl Backend for RedisBackend {
         let inner = &self.inner;
         let keys = inner.keys(name);
         let mut inv = inner.layout.break_script().prepare_invoke();
-        inv.key(&keys.lock).key(keys.signal());
+        inv.key(&*keys.lock).key(keys.signal());
         if let Some(meta) = &keys.meta() {
             inv.key(meta).key(keys.counter());
         }
@@ -941,8 +945,8 @@ impl Backend for RedisBackend {
             let deadlines = keys.queue().map(|q| q.1).unwrap_or_default();
             let (fields, pttl, counter, waiters): (Vec<(String, String)>, i64, Option<u64>, usize) =
                 redis::pipe()
-                    .hgetall(&keys.lock)
-                    .pttl(&keys.lock)
+                    .hgetall(&*keys.lock)
+                    .pttl(&*keys.lock)
                     .get(keys.counter())
                     .zcard(&deadlines)
                     .query_async(&mut conn)
@@ -967,8 +971,8 @@ impl Backend for RedisBackend {
             let meta_key = keys.meta().unwrap_or_default();
             let (owner, pttl, counter, meta): (Option<String>, i64, Option<u64>, Option<String>) =
                 redis::pipe()
-                    .get(&keys.lock)
-                    .pttl(&keys.lock)
+                    .get(&*keys.lock)
+                    .pttl(&*keys.lock)
                     .get(keys.counter())
                     .get(&meta_key)
                     .query_async(&mut conn)

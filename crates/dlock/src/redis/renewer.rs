@@ -89,7 +89,7 @@ async fn run(mut conn: Conn, layout: Layout, batch: Vec<Request>) {
     let mut inv = layout.renew_script().prepare_invoke();
     for r in &batch {
         let ms = u64::try_from(r.ttl.as_millis()).unwrap_or(u64::MAX);
-        inv.key(&r.keys.lock).arg(&r.owner).arg(r.fence);
+        inv.key(&*r.keys.lock).arg(&r.owner).arg(r.fence);
         if let Some(meta) = &r.keys.meta() {
             inv.key(meta).key(r.keys.counter());
         }

@@ -306,7 +306,7 @@ impl Inner {
             token: suffixed("dlock_fence", &key),
             counter: plain.counter(),
             meta: plain.meta().unwrap_or_default(),
-            lock: plain.lock,
+            lock: key,
         }
     }
 
