@@ -13,9 +13,12 @@ local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence')
 if not held[1] or held[2] ~= ARGV[2] then
   return {-1, 0}
 end
-local left = redis.call('hincrby', lock, ARGV[1], -1)
-if left > 0 then
-  return {left, 0}
+-- The last hold (the usual case) needs no decrement: its field goes below.
+if held[1] ~= '1' then
+  local left = redis.call('hincrby', lock, ARGV[1], -1)
+  if left > 0 then
+    return {left, 0}
+  end
 end
 if ARGV[7] == '1' then
   -- Listeners besides this process's own subscriber? (If PUBSUB is not permitted,

@@ -7,9 +7,12 @@ local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence')
 if not held[1] or held[2] ~= ARGV[2] then
   return -1
 end
-local left = redis.call('hincrby', lock, ARGV[1], -1)
-if left > 0 then
-  return left
+-- The last hold (the usual case) needs no decrement: the key goes.
+if held[1] ~= '1' then
+  local left = redis.call('hincrby', lock, ARGV[1], -1)
+  if left > 0 then
+    return left
+  end
 end
 redis.call('del', lock)
 redis.call('publish', KEYS[2], '0')
