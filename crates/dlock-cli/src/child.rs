@@ -406,25 +406,48 @@ impl Drop for Stack {
 #[derive(Debug)]
 pub struct Reaper {
     pipe: OwnedFd,
+    pid: libc::pid_t,
 }
 
 impl Reaper {
     /// Fork the reaper now: call it early, while dlock is still one thread and its
     /// memory small (a fork copies the page tables, and each page dlock writes
     /// afterwards while the child lives is copied once more).
-    pub fn start() -> Option<Self> {
-        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
+    ///
+    /// # Errors
+    /// The pipe or the fork failed (`errno`): the command must not start without it.
+    pub fn start() -> io::Result<Self> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let read_fd = read.as_raw_fd();
         // SAFETY: the child only makes async-signal-safe calls (no allocation, no
         // locks) and ends with _exit.
         match unsafe { libc::fork() } {
             0 => unsafe { reap(read_fd) },
-            -1 => None,
-            _ => {
+            -1 => Err(io::Error::last_os_error()),
+            pid => {
                 drop(read);
-                Some(Reaper { pipe: write })
+                Ok(Reaper { pipe: write, pid })
             }
         }
+    }
+
+    /// A new reaper for `group`, which already runs (the previous reaper is gone).
+    ///
+    /// # Errors
+    /// The pipe, the fork or the write of the group failed.
+    pub fn replace(group: libc::pid_t) -> io::Result<Self> {
+        let reaper = Self::start()?;
+        // Four bytes on a pipe: written whole or not at all.
+        nix::unistd::write(&reaper.pipe, &group.to_le_bytes())?;
+        Ok(reaper)
+    }
+
+    /// Whether the reaper has died (someone killed it): collected now if so.
+    pub fn gone(&self) -> bool {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, with a valid status pointer.
+        let r = unsafe { libc::waitpid(self.pid, &raw mut status, libc::WNOHANG) };
+        r == self.pid || (r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
     }
 
     /// dlock is finishing normally: the reaper leaves without killing.

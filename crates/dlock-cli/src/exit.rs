@@ -20,7 +20,8 @@ pub const DENIED: i32 = 77;
 pub const NOT_ACQUIRED: i32 = 75;
 /// The lock was lost while the command ran.
 pub const LOCK_LOST: i32 = 76;
-/// The command exists but could not be executed.
+/// The command exists but could not be executed (or could not be started with the
+/// reaper that covers its process group).
 pub const CANNOT_EXECUTE: i32 = 126;
 /// The command was not found.
 pub const NOT_FOUND: i32 = 127;
@@ -64,7 +65,10 @@ pub const CODES: [(i32, &str); 15] = [
         DENIED,
         "the server refused the credentials or the operation (authentication, permission)",
     ),
-    (CANNOT_EXECUTE, "the command could not be executed"),
+    (
+        CANNOT_EXECUTE,
+        "the command could not be executed; or, off a terminal, dlock's reaper (which ends the command's process group if dlock dies) could not be started or was gone, and the command was not run",
+    ),
     (NOT_FOUND, "the command was not found"),
     (
         129,

@@ -10,8 +10,9 @@
 //! - when standard input is not a terminal (cron, systemd, CI), the command runs in a
 //!   process group of its own: signals go to that group, and a small reaper process
 //!   kills the whole group — the command's own children too — if dlock dies (a reaper
-//!   found gone when the command would start: the run ends with 126, the command never
-//!   started). On a terminal the command stays in dlock's process group (job control
+//!   that cannot be started, or is found gone when the command would start: the run
+//!   ends with 126, the command never started; one killed while the command runs is
+//!   replaced at once). On a terminal the command stays in dlock's process group (job control
 //!   keeps working) and only the command itself is covered.
 
 use std::time::Duration;
@@ -62,7 +63,19 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     // Off a terminal the command gets a process group of its own, which a reaper
     // kills if dlock dies; it is forked now, while dlock is one thread and small.
     let own_group = !nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
-    let reaper = if own_group { Reaper::start() } else { None };
+    let mut reaper = if own_group {
+        // Nothing would end what the command starts if dlock died: nothing runs.
+        Some(Reaper::start().map_err(|e| {
+            Failure::new(
+                exit::CANNOT_EXECUTE,
+                format!(
+                    "cannot start the reaper that ends {program:?}'s process group if dlock dies: {e}"
+                ),
+            )
+        })?)
+    } else {
+        None
+    };
 
     let mut sigint = signal(SignalKind::interrupt()).map_err(sig_err)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(sig_err)?;
@@ -141,6 +154,8 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         ),
         ("DLOCK_FENCING_TOKENS", tokens_env(&guard)),
     ];
+    // Every child's exit, the reaper's among them: one killed is replaced at once.
+    let mut children = signal(SignalKind::child()).map_err(sig_err)?;
     let mut child = match child::spawn(&program_os, &rest, &env, own_group, reaper.as_ref()) {
         Ok(c) => c,
         Err(e) => {
@@ -173,6 +188,20 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
             _ = sigint.recv() => target.send(Signal::SIGINT),
             _ = sigterm.recv() => target.send(Signal::SIGTERM),
             _ = sighup.recv() => target.send(Signal::SIGHUP),
+            _ = children.recv(), if reaper.is_some() => {
+                if reaper.as_ref().is_some_and(Reaper::gone) {
+                    reaper = match Reaper::replace(pid) {
+                        Ok(r) => {
+                            errln!("dlock: the reaper process was gone; a new one covers {program:?}'s process group");
+                            Some(r)
+                        }
+                        Err(e) => {
+                            errln!("dlock: the reaper process was gone and cannot be replaced ({e}): if dlock dies, what {program:?} started keeps running");
+                            None
+                        }
+                    };
+                }
+            }
             () = tokio::time::sleep_until(check_at) => {
                 if stopping.is_none() && renewals_failing(&guard, args.ttl, args.grace) {
                     let left = guard.deadline().saturating_duration_since(std::time::Instant::now());

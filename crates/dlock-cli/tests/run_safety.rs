@@ -312,6 +312,12 @@ fn no_command_starts_once_its_reaper_is_gone() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill the reaper");
+    // Gone (a zombie has closed its end of the pipe) before the lock can come free.
+    if !wait_gone(reaper, Duration::from_secs(10)) {
+        let _ = holder.kill();
+        let _ = waiter.kill();
+        panic!("the killed reaper {reaper} is still running");
+    }
     // The holder stops: the waiter gets the lock, and must not start its command.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(holder.id()).expect("pid")),
@@ -327,4 +333,68 @@ fn no_command_starts_once_its_reaper_is_gone() {
     assert_eq!(status.code(), Some(126), "{stderr}");
     assert!(stderr.contains("reaper"), "{stderr}");
     assert!(!ran.exists(), "the command ran without its reaper");
+}
+
+/// A reaper killed while the command runs is replaced: dlock SIGKILLed after that still
+/// takes the command's own child along.
+#[test]
+fn a_reaper_killed_while_the_command_runs_is_replaced() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/locks.db", dir.path().display());
+    let (child_pid, grand_pid) = (dir.path().join("c"), dir.path().join("g"));
+    let script = format!(
+        "sleep 60 & echo $! > {g}.tmp && mv {g}.tmp {g}; echo $$ > {c}.tmp && mv {c}.tmp {c}; wait",
+        g = grand_pid.display(),
+        c = child_pid.display()
+    );
+    let mut run = spawn(&["run", "--url", &url, "n", "--", "sh", "-c", &script]);
+    let command: i32 = wait_for_file(&child_pid, Duration::from_secs(20))
+        .parse()
+        .expect("pid");
+    let grandchild: i32 = wait_for_file(&grand_pid, Duration::from_secs(5))
+        .parse()
+        .expect("pid");
+    // dlock's children: the command and the reaper.
+    let other_child = |not: &[i32]| {
+        children_of(run.id())
+            .into_iter()
+            .find(|p| !not.contains(p) && alive(*p))
+    };
+    let end = Instant::now() + Duration::from_secs(10);
+    let reaper = loop {
+        if let Some(r) = other_child(&[command]) {
+            break r;
+        }
+        assert!(Instant::now() < end, "dlock has no reaper");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(reaper),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the reaper");
+    let end = Instant::now() + Duration::from_secs(10);
+    let replaced = loop {
+        if let Some(r) = other_child(&[command, reaper]) {
+            break r;
+        }
+        if Instant::now() >= end {
+            let _ = run.kill();
+            panic!("the killed reaper {reaper} was not replaced");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // dlock writes the group to the new reaper right after the fork that lists it: give
+    // that write a moment (a reaper killed before it would leave quietly).
+    std::thread::sleep(Duration::from_millis(50));
+    run.kill().expect("SIGKILL dlock");
+    let _ = run.wait();
+    assert!(
+        wait_gone(command, Duration::from_secs(2)),
+        "the command outlived dlock"
+    );
+    assert!(
+        wait_gone(grandchild, Duration::from_secs(2)),
+        "the command's child outlived dlock (reaper {replaced} did not cover it)"
+    );
 }
