@@ -68,17 +68,23 @@ impl Layout {
 
     /// The keys of lock `name` (with the configured key prefix already applied).
     pub(crate) fn keys(self, name: &str) -> Keys {
-        self.keys_of(&Arc::from(name))
+        let lock = match self {
+            Layout::Redisson | Layout::RedisPy => Arc::from(name),
+            Layout::PythonRedisLock => Arc::from(format!("{PYTHON_REDIS_LOCK_PREFIX}{name}")),
+        };
+        Keys { lock, layout: self }
     }
 
     /// [`Layout::keys`] of a name held as shared text: where the lock key is the name
     /// itself, the text is shared, not copied (a held lock keeps its keys).
     pub(crate) fn keys_of(self, name: &Arc<str>) -> Keys {
-        let lock = match self {
-            Layout::Redisson | Layout::RedisPy => Arc::clone(name),
-            Layout::PythonRedisLock => Arc::from(format!("{PYTHON_REDIS_LOCK_PREFIX}{name}")),
-        };
-        Keys { lock, layout: self }
+        match self {
+            Layout::Redisson | Layout::RedisPy => Keys {
+                lock: Arc::clone(name),
+                layout: self,
+            },
+            Layout::PythonRedisLock => self.keys(name),
+        }
     }
 
     pub(crate) fn acquire_script(self) -> &'static Script {
