@@ -68,10 +68,26 @@ pub(crate) async fn wait_change(rx: &mut watch::Receiver<u64>, max: Duration) {
 /// waiting (`tokio::sync::Notify::notify_one`; a wake-up with nobody waiting is kept for
 /// the next). A release then costs one attempt in this process, not a stampede of every
 /// waiter on one row.
+///
+/// It also elects one *poller* per key: the waiter that asks the server on the
+/// backend's poll interval while the others wait for a wake-up (and only fall back to
+/// asking at that interval times their number). A thousand waiters of one name in one
+/// process then cost the server one poll per interval, not a thousand.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(Debug)]
 pub(crate) struct WakeOne<K> {
-    map: Mutex<HashMap<K, (std::sync::Arc<tokio::sync::Notify>, usize)>>,
+    map: Mutex<HashMap<K, KeyWaiters>>,
+}
+
+/// The waiters of one key.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug, Default)]
+struct KeyWaiters {
+    notify: std::sync::Arc<tokio::sync::Notify>,
+    /// Registered [`WakeWatch`]es.
+    count: usize,
+    /// One of them holds the poller's role.
+    polled: bool,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -85,9 +101,7 @@ impl<K> Default for WakeOne<K> {
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
-    fn map(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<K, (std::sync::Arc<tokio::sync::Notify>, usize)>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<K, KeyWaiters>> {
         self.map
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -97,23 +111,22 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
     pub(crate) fn watch(self: &std::sync::Arc<Self>, key: &K) -> WakeWatch<K> {
         let notify = {
             let mut map = self.map();
-            let entry = map
-                .entry(key.clone())
-                .or_insert_with(|| (std::sync::Arc::default(), 0));
-            entry.1 += 1;
-            std::sync::Arc::clone(&entry.0)
+            let entry = map.entry(key.clone()).or_default();
+            entry.count += 1;
+            std::sync::Arc::clone(&entry.notify)
         };
         WakeWatch {
             hub: std::sync::Arc::clone(self),
             key: key.clone(),
             notify,
+            polls: false,
         }
     }
 
     /// Wake one waiter of `key`, if this process has any.
     pub(crate) fn wake(&self, key: &K) {
-        if let Some((n, _)) = self.map().get(key) {
-            n.notify_one();
+        if let Some(w) = self.map().get(key) {
+            w.notify.notify_one();
         }
     }
 
@@ -121,10 +134,10 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
     /// unannounced: several permits or readers may have come free).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn wake_where(&self, which: impl Fn(&K) -> bool) {
-        for (key, (n, _)) in self.map().iter() {
+        for (key, w) in self.map().iter() {
             if which(key) {
-                n.notify_waiters();
-                n.notify_one();
+                w.notify.notify_waiters();
+                w.notify.notify_one();
             }
         }
     }
@@ -132,9 +145,9 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
     /// Wake every waiter of every key (notifications may have been missed).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn wake_all(&self) {
-        for (n, _) in self.map().values() {
-            n.notify_waiters();
-            n.notify_one();
+        for w in self.map().values() {
+            w.notify.notify_waiters();
+            w.notify.notify_one();
         }
     }
 }
@@ -146,6 +159,8 @@ pub(crate) struct WakeWatch<K: std::hash::Hash + Eq + Clone> {
     hub: std::sync::Arc<WakeOne<K>>,
     key: K,
     notify: std::sync::Arc<tokio::sync::Notify>,
+    /// This waiter holds its key's poller role.
+    polls: bool,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -154,6 +169,21 @@ impl<K: std::hash::Hash + Eq + Clone> WakeWatch<K> {
     pub(crate) async fn wait(&self, max: Duration) {
         let _ = tokio::time::timeout(max, self.notify.notified()).await;
     }
+
+    /// Whether this waiter is its key's poller (taking the role if no waiter holds
+    /// it), and how many waiters the key has in this process.
+    pub(crate) fn poller(&mut self) -> (bool, usize) {
+        let mut map = self.hub.map();
+        let Some(entry) = map.get_mut(&self.key) else {
+            // Not reachable while this watch lives (it is counted); poll, to be safe.
+            return (true, 1);
+        };
+        if !self.polls && !entry.polled {
+            entry.polled = true;
+            self.polls = true;
+        }
+        (self.polls, entry.count)
+    }
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -161,9 +191,13 @@ impl<K: std::hash::Hash + Eq + Clone> Drop for WakeWatch<K> {
     fn drop(&mut self) {
         let mut map = self.hub.map();
         if let Some(entry) = map.get_mut(&self.key) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
+            entry.count -= 1;
+            if entry.count == 0 {
                 map.remove(&self.key);
+            } else if self.polls {
+                // The role is free: wake a waiter, which takes it as it waits again.
+                entry.polled = false;
+                entry.notify.notify_one();
             }
         }
     }

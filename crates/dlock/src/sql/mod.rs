@@ -367,7 +367,9 @@ pub(crate) fn capabilities(
 }
 
 /// Waits until this process is told the lock's key was released (one waiter per
-/// wake-up), or `poll` passes (jittered 50–100 % when `jitter`).
+/// wake-up), or `poll` passes (jittered 50–100 % when `jitter`) — for the key's one
+/// poller in this process; the others wait `poll` times the number of waiters (see
+/// [`crate::notify::WakeOne`]).
 #[derive(Debug)]
 pub(crate) struct SqlWaiter {
     pub watch: WakeWatch<[u8; 32]>,
@@ -381,7 +383,14 @@ pub(crate) struct SqlWaiter {
 #[async_trait::async_trait]
 impl Waiter for SqlWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
-        let mut wait = self.poll.min(max);
+        let (polls, waiters) = self.watch.poller();
+        let every = if polls {
+            self.poll
+        } else {
+            self.poll
+                .saturating_mul(u32::try_from(waiters).unwrap_or(u32::MAX))
+        };
+        let mut wait = every.min(max);
         if self.jitter {
             let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
             wait = Duration::from_nanos(nanos / 2 + fastrand::u64(0..=nanos / 2));

@@ -41,8 +41,9 @@
 //! the loss first.
 //!
 //! # Waiting
-//! MySQL has no notifications: waiters poll every `poll` (default 10 ms, jittered 50–100 %);
-//! a release in this process wakes this process's waiters at once.
+//! MySQL has no notifications: waiters poll every `poll` (default 10 ms, jittered 50–100 %),
+//! one per name in a process — the others wait for a release in this process, which
+//! wakes one of them at once, and poll only every `poll` times their number.
 //!
 //! # Options
 //!
