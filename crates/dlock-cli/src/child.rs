@@ -285,19 +285,7 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         }
         // dlock's handlers must not run here: defaults for every handled signal (and
         // SIGPIPE, which Rust ignores), ignored ones stay ignored, as exec would keep.
-        for sig in 1..65 {
-            let mut current: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &raw mut current) != 0 {
-                continue;
-            }
-            if sig == libc::SIGPIPE
-                || (current.sa_sigaction != libc::SIG_IGN && current.sa_sigaction != libc::SIG_DFL)
-            {
-                let mut default: libc::sigaction = std::mem::zeroed();
-                default.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &raw const default, std::ptr::null_mut());
-            }
-        }
+        default_handlers(libc::SIGPIPE);
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
             fail(plan);
         }
@@ -333,6 +321,30 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             *libc::__errno_location() = libc::ENOENT;
         }
         fail(plan)
+    }
+}
+
+/// Every signal with a handler (and `also`, unless 0) back to its default action;
+/// ignored signals stay ignored.
+///
+/// # Safety
+/// Async-signal-safe (sigaction only): for a child between fork or clone and exec.
+unsafe fn default_handlers(also: c_int) {
+    for sig in 1..65 {
+        // SAFETY: sigaction reads or sets one signal's disposition, nothing else.
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &raw mut current) != 0 {
+                continue;
+            }
+            if sig == also
+                || (current.sa_sigaction != libc::SIG_IGN && current.sa_sigaction != libc::SIG_DFL)
+            {
+                let mut default: libc::sigaction = std::mem::zeroed();
+                default.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &raw const default, std::ptr::null_mut());
+            }
+        }
     }
 }
 
@@ -417,29 +429,36 @@ impl Reaper {
     /// # Errors
     /// The pipe or the fork failed (`errno`): the command must not start without it.
     pub fn start() -> io::Result<Self> {
+        Self::fork(None)
+    }
+
+    /// A new reaper for `group`, which already runs (the previous reaper is gone).
+    ///
+    /// # Errors
+    /// The pipe, the write of the group or the fork failed.
+    pub fn replace(group: libc::pid_t) -> io::Result<Self> {
+        Self::fork(Some(group))
+    }
+
+    /// A reaper told `group` (if any) before it exists: the group waits in the pipe, so
+    /// a dlock that dies right after the fork still leaves it to kill.
+    fn fork(group: Option<libc::pid_t>) -> io::Result<Self> {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        let read_fd = read.as_raw_fd();
+        if let Some(group) = group {
+            // Four bytes on an empty pipe: written whole or not at all.
+            nix::unistd::write(&write, &group.to_le_bytes())?;
+        }
+        let (read_fd, write_fd) = (read.as_raw_fd(), write.as_raw_fd());
         // SAFETY: the child only makes async-signal-safe calls (no allocation, no
         // locks) and ends with _exit.
         match unsafe { libc::fork() } {
-            0 => unsafe { reap(read_fd) },
+            0 => unsafe { reap(read_fd, write_fd) },
             -1 => Err(io::Error::last_os_error()),
             pid => {
                 drop(read);
                 Ok(Reaper { pipe: write, pid })
             }
         }
-    }
-
-    /// A new reaper for `group`, which already runs (the previous reaper is gone).
-    ///
-    /// # Errors
-    /// The pipe, the fork or the write of the group failed.
-    pub fn replace(group: libc::pid_t) -> io::Result<Self> {
-        let reaper = Self::start()?;
-        // Four bytes on a pipe: written whole or not at all.
-        nix::unistd::write(&reaper.pipe, &group.to_le_bytes())?;
-        Ok(reaper)
     }
 
     /// Whether the reaper has died (someone killed it): collected now if so.
@@ -465,19 +484,23 @@ impl Reaper {
 ///
 /// # Safety
 /// Only in a child just forked: it makes async-signal-safe calls only.
-unsafe fn reap(read_fd: i32) -> ! {
-    // SAFETY: async-signal-safe calls on our own descriptors and process group.
+unsafe fn reap(read_fd: i32, write_fd: i32) -> ! {
+    // SAFETY: async-signal-safe calls on our own descriptors, dispositions and process
+    // group.
     unsafe {
         // Out of dlock's process group (a Ctrl-C or a signal to dlock's group must
-        // not take the reaper with it), and holding nothing of dlock's but the pipe.
+        // not take the reaper with it), and holding nothing of dlock's but the pipe:
+        // above all not the pipe's write end, whose last copy closing is dlock's death
+        // (closed by itself too, should close_range be missing).
         libc::setpgid(0, 0);
-        libc::syscall(
-            libc::SYS_close_range,
-            0u32,
-            (read_fd as u32).saturating_sub(1),
-            0u32,
-        );
-        libc::syscall(libc::SYS_close_range, (read_fd as u32) + 1, u32::MAX, 0u32);
+        libc::close(write_fd);
+        let first = u32::try_from(read_fd).unwrap_or(0);
+        if first > 0 {
+            libc::syscall(libc::SYS_close_range, 0u32, first - 1, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, first + 1, u32::MAX, 0u32);
+        // dlock's handlers (a reaper forked while dlock runs has them) do not apply.
+        default_handlers(0);
         let mut group = [0u8; 4];
         if !read_exact(read_fd, &mut group) {
             libc::_exit(0);

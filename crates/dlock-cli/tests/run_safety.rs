@@ -384,9 +384,7 @@ fn a_reaper_killed_while_the_command_runs_is_replaced() {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    // dlock writes the group to the new reaper right after the fork that lists it: give
-    // that write a moment (a reaper killed before it would leave quietly).
-    std::thread::sleep(Duration::from_millis(50));
+    // The new reaper was told the group before it was forked: dlock can die at once.
     run.kill().expect("SIGKILL dlock");
     let _ = run.wait();
     assert!(
