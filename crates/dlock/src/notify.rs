@@ -69,10 +69,12 @@ pub(crate) async fn wait_change(rx: &mut watch::Receiver<u64>, max: Duration) {
 /// the next). A release then costs one attempt in this process, not a stampede of every
 /// waiter on one row.
 ///
-/// It also elects one *poller* per key: the waiter that asks the server on the
-/// backend's poll interval while the others wait for a wake-up (and only fall back to
-/// asking at that interval times their number). A thousand waiters of one name in one
-/// process then cost the server one poll per interval, not a thousand.
+/// It also elects one *poller* per key and class of waiter (a lock's, a permit's, a
+/// read's, a write's: one may succeed where another may not): the waiter that asks the
+/// server on the backend's poll interval while the others wait for a wake-up (and only
+/// fall back to asking at that interval times their number). A thousand waiters of one
+/// name in one process (one backend) then cost the server one poll per interval, not a
+/// thousand.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(Debug)]
 pub(crate) struct WakeOne<K> {
@@ -86,8 +88,8 @@ struct KeyWaiters {
     notify: std::sync::Arc<tokio::sync::Notify>,
     /// Registered [`WakeWatch`]es.
     count: usize,
-    /// One of them holds the poller's role.
-    polled: bool,
+    /// Bit `c` set: a waiter of class `c` holds that class's poller role.
+    polled: u8,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -107,8 +109,9 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Register a waiter of `key` (until the returned watch is dropped).
-    pub(crate) fn watch(self: &std::sync::Arc<Self>, key: &K) -> WakeWatch<K> {
+    /// Register a waiter of `key` (until the returned watch is dropped), of `class`
+    /// (0–7: its poller role is its class's).
+    pub(crate) fn watch(self: &std::sync::Arc<Self>, key: &K, class: u8) -> WakeWatch<K> {
         let notify = {
             let mut map = self.map();
             let entry = map.entry(key.clone()).or_default();
@@ -119,6 +122,7 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
             hub: std::sync::Arc::clone(self),
             key: key.clone(),
             notify,
+            role: 1 << (class & 7),
             polls: false,
         }
     }
@@ -159,7 +163,9 @@ pub(crate) struct WakeWatch<K: std::hash::Hash + Eq + Clone> {
     hub: std::sync::Arc<WakeOne<K>>,
     key: K,
     notify: std::sync::Arc<tokio::sync::Notify>,
-    /// This waiter holds its key's poller role.
+    /// Its class's bit in [`KeyWaiters::polled`].
+    role: u8,
+    /// This waiter holds that role.
     polls: bool,
 }
 
@@ -178,8 +184,8 @@ impl<K: std::hash::Hash + Eq + Clone> WakeWatch<K> {
             // Not reachable while this watch lives (it is counted); poll, to be safe.
             return (true, 1);
         };
-        if !self.polls && !entry.polled {
-            entry.polled = true;
+        if !self.polls && entry.polled & self.role == 0 {
+            entry.polled |= self.role;
             self.polls = true;
         }
         (self.polls, entry.count)
@@ -194,9 +200,11 @@ impl<K: std::hash::Hash + Eq + Clone> Drop for WakeWatch<K> {
             entry.count -= 1;
             if entry.count == 0 {
                 map.remove(&self.key);
-            } else if self.polls {
-                // The role is free: wake a waiter, which takes it as it waits again.
-                entry.polled = false;
+            } else if self.polls || entry.polled & self.role == 0 {
+                // The role is free (given up here, or still vacant: the waiter woken to
+                // take it may be leaving without it): wake a waiter, which takes it as
+                // it waits again.
+                entry.polled &= !self.role;
                 entry.notify.notify_one();
             }
         }

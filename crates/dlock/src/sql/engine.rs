@@ -245,7 +245,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         // Watching locally first, then marked on the server: a release after the mark
         // announces itself, and the watch is woken once the mark is taken, so the
         // attempt after that sees any release that stayed silent before.
-        let watch = self.hub.watch(&key);
+        let watch = self.hub.watch(&key, waiter_class(req.primitive));
         Ok(Box::new(SqlWaiter {
             watch,
             poll: self.opts.poll,
@@ -406,5 +406,16 @@ impl<D: Dialect> HeldLock for SessionHeld<D> {
 
     fn loss_signal(&self) -> Option<CancellationToken> {
         Some(self.session.loss_signal())
+    }
+}
+
+/// The poller class of a waiter for `primitive` ([`WakeOne`]): a permit or a read may
+/// come free where a lock or a write may not, so each class polls for itself.
+fn waiter_class(primitive: Primitive) -> u8 {
+    match primitive {
+        Primitive::Lock => 0,
+        Primitive::Permit { .. } => 1,
+        Primitive::Read => 2,
+        Primitive::Write => 3,
     }
 }

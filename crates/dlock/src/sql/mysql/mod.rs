@@ -42,8 +42,10 @@
 //!
 //! # Waiting
 //! MySQL has no notifications: waiters poll every `poll` (default 10 ms, jittered 50–100 %),
-//! one per name in a process — the others wait for a release in this process, which
-//! wakes one of them at once, and poll only every `poll` times their number.
+//! one per name (and kind of hold) in a process's backend — the others wait for a
+//! release in this process, which wakes one of them at once, and poll only every `poll`
+//! times their number. A process's waiters thus meet other processes' as one: a name
+//! released elsewhere goes to the first poll, whatever the number of waiters behind it.
 //!
 //! # Options
 //!
