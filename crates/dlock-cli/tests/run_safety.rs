@@ -68,6 +68,28 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
     }
 }
 
+/// `dlock ARGS… -- sh -c SCRIPT`, where the command starts a child (`sleep 60`) and
+/// writes both pids to files in `dir` (named after `tag`): dlock, the command's pid and
+/// its child's.
+fn run_with_a_child(args: &[&str], dir: &Path, tag: &str) -> (Child, i32, i32) {
+    let (child_pid, grand_pid) = (dir.join(format!("c{tag}")), dir.join(format!("g{tag}")));
+    let script = format!(
+        "sleep 60 & echo $! > {g}.tmp && mv {g}.tmp {g}; echo $$ > {c}.tmp && mv {c}.tmp {c}; wait",
+        g = grand_pid.display(),
+        c = child_pid.display()
+    );
+    let mut all = args.to_vec();
+    all.extend(["--", "sh", "-c", &script]);
+    let run = spawn(&all);
+    let command: i32 = wait_for_file(&child_pid, Duration::from_secs(20))
+        .parse()
+        .expect("pid");
+    let grandchild: i32 = wait_for_file(&grand_pid, Duration::from_secs(5))
+        .parse()
+        .expect("pid");
+    (run, command, grandchild)
+}
+
 /// dlock SIGKILLed while its command runs: the command and the child the command
 /// started are gone at once (the kernel's parent-death signal, then the reaper), long
 /// before the next holder can get the lock — on every backend.
@@ -79,24 +101,11 @@ fn a_killed_dlock_takes_its_command_and_its_children_along() {
     let dir = tempfile::tempdir().expect("temp dir");
     for (i, t) in m.targets.iter().enumerate() {
         let name = format!("run-kill-{i}");
-        let (child_pid, grand_pid) = (
-            dir.path().join(format!("c{i}")),
-            dir.path().join(format!("g{i}")),
+        let (mut run, command, grandchild) = run_with_a_child(
+            &["run", "--url", &t.url, "--ttl", "2s", &name],
+            dir.path(),
+            &i.to_string(),
         );
-        let script = format!(
-            "sleep 60 & echo $! > {g}.tmp && mv {g}.tmp {g}; echo $$ > {c}.tmp && mv {c}.tmp {c}; wait",
-            g = grand_pid.display(),
-            c = child_pid.display()
-        );
-        let mut run = spawn(&[
-            "run", "--url", &t.url, "--ttl", "2s", &name, "--", "sh", "-c", &script,
-        ]);
-        let command: i32 = wait_for_file(&child_pid, Duration::from_secs(20))
-            .parse()
-            .expect("pid");
-        let grandchild: i32 = wait_for_file(&grand_pid, Duration::from_secs(5))
-            .parse()
-            .expect("pid");
         let killed_at = Instant::now();
         run.kill().expect("SIGKILL dlock");
         let _ = run.wait();
@@ -341,19 +350,8 @@ fn no_command_starts_once_its_reaper_is_gone() {
 fn a_reaper_killed_while_the_command_runs_is_replaced() {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}/locks.db", dir.path().display());
-    let (child_pid, grand_pid) = (dir.path().join("c"), dir.path().join("g"));
-    let script = format!(
-        "sleep 60 & echo $! > {g}.tmp && mv {g}.tmp {g}; echo $$ > {c}.tmp && mv {c}.tmp {c}; wait",
-        g = grand_pid.display(),
-        c = child_pid.display()
-    );
-    let mut run = spawn(&["run", "--url", &url, "n", "--", "sh", "-c", &script]);
-    let command: i32 = wait_for_file(&child_pid, Duration::from_secs(20))
-        .parse()
-        .expect("pid");
-    let grandchild: i32 = wait_for_file(&grand_pid, Duration::from_secs(5))
-        .parse()
-        .expect("pid");
+    let (mut run, command, grandchild) =
+        run_with_a_child(&["run", "--url", &url, "n"], dir.path(), "");
     // dlock's children: the command and the reaper.
     let other_child = |not: &[i32]| {
         children_of(run.id())

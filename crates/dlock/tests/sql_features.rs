@@ -1669,7 +1669,7 @@ async fn waiters_of_one_name_poll_as_one_per_process() {
         tasks.push(tokio::spawn(async move {
             // Every fourth waiter gives up (is cancelled) while the lock is still held.
             let timeout = if i % 4 == 0 {
-                Duration::from_millis(200 + fastrand_ms(i))
+                Duration::from_millis(200 + give_up_spread_ms(i))
             } else {
                 Duration::from_secs(60)
             };
@@ -1693,16 +1693,7 @@ async fn waiters_of_one_name_poll_as_one_per_process() {
     let polled = questions(&mut observer).await - before;
     held.release().await.expect("release");
     let started = Instant::now();
-    let mut got = 0;
-    for t in tasks {
-        if tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("a waiter never finished")
-            .expect("waiter task")
-        {
-            got += 1;
-        }
-    }
+    let got = joined(tasks).await.into_iter().filter(|g| *g).count();
     let took = started.elapsed();
     assert_eq!(got, 30, "every waiter that did not give up got the lock");
     assert!(
@@ -1741,18 +1732,28 @@ async fn waiters_of_one_name_poll_as_one_per_process() {
         g.release().await.expect("release");
     }
     let started = Instant::now();
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("a permit waiter never finished")
-            .expect("permit waiter task");
-    }
+    joined(tasks).await;
     let took = started.elapsed();
     assert!(took < Duration::from_secs(10), "20 permits took {took:?}");
     eprintln!("figure: mariadb: 20 permit waiters of one process served in {took:?}");
 }
 
-/// A spread of give-up times from 0 to 600 ms, by waiter.
-fn fastrand_ms(i: u64) -> u64 {
+/// Every task's result, each awaited for at most a minute (a task that never finishes,
+/// or panics, fails the test).
+async fn joined<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("a waiter never finished")
+                .expect("waiter task"),
+        );
+    }
+    out
+}
+
+/// A spread of give-up times from 0 to 600 ms, by waiter (fixed, so a run repeats).
+fn give_up_spread_ms(i: u64) -> u64 {
     (i * 7919) % 601
 }

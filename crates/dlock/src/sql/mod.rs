@@ -368,8 +368,8 @@ pub(crate) fn capabilities(
 
 /// Waits until this process is told the lock's key was released (one waiter per
 /// wake-up), or `poll` passes (jittered 50–100 % when `jitter`) — for the key's one
-/// poller in this process; the others wait `poll` times the number of waiters (see
-/// [`crate::notify::WakeOne`]).
+/// poller (per class of hold) in this process; the others wait `poll` times the number
+/// of waiters (see [`crate::notify::WakeOne`]).
 #[derive(Debug)]
 pub(crate) struct SqlWaiter {
     pub watch: WakeWatch<[u8; 32]>,

@@ -50,8 +50,8 @@
 //! notified key in this process. A lease that ends without a release is re-polled at
 //! its expiry; a session that dies without a release is found by the fallback re-poll
 //! every `poll` (default 100 ms), which also bounds every wait should a mark be missing
-//! (one waiter per key in a process re-polls so; the others, woken one at a time by
-//! releases in this process, every `poll` times their number).
+//! (one waiter per key and kind of hold in a process re-polls so; the others, woken
+//! one at a time by releases in this process, every `poll` times their number).
 //! Waiters in a dlock older than these marks are not notified by newer releasers (they
 //! poll): upgrade the processes that share a `table_prefix` together. Through a
 //! transaction pooler neither the marks nor `LISTEN` hold (both are session state):
