@@ -13,6 +13,7 @@ mod restart;
 mod scenarios;
 mod server;
 mod sql;
+mod sysv_shm;
 mod template;
 mod tls;
 mod zookeeper;

@@ -96,6 +96,14 @@ impl PgServer {
             Ok(u) => u,
             Err(e) => panic!("{e}"),
         };
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| {
+            let uid = user.map_or_else(|| nix::unistd::Uid::effective().as_raw(), |(u, _)| u);
+            let removed = crate::sysv_shm::remove_orphans(uid);
+            if removed > 0 {
+                eprintln!("removed {removed} shared memory segments of killed PostgreSQL servers");
+            }
+        });
         let dir = tempfile::tempdir().expect("temp dir");
         if let Some((uid, gid)) = user {
             nix::unistd::chown(
@@ -275,6 +283,15 @@ impl PgServer {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        // Killed, its System V segment stays unless removed (see `sysv_shm`).
+        self.process.resume();
+        self.process.kill();
+        crate::sysv_shm::remove_segment_of(&self.dir.path().join("data"));
     }
 }
 
