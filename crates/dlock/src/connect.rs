@@ -336,6 +336,12 @@ impl SqliteOptions {
         /// How long a lease that ran out without a release keeps the lock from others.
         lock_delay, "lock_delay"
     );
+
+    value_option!(
+        /// The WAL size in pages at which a commit checkpoints it (SQLite's
+        /// `wal_autocheckpoint`; default 1,000, `0` never).
+        wal_autocheckpoint: u32, "wal_autocheckpoint"
+    );
 }
 
 /// Options of a Redis server, cluster or Sentinel-named master (`redis://`,

@@ -312,6 +312,15 @@ impl ConnectUrl {
         &self.path
     }
 
+    /// Set query option `key` to `value` unless the URL already gives it: a program's
+    /// own default that its user can still override (`dlock run` sets SQLite's
+    /// `wal_autocheckpoint` so). The URL as shown ([`fmt::Display`]) stays as written.
+    pub fn default_param(&mut self, key: &str, value: &str) {
+        self.params
+            .entry(key.to_owned())
+            .or_insert_with(|| value.to_owned());
+    }
+
     /// Remove and return query parameter `key`.
     pub fn take_param(&mut self, key: &str) -> Option<String> {
         self.params.remove(key)

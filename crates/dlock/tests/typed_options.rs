@@ -86,8 +86,9 @@ fn each_backend_s_options_stand_for_its_documented_url() {
             SqliteOptions::new("/var/lib/app/locks.db")
                 .durable(false)
                 .ttl(s(30))
+                .wal_autocheckpoint(64)
                 .to_url(),
-            "sqlite:///var/lib/app/locks.db?synchronous=normal&ttl=30000ms",
+            "sqlite:///var/lib/app/locks.db?synchronous=normal&ttl=30000ms&wal_autocheckpoint=64",
         ),
     ];
     for (got, want) in cases {

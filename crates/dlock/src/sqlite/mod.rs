@@ -39,8 +39,13 @@
 //! Closing a connection never checkpoints the WAL (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`):
 //! for a short-lived process such as `dlock run`, the last connection's checkpoint on
 //! the way out cost two syncs and made the next process create the WAL again. The WAL
-//! is checkpointed as it grows instead (SQLite's `wal_autocheckpoint`, 1,000 pages),
-//! and the next process to open the file reads what it holds.
+//! is checkpointed as it grows instead (the `wal_autocheckpoint` option: SQLite's
+//! 1,000 pages by default), and the next process to open the file reads what it holds.
+//! A process that opens the file while no other has it open rebuilds SQLite's WAL
+//! index from the whole WAL, so short-lived processes want a short one: `dlock run`
+//! and the other commands use 64 pages unless the URL says otherwise, while a
+//! long-lived process opens once and keeps the default (rarer checkpoints, lower tail
+//! latency).
 //! Renewals are batched: those waiting when the writer connection is free (up to 256)
 //! are one transaction, so one commit (one fsync) renews many leases. SQLite's busy
 //! handler is switched off and dlock retries `SQLITE_BUSY` itself after 50–500 µs,
@@ -58,6 +63,7 @@
 //! |---|---|---|
 //! | `synchronous` | `full` | `normal` can lose the last commits on power loss, so fencing drops to best effort |
 //! | `poll` | `10ms` | waiting for other processes (jittered 50–100 %) |
+//! | `wal_autocheckpoint` | `1000` | WAL pages at which a commit checkpoints it (`0`: never; see # Writes) |
 //! | `lock_delay` | none | a lease that ran out without a release keeps the lock from other owners this much longer (Chubby's lock-delay; at most 1 h). A clean release frees it at once. It narrows the window in which a paused holder and the next one work at once; only fencing closes it |
 //!
 //! A lock between processes on one machine: a database file on a network file system
@@ -265,6 +271,13 @@ struct Inner {
     lock_delay: Duration,
 }
 
+/// The WAL size (pages) at which a commit checkpoints it: the `wal_autocheckpoint`
+/// URL option's default (module docs, # Writes).
+const WAL_AUTOCHECKPOINT: u32 = 1000;
+
+/// The largest `wal_autocheckpoint` accepted (about 400 MB of WAL).
+const MAX_CHECKPOINT_PAGES: u32 = 100_000;
+
 /// The SQLite backend.
 #[derive(Debug)]
 pub struct SqliteBackend {
@@ -290,8 +303,20 @@ impl SqliteBackend {
             }
             None => Duration::from_millis(10),
         };
+        let checkpoint_pages = match url.take_param("wal_autocheckpoint") {
+            Some(p) => p
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n <= MAX_CHECKPOINT_PAGES)
+                .ok_or_else(|| {
+                    url.invalid(&format!(
+                        "wal_autocheckpoint={p:?}: expected pages, 0 to {MAX_CHECKPOINT_PAGES}"
+                    ))
+                })?,
+            None => WAL_AUTOCHECKPOINT,
+        };
         let lock_delay = url.take_lock_delay()?;
-        url.finish(&["synchronous", "poll", "lock_delay"])?;
+        url.finish(&["synchronous", "poll", "lock_delay", "wal_autocheckpoint"])?;
         let body = url.body();
         let target = crate::url::percent_decode(body)
             .ok_or_else(|| url.invalid("bad percent-encoding in path"))?;
@@ -317,7 +342,8 @@ impl SqliteBackend {
             } else {
                 SqliteSynchronous::Normal
             })
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(Duration::from_secs(10))
+            .pragma("wal_autocheckpoint", checkpoint_pages.to_string());
         // All writes of this process go through one connection: SQLite admits one
         // writer at a time anyway, and a connection that did not write last must
         // revalidate its page cache (measured here: ~100 µs more per statement when
@@ -1152,12 +1178,31 @@ mod tests {
         drop((first, second));
     }
 
+    /// The writer checkpoints at SQLite's default unless the URL says otherwise.
+    #[tokio::test]
+    async fn wal_autocheckpoint_reaches_the_writer() {
+        let dir = tempfile::tempdir().expect("dir");
+        for (query, pages) in [("", 1000), ("?wal_autocheckpoint=64", 64)] {
+            let url = format!("sqlite://{}/c.db{query}", dir.path().display());
+            let backend = SqliteBackend::open(ConnectUrl::parse(&url).expect("url"))
+                .await
+                .expect("open");
+            let set: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+                .fetch_one(&backend.inner.writer)
+                .await
+                .expect("read the setting");
+            assert_eq!(set, pages, "{url}");
+        }
+    }
+
     #[tokio::test]
     async fn rejects_bad_urls() {
         for bad in [
             "sqlite://",
             "sqlite:///tmp/x.db?synchronous=sometimes",
             "sqlite:///tmp/x.db?poll=0ms",
+            "sqlite:///tmp/x.db?wal_autocheckpoint=many",
+            "sqlite:///tmp/x.db?wal_autocheckpoint=100001",
             "sqlite:///tmp/x.db?pol=5ms",
         ] {
             let err = SqliteBackend::open(ConnectUrl::parse(bad).expect("parses"))
