@@ -87,7 +87,7 @@ pub async fn leader(args: LeaderArgs) -> Result<i32, Failure> {
     let UrlArg { url } = &args.url;
     let url = exit::resolve_url(url.as_deref())?;
     Locker::check_name(&url, &args.name)?;
-    let locker = Locker::connect(&url).await?;
+    let locker = exit::connect(&url).await?;
     let mut watch = locker.election(&args.name).watch(WATCH_EVERY);
     loop {
         let now = match watch.changed().await {

@@ -87,7 +87,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
     for name in &names {
         Locker::check_name(&url, name)?;
     }
-    let locker = Locker::connect(&url).await?;
+    let locker = exit::connect(&url).await?;
     let label = names
         .iter()
         .map(|n| format!("{n:?}"))

@@ -48,7 +48,7 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
     for name in &args.names {
         Locker::check_name(&url, name)?;
     }
-    let locker = Locker::connect(&url).await?;
+    let locker = exit::connect(&url).await?;
     if args.semaphore || args.rwlock {
         return shared_status(&locker, &args).await;
     }
@@ -65,7 +65,7 @@ pub async fn status(args: StatusArgs) -> Result<i32, Failure> {
 /// shows it.
 pub async fn list(args: ListArgs) -> Result<i32, Failure> {
     let url = exit::resolve_url(args.url.url.as_deref())?;
-    let locker = Locker::connect(&url).await?;
+    let locker = exit::connect(&url).await?;
     let lines: Vec<(String, Option<dlock::LockInfo>)> = locker
         .list(&args.prefix)
         .await?
@@ -81,7 +81,7 @@ pub async fn break_lock(args: BreakArgs) -> Result<i32, Failure> {
     use std::io::IsTerminal;
     let url = exit::resolve_url(args.url.url.as_deref())?;
     Locker::check_name(&url, &args.name)?;
-    let locker = Locker::connect(&url).await?;
+    let locker = exit::connect(&url).await?;
     let name = &args.name;
     let Some(info) = locker.inspect(name).await? else {
         outln!("{name}: free, nothing to break");

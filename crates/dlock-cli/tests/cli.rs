@@ -116,6 +116,37 @@ fn run_passes_lock_env_and_exit_status() {
     assert!(text(&st.stdout).contains("free"), "{}", text(&st.stdout));
 }
 
+/// Each run opens the SQLite file alone and so rebuilds the WAL index from the whole
+/// WAL: the command line keeps the WAL at 64 pages, unless the URL sets its own size.
+#[test]
+fn runs_keep_the_sqlite_wal_short() {
+    const FRAME: u64 = 4096 + 24;
+    let wal_after_runs = |query: &str| {
+        let env = Env::new();
+        let url = format!("{}{query}", env.url());
+        for _ in 0..80 {
+            let out = env
+                .cmd()
+                .args(["run", "--url", &url, "job:wal", "--", "true"])
+                .output()
+                .expect("run dlock");
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        }
+        std::fs::metadata(env.path("locks.db-wal")).map_or(0, |m| m.len())
+    };
+    let short = wal_after_runs("");
+    let long = wal_after_runs("?wal_autocheckpoint=1000");
+    assert!(
+        short <= 100 * FRAME,
+        "the WAL grew to {short} bytes ({} frames)",
+        short / FRAME
+    );
+    assert!(
+        long > 100 * FRAME,
+        "80 runs wrote only {long} bytes of WAL: too few to tell"
+    );
+}
+
 #[test]
 fn processes_exclude_each_other_and_tokens_increase() {
     let env = Env::new();

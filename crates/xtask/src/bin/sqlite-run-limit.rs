@@ -3,7 +3,7 @@
 //! beside `flock FILE true`).
 //!
 //! `sqlite-run-limit DB CMD [ARG…]`: open DB with the settings of dlock's default
-//! (WAL, `synchronous=FULL`), insert a lease row synced to disk (a grant whose token
+//! (WAL, `synchronous=FULL`, the command line's `wal_autocheckpoint`), insert a lease row synced to disk (a grant whose token
 //! must survive a power loss), run CMD and wait for it, delete the row written but not
 //! synced (as dlock's release) — the SQLite floor of `dlock bench`, with a process
 //! start, an open and a command around it. Through the same client crates as dlock
@@ -98,6 +98,8 @@ async fn open(db: &str) -> Result<SqliteConnection, sqlx::Error> {
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
+        // As `dlock run` keeps it (dlock-cli's `CLI_WAL_AUTOCHECKPOINT`).
+        .pragma("wal_autocheckpoint", "64")
         .connect()
         .await
 }
