@@ -99,7 +99,7 @@ impl PgServer {
         static SWEPT: std::sync::Once = std::sync::Once::new();
         SWEPT.call_once(|| {
             let uid = user.map_or_else(|| nix::unistd::Uid::effective().as_raw(), |(u, _)| u);
-            let removed = crate::sysv_shm::remove_orphans(uid);
+            let removed = crate::sysv_shm::remove_orphans(uid, &crate::sysv_shm::registry());
             if removed > 0 {
                 eprintln!("removed {removed} shared memory segments of killed PostgreSQL servers");
             }
@@ -166,7 +166,11 @@ impl PgServer {
                         user,
                     });
                 }
-                Err(e) => last = e,
+                Err(e) => {
+                    // A server that came up too slowly was killed with its segment.
+                    crate::sysv_shm::remove_segment_of(&dir.path().join("data"));
+                    last = e;
+                }
             }
         }
         panic!("PostgreSQL did not start: {last}");
@@ -201,6 +205,7 @@ impl PgServer {
             &log,
             "database system is ready to accept connections",
         )?;
+        crate::sysv_shm::record_segment_of(&dir.join("data"), &crate::sysv_shm::registry());
         Ok(process)
     }
 
