@@ -339,7 +339,7 @@ impl SqliteOptions {
 
     value_option!(
         /// The WAL size in pages at which a commit checkpoints it (SQLite's
-        /// `wal_autocheckpoint`; default 1,000, `0` never).
+        /// `wal_autocheckpoint`; default 1,000; 1 to 100,000).
         wal_autocheckpoint: u32, "wal_autocheckpoint"
     );
 }

@@ -63,7 +63,7 @@
 //! |---|---|---|
 //! | `synchronous` | `full` | `normal` can lose the last commits on power loss, so fencing drops to best effort |
 //! | `poll` | `10ms` | waiting for other processes (jittered 50–100 %) |
-//! | `wal_autocheckpoint` | `1000` | WAL pages at which a commit checkpoints it (`0`: never; see # Writes) |
+//! | `wal_autocheckpoint` | `1000` | WAL pages at which a commit checkpoints it, 1 to 100,000 (never off: connections do not checkpoint on close; see # Writes) |
 //! | `lock_delay` | none | a lease that ran out without a release keeps the lock from other owners this much longer (Chubby's lock-delay; at most 1 h). A clean release frees it at once. It narrows the window in which a paused holder and the next one work at once; only fencing closes it |
 //!
 //! A lock between processes on one machine: a database file on a network file system
@@ -307,10 +307,10 @@ impl SqliteBackend {
             Some(p) => p
                 .parse::<u32>()
                 .ok()
-                .filter(|n| *n <= MAX_CHECKPOINT_PAGES)
+                .filter(|n| (1..=MAX_CHECKPOINT_PAGES).contains(n))
                 .ok_or_else(|| {
                     url.invalid(&format!(
-                        "wal_autocheckpoint={p:?}: expected pages, 0 to {MAX_CHECKPOINT_PAGES}"
+                        "wal_autocheckpoint={p:?}: expected pages, 1 to {MAX_CHECKPOINT_PAGES}"
                     ))
                 })?,
             None => WAL_AUTOCHECKPOINT,
@@ -1203,6 +1203,7 @@ mod tests {
             "sqlite:///tmp/x.db?poll=0ms",
             "sqlite:///tmp/x.db?wal_autocheckpoint=many",
             "sqlite:///tmp/x.db?wal_autocheckpoint=100001",
+            "sqlite:///tmp/x.db?wal_autocheckpoint=0",
             "sqlite:///tmp/x.db?pol=5ms",
         ] {
             let err = SqliteBackend::open(ConnectUrl::parse(bad).expect("parses"))
