@@ -228,8 +228,8 @@ pub async fn connect(url: &str) -> Result<dlock::Locker, Failure> {
 /// The WAL size (pages) at which a command-line run's commit checkpoints it. At
 /// SQLite's default (1,000) each run could read 4 MB of WAL on opening; at 64 a few
 /// hundred kB, for a checkpoint every few dozen runs. The library keeps SQLite's
-/// default: a long-lived process opens the file once, and rarer checkpoints keep its
-/// tail latencies down.
+/// default: a long-lived process opens the file once, and each checkpoint is paid by
+/// the commit that triggers it.
 pub const CLI_WAL_AUTOCHECKPOINT: &str = "64";
 
 /// The URL for a self-contained run (demo, bench): the flag, else `$DLOCK_URL`, else a

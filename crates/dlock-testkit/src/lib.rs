@@ -31,5 +31,6 @@ pub use server::{
     find_binary, free_port, redis_command, redis_ping, servers_required, skip,
 };
 pub use sql::{MariaDbServer, PG_PASSWORD, PgServer};
+pub use sysv_shm::segments_created_by;
 pub use tls::TestCerts;
 pub use zookeeper::{ZkServer, zk_four_letters};

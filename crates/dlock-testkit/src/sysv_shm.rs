@@ -82,6 +82,17 @@ fn segments() -> Vec<Segment> {
         .collect()
 }
 
+/// The ids of the System V segments that process `pid` created (a PostgreSQL
+/// postmaster's interlock, for tests that check none is left).
+#[must_use]
+pub fn segments_created_by(pid: u32) -> Vec<i32> {
+    segments()
+        .into_iter()
+        .filter(|s| s.creator == i64::from(pid))
+        .map(|s| s.id)
+        .collect()
+}
+
 /// Whether the machine is close to its limit of segments (three quarters of
 /// `kernel.shmmni`).
 fn crowded(count: usize) -> bool {

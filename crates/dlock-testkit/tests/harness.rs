@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use dlock_testkit::{
     Fault, FaultProxy, PgServer, RedisOptions, RedisServer, redis_command, redis_ping,
+    segments_created_by,
 };
 
 const T: Duration = Duration::from_secs(2);
@@ -25,19 +26,6 @@ fn redis_starts_answers_and_dies_on_drop() {
     assert!(ping(addr).is_err(), "server still answering after Drop");
 }
 
-/// The System V shared memory segments that process `pid` created.
-fn segments_of(pid: u32) -> Vec<String> {
-    let table = std::fs::read_to_string("/proc/sysvipc/shm").expect("/proc/sysvipc/shm");
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            (fields.get(4) == Some(&pid.to_string().as_str())).then(|| fields[1].to_owned())
-        })
-        .collect()
-}
-
 /// A killed PostgreSQL keeps its segment; 4,096 of them and no PostgreSQL starts on the
 /// machine. Killed, restarted, killed again and dropped, the server leaves none.
 #[test]
@@ -46,23 +34,34 @@ fn a_killed_postgres_leaves_no_shared_memory() {
         return;
     };
     let first = pg.process().pid();
-    assert_eq!(segments_of(first).len(), 1, "the postmaster's segment");
+    assert_eq!(
+        segments_created_by(first).len(),
+        1,
+        "the postmaster's segment"
+    );
     pg.restart();
     let second = pg.process().pid();
     assert!(
-        segments_of(first).is_empty(),
+        segments_created_by(first).is_empty(),
         "left by the restarted server"
     );
-    assert_eq!(segments_of(second).len(), 1, "the new postmaster's segment");
+    assert_eq!(
+        segments_created_by(second).len(),
+        1,
+        "the new postmaster's segment"
+    );
     pg.process().kill();
     drop(pg);
     // Marked for removal, a segment is listed until the killed server's last backend
     // has noticed and detached.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !segments_of(second).is_empty() && Instant::now() < deadline {
+    while !segments_created_by(second).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(segments_of(second).is_empty(), "left by the dropped server");
+    assert!(
+        segments_created_by(second).is_empty(),
+        "left by the dropped server"
+    );
 }
 
 #[test]

@@ -44,8 +44,8 @@
 //! A process that opens the file while no other has it open rebuilds SQLite's WAL
 //! index from the whole WAL, so short-lived processes want a short one: `dlock run`
 //! and the other commands use 64 pages unless the URL says otherwise, while a
-//! long-lived process opens once and keeps the default (rarer checkpoints, lower tail
-//! latency).
+//! long-lived process, which pays for the rebuild once, keeps the default (each
+//! checkpoint is paid by the commit that triggers it).
 //! Renewals are batched: those waiting when the writer connection is free (up to 256)
 //! are one transaction, so one commit (one fsync) renews many leases. SQLite's busy
 //! handler is switched off and dlock retries `SQLITE_BUSY` itself after 50–500 µs,
@@ -271,10 +271,6 @@ struct Inner {
     lock_delay: Duration,
 }
 
-/// The WAL size (pages) at which a commit checkpoints it: the `wal_autocheckpoint`
-/// URL option's default (module docs, # Writes).
-const WAL_AUTOCHECKPOINT: u32 = 1000;
-
 /// The largest `wal_autocheckpoint` accepted (about 400 MB of WAL).
 const MAX_CHECKPOINT_PAGES: u32 = 100_000;
 
@@ -303,17 +299,19 @@ impl SqliteBackend {
             }
             None => Duration::from_millis(10),
         };
+        // Unset, SQLite's own default (1,000 pages) applies.
         let checkpoint_pages = match url.take_param("wal_autocheckpoint") {
-            Some(p) => p
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=MAX_CHECKPOINT_PAGES).contains(n))
-                .ok_or_else(|| {
-                    url.invalid(&format!(
-                        "wal_autocheckpoint={p:?}: expected pages, 1 to {MAX_CHECKPOINT_PAGES}"
-                    ))
-                })?,
-            None => WAL_AUTOCHECKPOINT,
+            Some(p) => Some(
+                p.parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=MAX_CHECKPOINT_PAGES).contains(n))
+                    .ok_or_else(|| {
+                        url.invalid(&format!(
+                            "wal_autocheckpoint={p:?}: expected pages, 1 to {MAX_CHECKPOINT_PAGES}"
+                        ))
+                    })?,
+            ),
+            None => None,
         };
         let lock_delay = url.take_lock_delay()?;
         url.finish(&["synchronous", "poll", "lock_delay", "wal_autocheckpoint"])?;
@@ -342,8 +340,10 @@ impl SqliteBackend {
             } else {
                 SqliteSynchronous::Normal
             })
-            .busy_timeout(Duration::from_secs(10))
-            .pragma("wal_autocheckpoint", checkpoint_pages.to_string());
+            .busy_timeout(Duration::from_secs(10));
+        if let Some(pages) = checkpoint_pages {
+            opts = opts.pragma("wal_autocheckpoint", pages.to_string());
+        }
         // All writes of this process go through one connection: SQLite admits one
         // writer at a time anyway, and a connection that did not write last must
         // revalidate its page cache (measured here: ~100 µs more per statement when
