@@ -10,6 +10,7 @@
 
 mod callgrind;
 mod primitives;
+mod repeats;
 mod scaling;
 
 use std::fmt::Write as _;
@@ -18,6 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dlock_testkit::{Matrix, Target, find_binary};
+use repeats::{RUNS, Spread};
 use serde_json::Value;
 
 /// The client pinned to one CPU when `taskset` exists (single-client figures swing
@@ -270,6 +272,9 @@ fn main() {
             .find(|(t, _)| t.label == label)
             .map(|(_, r)| r)
     };
+    // The targets read medians: RUNS - 1 more runs of the scenarios they read.
+    let more = repeats::more_runs(&matrix.targets, |url, args| bench(&dlock, url, args));
+    let runs_of = |label: &str| repeats::all_runs(report_of(label), more.get(label));
     let mut table = String::new();
     for (t, r) in &reports {
         for s in r["scenarios"].as_array().into_iter().flatten() {
@@ -606,8 +611,12 @@ fn main() {
             .unwrap_or("the least a fenced lock in this layout does")
             .to_owned()
     };
-    let r1 = ratio_of(redis, "uncontended-1-task");
-    let l1 = limit_of(redis);
+    let redis_runs = runs_of("redis (no persistence)");
+    let over =
+        |runs: &[&Value], scenario: &str| Spread::over(runs, |r| ratio_of(Some(r), scenario));
+    let limit_over = |runs: &[&Value]| Spread::over(runs, |r| limit_of(Some(r)));
+    let r1 = over(&redis_runs, "uncontended-1-task");
+    let l1 = limit_over(&redis_runs);
     target(
         &format!(
             "Redis uncontended, one task: ≥ 0.95× the floor (never below 0.90×), or ≥ 0.95× \
@@ -615,11 +624,11 @@ fn main() {
             limit_what(redis)
         ),
         r1.map_or("–".into(), |r| {
-            let floor = if r >= 0.90 { "above" } else { "below" };
-            let limit = l1.map_or(String::new(), |l| format!("; {l:.2}× the limit"));
-            format!("{r:.2}× the floor ({floor} 0.90×){limit}")
+            let floor = if r.median >= 0.90 { "above" } else { "below" };
+            let limit = l1.map_or(String::new(), |l| format!("; {} the limit", l.ratio()));
+            format!("{} the floor ({floor} 0.90×){limit}", r.ratio())
         }),
-        r1.map(|r| r >= 0.90 && (r >= 0.95 || l1.is_some_and(|l| l >= 0.95))),
+        r1.map(|r| r.median >= 0.90 && (r.median >= 0.95 || l1.is_some_and(|l| l.median >= 0.95))),
     );
     // Counted by the server over a separate run (`requests_per_cycle`).
     let per_cycle =
@@ -638,45 +647,51 @@ fn main() {
         },
         instructions.as_ref().ok().map(|(d, f)| d / f <= 1.3),
     );
-    let r64 = ratio_of(redis, "uncontended-64-tasks");
+    let r64 = over(&redis_runs, "uncontended-64-tasks");
     target(
         "Redis uncontended, 64 tasks: ≥ 0.90× the shared-connection floor",
-        r64.map_or("–".into(), |r| format!("{r:.2}×")),
-        r64.map(|r| r >= 0.90),
+        r64.map_or("–".into(), |r| r.ratio()),
+        r64.map(|r| r.median >= 0.90),
     );
-    let h = redis.map(|r| &r["handoff"]);
-    let (hd, hf) = (h.map(|h| &h["dlock"]), h.map(|h| &h["floor"]));
-    let p = |v: Option<&Value>, k: &str| v.and_then(|v| v["handoff"][k].as_f64());
-    let (p50, p99) = (
-        p(hd, "p50_us").zip(p(hf, "p50_us")).map(|(a, b)| a / b),
-        p(hd, "p99_us").zip(p(hf, "p99_us")).map(|(a, b)| a / b),
-    );
+    // Each run's own ratio of dlock's hand-off latency to the floor's.
+    let handoff_ratio = |k: &str| {
+        Spread::over(&redis_runs, |r| {
+            let (d, f) = (
+                &r["handoff"]["dlock"]["handoff"],
+                &r["handoff"]["floor"]["handoff"],
+            );
+            d[k].as_f64().zip(f[k].as_f64()).map(|(a, b)| a / b)
+        })
+    };
+    let (p50, p99) = (handoff_ratio("p50_us"), handoff_ratio("p99_us"));
     target(
         "Redis contended hand-off p50 / p99 within 1.2× a bare BLPOP hand-off",
         format!(
             "{} / {}",
-            p50.map_or("–".into(), |r| format!("{r:.2}×")),
-            p99.map_or("–".into(), |r| format!("{r:.2}×"))
+            p50.map_or("–".into(), |r| r.ratio()),
+            p99.map_or("–".into(), |r| r.ratio())
         ),
-        p50.zip(p99).map(|(a, b)| a <= 1.2 && b <= 1.2),
+        p50.zip(p99)
+            .map(|(a, b)| a.median <= 1.2 && b.median <= 1.2),
     );
-    let jain = hd.and_then(|d| d["jain_fairness"].as_f64());
+    let handoff_figure = |k: &str| Spread::over(&redis_runs, |r| r["handoff"]["dlock"][k].as_f64());
+    let jain = handoff_figure("jain_fairness");
     target(
         "Redis contended fairness (Jain) ≥ 0.95",
-        jain.map_or("–".into(), |j| format!("{j:.3}")),
-        jain.map(|j| j >= 0.95),
+        jain.map_or("–".into(), |j| j.show(3, "")),
+        jain.map(|j| j.median >= 0.95),
     );
-    let rate = hd.and_then(|d| d["handoffs_per_sec"].as_f64());
+    let rate = handoff_figure("handoffs_per_sec");
     target(
         "Redis ≥ 3,000 real hand-offs/s with 50 waiters",
-        rate.map_or("–".into(), |r| format!("{r:.0}/s")),
-        rate.map(|r| r >= 3000.0),
+        rate.map_or("–".into(), |r| r.show(0, "/s")),
+        rate.map(|r| r.median >= 3000.0),
     );
-    let cmds = hd.and_then(|d| d["commands_per_acquisition"].as_f64());
+    let cmds = handoff_figure("commands_per_acquisition");
     target(
         "Redis ≤ 3 commands per acquisition (contended)",
-        cmds.map_or("–".into(), |c| format!("{c:.3}")),
-        cmds.map(|c| c <= 3.0),
+        cmds.map_or("–".into(), |c| c.show(3, "")),
+        cmds.map(|c| c.median <= 3.0),
     );
     let ec = per_cycle(report_of("etcd"));
     target(
@@ -684,25 +699,28 @@ fn main() {
         ec.map_or("–".into(), |c| format!("{c:.2}")),
         ec.map(|c| (c - 2.0).abs() < 0.005),
     );
-    let zr = ratio_of(zk, "uncontended-1-task");
-    let z_rate = zk
-        .and_then(|r| row(r, "uncontended-1-task"))
-        .and_then(|s| s["ops_per_sec"].as_f64());
-    let with_limit = |floor: Option<f64>, limit: Option<f64>, extra: String| {
-        let limit = limit.map_or(String::new(), |l| format!("; {l:.2}× the limit"));
-        floor.map_or("–".into(), |f| format!("{f:.2}× the floor{limit}{extra}"))
+    let zk_runs = runs_of("zookeeper");
+    let zr = over(&zk_runs, "uncontended-1-task");
+    let z_rate = Spread::over(&zk_runs, |r| {
+        row(r, "uncontended-1-task").and_then(|s| s["ops_per_sec"].as_f64())
+    });
+    let with_limit = |floor: Option<Spread>, limit: Option<Spread>, extra: String| {
+        let limit = limit.map_or(String::new(), |l| format!("; {} the limit", l.ratio()));
+        floor.map_or("–".into(), |f| {
+            format!("{} the floor{limit}{extra}", f.ratio())
+        })
     };
-    let met = |floor: Option<f64>, want: f64, limit: Option<f64>| {
-        floor.map(|f| f >= want || limit.is_some_and(|l| l >= 0.95))
+    let met = |floor: Option<Spread>, want: f64, limit: Option<Spread>| {
+        floor.map(|f| f.median >= want || limit.is_some_and(|l| l.median >= 0.95))
     };
-    let zl = limit_of(zk);
+    let zl = limit_over(&zk_runs);
     target(
         "ZooKeeper ≥ 0.9× the bare create+delete floor, or ≥ 0.95× the limit: the lock \
          recipe's create sequential + list siblings + delete (`dlock bench`'s *limit*)",
         with_limit(
             zr,
             zl,
-            z_rate.map_or(String::new(), |c| format!(" ({c:.0} cycles/s)")),
+            z_rate.map_or(String::new(), |c| format!("; {} cycles/s", c.show(0, ""))),
         ),
         met(zr, 0.9, zl),
     );
@@ -725,8 +743,9 @@ fn main() {
         "mariadb named",
         "mariadb row",
     ] {
-        let r = ratio_of(report_of(label), "uncontended-1-task");
-        let l = limit_of(report_of(label));
+        let runs = runs_of(label);
+        let r = over(&runs, "uncontended-1-task");
+        let l = limit_over(&runs);
         let what = if l.is_some() {
             // What the limit is, in the bench's own words (one source).
             let limit_what = limit_what(report_of(label));
@@ -740,15 +759,23 @@ fn main() {
         ("postgres lease", "postgres advisory", 2.0),
         ("mariadb lease", "mariadb named", 1.5),
     ] {
+        // The two backends' runs are separate: the ratio of their medians.
         let p50 = |l: &str| {
-            report_of(l)
-                .and_then(|r| row(r, "handoff-50-waiters"))
-                .and_then(|s| s["p50_us"].as_f64())
+            Spread::over(&runs_of(l), |r| {
+                row(r, "handoff-50-waiters").and_then(|s| s["p50_us"].as_f64())
+            })
         };
-        let ratio = p50(lease).zip(p50(native)).map(|(a, b)| a / b);
+        let (a, b) = (p50(lease), p50(native));
+        let ratio = a.zip(b).map(|(a, b)| a.median / b.median);
         target(
             &format!("{lease} hand-off p50 within {within}× of {native} (same run)"),
-            ratio.map_or("–".into(), |r| format!("{r:.2}×")),
+            ratio.zip(a.zip(b)).map_or("–".into(), |(r, (a, b))| {
+                format!(
+                    "{r:.2}× ({lease} {}, {native} {})",
+                    a.show(0, " µs"),
+                    b.show(0, " µs")
+                )
+            }),
             ratio.map(|r| r <= within),
         );
     }
@@ -870,6 +897,11 @@ fn main() {
          loopback round trip swings 7–8× between same-CPU and cross-CPU: compare ratios, \
          not absolute figures.\n\n\
          ## Targets\n\n\
+         A figure that `dlock bench` gives for a Redis, ZooKeeper, PostgreSQL or MariaDB \
+         target is the median of {RUNS} runs: the first table's run and {more_runs} more \
+         of the scenarios the targets read, with the lowest and highest in brackets. A \
+         ratio is taken within each run, then its median. The other figures are one run \
+         (those in the tables below are all the first run's).\n\n\
          | target | measured | |\n|---|---|---|\n{targets}\n\
          ## Every backend\n\n\
          `dlock bench --cycles 3000 --processes 8 --waiters 50 --tasks 64 --duration 3s` \
@@ -918,7 +950,8 @@ fn main() {
          met within 2× `flock` or at ≥ 0.95× the limit; flock, the limit and dlock run in \
          turn, 200 rounds.\n\n\
          | command | dlock runs/s | bare tool runs/s | dlock time / tool time | within 2× (SQLite: or ≥ 0.95× the limit) |\n\
-         |---|---|---|---|---|\n{cli_rows}\n{scaling_section}{primitive_section}"
+         |---|---|---|---|---|\n{cli_rows}\n{scaling_section}{primitive_section}",
+        more_runs = RUNS - 1
     );
     if let Err(e) = std::fs::write(out, doc) {
         eprintln!("cannot write {out}: {e}");

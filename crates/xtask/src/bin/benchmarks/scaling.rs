@@ -10,6 +10,8 @@ use dlock_testkit::Matrix;
 use plotters::prelude::*;
 use serde_json::Value;
 
+// Runs per configuration (each figure is their median): as many as for the targets.
+use crate::repeats::RUNS;
 use crate::{dlock_bench, num};
 
 /// The section's heading: everything from it to the next `## ` heading is this section.
@@ -52,9 +54,6 @@ const ARGS: [&str; 10] = [
     "--scale-waiters",
     "1,10,100,1000",
 ];
-
-/// Runs per configuration; each figure is their median.
-const RUNS: usize = 3;
 
 /// One `dlock bench --scenario scaling --json` run on `url`: its `scaling` report.
 fn bench(dlock: &Path, url: &str) -> Option<Value> {
