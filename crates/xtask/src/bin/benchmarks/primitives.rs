@@ -8,13 +8,13 @@ use std::path::Path;
 use dlock_testkit::Matrix;
 use serde_json::Value;
 
+// Runs per backend and primitive (the table shows the median run, by ratio): as many
+// as for the targets.
+use crate::repeats::{RUNS, middle};
 use crate::{dlock_bench, num, row};
 
 /// The section's heading: everything from it to the end of the file is this section.
 pub const HEADING: &str = "## Primitives beyond the mutex";
-
-/// Runs per backend and primitive; the table shows the median run (by ratio).
-const RUNS: usize = 3;
 
 const PRIMITIVES: [&str; 4] = ["semaphore", "read", "write", "election"];
 
@@ -68,7 +68,7 @@ pub fn section(dlock: &Path, matrix: &Matrix) -> String {
                 (Some(lo), Some(hi)) => format!("{lo:.2}–{hi:.2}"),
                 _ => "–".to_owned(),
             };
-            let Some(median) = runs.get(runs.len() / 2) else {
+            let Some(median) = runs.get(middle(runs.len())) else {
                 let _ = writeln!(rows, "| {} | {primitive} | (failed) | | | | | | |", t.label);
                 continue;
             };

@@ -1,5 +1,5 @@
-//! The targets table's figures as medians over several runs of `dlock bench`, with
-//! their spread. One run's ratio swings between runs on this machine (its loopback
+//! The targets table's figures as medians over several runs of `dlock bench` made for
+//! them, with their spread. One run's ratio swings between runs on this machine (its loopback
 //! round trip alone does), so a verdict read off one run flips from run to run; the
 //! issue asks for the median of at least three.
 
@@ -8,11 +8,18 @@ use std::collections::HashMap;
 use dlock_testkit::Target;
 use serde_json::Value;
 
-/// How many runs each target's figure is the median of (the main table's run and
-/// `RUNS - 1` more), and each figure of the scaling section.
+/// How many runs each target's figure is the median of, and each figure of the scaling
+/// and primitives sections.
 pub const RUNS: usize = 3;
 
-/// The scenarios the targets read, per backend; the other backends are not run again.
+/// Where the median of `len` sorted values is: the middle one, or the lower middle one
+/// of an even count (always a value some run measured).
+pub fn middle(len: usize) -> usize {
+    len.saturating_sub(1) / 2
+}
+
+/// The scenarios the targets read, per backend; the other backends' targets read the
+/// tables' run.
 const READ_BY_TARGETS: [(&str, &[&str]); 8] = [
     (
         "redis (no persistence)",
@@ -27,28 +34,55 @@ const READ_BY_TARGETS: [(&str, &[&str]); 8] = [
     ("mariadb row", &["uncontended"]),
 ];
 
-/// The extra runs, by target label (a run that failed is left out, and said on stderr).
-pub fn more_runs(
-    targets: &[Target],
-    mut bench: impl FnMut(&str, &[&str]) -> Option<Value>,
-) -> HashMap<String, Vec<Value>> {
-    let mut runs: HashMap<String, Vec<Value>> = HashMap::new();
-    for round in 1..RUNS {
-        for (label, scenarios) in READ_BY_TARGETS {
-            let Some(t) = targets.iter().find(|t| t.label == label) else {
-                continue;
-            };
-            eprintln!(
-                "benchmarks: run {} of {RUNS} for the targets on {label}",
-                round + 1
-            );
-            let args: Vec<&str> = scenarios.iter().flat_map(|s| ["--scenario", s]).collect();
-            if let Some(r) = bench(&t.url, &args) {
-                runs.entry(label.to_owned()).or_default().push(r);
+/// The targets' own runs: [`RUNS`] rounds, each running every backend of
+/// [`READ_BY_TARGETS`] in turn, with the same flags as the tables' run but only the
+/// scenarios the targets read.
+#[derive(Debug)]
+pub struct Rounds {
+    /// By label, one entry per round: `None` where that run failed.
+    runs: HashMap<&'static str, Vec<Option<Value>>>,
+}
+
+impl Rounds {
+    pub fn measure(
+        targets: &[Target],
+        mut bench: impl FnMut(&str, &[&str]) -> Option<Value>,
+    ) -> Rounds {
+        let mut runs: HashMap<&'static str, Vec<Option<Value>>> = HashMap::new();
+        for round in 1..=RUNS {
+            for (label, scenarios) in READ_BY_TARGETS {
+                let Some(t) = targets.iter().find(|t| t.label == label) else {
+                    eprintln!("benchmarks: no {label} to run for the targets");
+                    continue;
+                };
+                eprintln!("benchmarks: targets' run {round} of {RUNS} on {label}");
+                let args: Vec<&str> = scenarios.iter().flat_map(|s| ["--scenario", s]).collect();
+                runs.entry(label).or_default().push(bench(&t.url, &args));
             }
         }
+        Rounds { runs }
     }
-    runs
+
+    /// The reports of `label`'s runs that did not fail.
+    pub fn of(&self, label: &str) -> Vec<&Value> {
+        self.runs
+            .get(label)
+            .into_iter()
+            .flatten()
+            .filter_map(Option::as_ref)
+            .collect()
+    }
+
+    /// `a`'s and `b`'s reports of each round where neither run failed.
+    pub fn paired(&self, a: &str, b: &str) -> Vec<(&Value, &Value)> {
+        let (Some(a), Some(b)) = (self.runs.get(a), self.runs.get(b)) else {
+            return Vec::new();
+        };
+        a.iter()
+            .zip(b)
+            .filter_map(|(a, b)| a.as_ref().zip(b.as_ref()))
+            .collect()
+    }
 }
 
 /// A figure's median over the runs that gave it, and its lowest and highest.
@@ -66,15 +100,24 @@ impl Spread {
         let mut v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
         v.sort_by(f64::total_cmp);
         let (&low, &high) = (v.first()?, v.last()?);
-        // The lower middle one of an even count (as the scaling section's medians): always
-        // a value some run measured.
-        let median = v[(v.len() - 1) / 2];
+        let median = v[middle(v.len())];
         Some(Spread {
             median,
             low,
             high,
             runs: v.len(),
         })
+    }
+
+    /// Whether every one of the [`RUNS`] runs gave the figure: a target is judged only
+    /// then (the lower middle of an even count would favour a "≤" target).
+    pub fn complete(&self) -> bool {
+        self.runs >= RUNS
+    }
+
+    /// `ok(median)`, when the figure is [`complete`](Spread::complete); else not judged.
+    pub fn judge(spread: Option<Spread>, ok: impl FnOnce(f64) -> bool) -> Option<bool> {
+        spread.filter(Spread::complete).map(|s| ok(s.median))
     }
 
     /// The figure of each report that has it.
@@ -106,11 +149,6 @@ impl Spread {
     }
 }
 
-/// Where the reports of one backend are: the main run's and the extra ones.
-pub fn all_runs<'a>(main: Option<&'a Value>, more: Option<&'a Vec<Value>>) -> Vec<&'a Value> {
-    main.into_iter().chain(more.into_iter().flatten()).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::Spread;
@@ -127,6 +165,9 @@ mod tests {
             Spread::of([7589.4]).expect("one run").show(0, "/s"),
             "7589/s (7589–7589, 1 run)"
         );
+        assert!(s.complete() && !even.complete());
+        assert_eq!(Spread::judge(Some(s), |m| m >= 0.9), Some(true));
+        assert_eq!(Spread::judge(Some(even), |m| m <= 2.0), None);
         assert_eq!(Spread::of([f64::NAN]), None);
         assert_eq!(Spread::of([]), None);
     }

@@ -82,7 +82,7 @@ fn median_value(values: &[&Value]) -> Value {
                 a.total_cmp(&b)
             });
             numbers
-                .get(numbers.len().saturating_sub(1) / 2)
+                .get(crate::repeats::middle(numbers.len()))
                 .map_or(Value::Null, |v| (*v).clone())
         }
         Some(other) => (*other).clone(),
