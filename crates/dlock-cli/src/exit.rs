@@ -211,26 +211,21 @@ pub fn resolve_url(flag: Option<&str>) -> Result<String, Failure> {
 }
 
 /// Connect to `url` for one command. On SQLite the WAL is kept short
-/// ([`CLI_WAL_AUTOCHECKPOINT`] pages, unless the URL sets `wal_autocheckpoint`): a
-/// process that opens the file while no other has it open rebuilds SQLite's WAL index
-/// from the whole WAL, and a command-line run is such a process every time.
+/// ([`dlock::sqlite::SHORT_LIVED_WAL_PAGES`], unless the URL sets
+/// `wal_autocheckpoint`): a process that opens the file while no other has it open
+/// rebuilds SQLite's WAL index from the whole WAL, and a command-line run is such a
+/// process every time.
 ///
 /// # Errors
 /// As [`dlock::Locker::connect`].
 pub async fn connect(url: &str) -> Result<dlock::Locker, Failure> {
     let mut parsed = dlock::url::ConnectUrl::parse(url)?;
     if parsed.scheme() == "sqlite" {
-        parsed.default_param("wal_autocheckpoint", CLI_WAL_AUTOCHECKPOINT);
+        let pages = dlock::sqlite::SHORT_LIVED_WAL_PAGES.to_string();
+        parsed.default_param("wal_autocheckpoint", &pages);
     }
     Ok(dlock::Locker::with_options(parsed).await?)
 }
-
-/// The WAL size (pages) at which a command-line run's commit checkpoints it. At
-/// SQLite's default (1,000) each run could read 4 MB of WAL on opening; at 64 a few
-/// hundred kB, for a checkpoint every few dozen runs. The library keeps SQLite's
-/// default: a long-lived process opens the file once, and each checkpoint is paid by
-/// the commit that triggers it.
-pub const CLI_WAL_AUTOCHECKPOINT: &str = "64";
 
 /// The URL for a self-contained run (demo, bench): the flag, else `$DLOCK_URL`, else a
 /// fresh SQLite file `file` in `dir` (so the run never touches the user's locks).

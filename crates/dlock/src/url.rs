@@ -357,6 +357,28 @@ impl ConnectUrl {
         Ok(d)
     }
 
+    /// Remove query parameter `key` and parse it as a whole number within `range`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] when it is not a whole number within `range`.
+    pub fn take_count(
+        &mut self,
+        key: &str,
+        range: std::ops::RangeInclusive<u32>,
+    ) -> Result<Option<u32>> {
+        let Some(v) = self.params.remove(key) else {
+            return Ok(None);
+        };
+        match v.parse::<u32>() {
+            Ok(n) if range.contains(&n) => Ok(Some(n)),
+            _ => Err(self.invalid(&format!(
+                "{key}={v:?} must be a whole number from {} to {}",
+                range.start(),
+                range.end()
+            ))),
+        }
+    }
+
     /// Take `lock_delay` (default none): how long a lock whose lease ran out without a
     /// release stays ungrantable to others (the Chubby/Consul lock-delay).
     ///
@@ -473,6 +495,21 @@ pub(crate) fn percent_decode(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_are_whole_numbers_within_their_range() {
+        let mut url = ConnectUrl::parse("redis://h:1?a=0&b=64&c=65&d=-1&e=x").expect("url");
+        assert_eq!(url.take_count("a", 0..=64).expect("0"), Some(0));
+        assert_eq!(url.take_count("b", 1..=64).expect("64"), Some(64));
+        assert_eq!(url.take_count("absent", 1..=64).expect("absent"), None);
+        for key in ["c", "d", "e"] {
+            let e = url.take_count(key, 1..=64).expect_err(key);
+            assert!(
+                matches!(e, Error::InvalidUrl { .. }) && e.to_string().contains("from 1 to 64"),
+                "{key}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn multi_host_authority() {

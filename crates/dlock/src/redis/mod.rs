@@ -209,15 +209,7 @@ impl RedisBackend {
             })?,
         };
         let prefix = url.take_param("prefix").unwrap_or_default();
-        let min_replicas = match url.take_param("min_replicas") {
-            None => None,
-            Some(n) => Some(
-                n.parse::<u32>()
-                    .ok()
-                    .filter(|n| (1..=64).contains(n))
-                    .ok_or_else(|| url.invalid("min_replicas must be 1 to 64"))?,
-            ),
-        };
+        let min_replicas = url.take_count("min_replicas", 1..=64)?;
         let wait_timeout = url.take_duration("wait_timeout", Duration::from_secs(1))?;
         let timeout = url.take_duration("timeout", Duration::from_secs(5))?;
         let sentinel_db = match url.take_param("db") {
@@ -234,14 +226,9 @@ impl RedisBackend {
             }
         };
         let poll = url.take_duration("poll", Duration::from_millis(50))?;
-        let handoff_burst = match url.take_param("handoff_burst") {
-            None => DEFAULT_HANDOFF_BURST,
-            Some(n) => n
-                .parse::<u32>()
-                .ok()
-                .filter(|n| *n <= 100_000)
-                .ok_or_else(|| url.invalid("handoff_burst must be a number from 0 to 100000"))?,
-        };
+        let handoff_burst = url
+            .take_count("handoff_burst", 0..=100_000)?
+            .unwrap_or(DEFAULT_HANDOFF_BURST);
         url.finish(&[
             "layout",
             "prefix",

@@ -218,14 +218,7 @@ impl RedlockBackend {
                 .filter(|f| (0.0..0.5).contains(f))
                 .ok_or_else(|| url.invalid("drift_factor must be a number from 0 to below 0.5"))?,
         };
-        let retries = match url.take_param("retries") {
-            None => 3,
-            Some(n) => n
-                .parse::<u32>()
-                .ok()
-                .filter(|n| *n <= 100)
-                .ok_or_else(|| url.invalid("retries must be 0 to 100"))?,
-        };
+        let retries = url.take_count("retries", 0..=100)?.unwrap_or(3);
         let prefix = url.take_param("prefix").unwrap_or_default();
         url.finish(&[
             "node_timeout",

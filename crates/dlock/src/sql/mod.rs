@@ -197,15 +197,7 @@ impl SqlOptions {
 }
 
 fn take_count(url: &mut ConnectUrl, key: &str, default: u32) -> Result<u32> {
-    match url.take_param(key) {
-        None => Ok(default),
-        Some(v) => match v.parse::<u32>() {
-            Ok(n) if (1..=10_000).contains(&n) => Ok(n),
-            _ => Err(url.invalid(&format!(
-                "{key}={v:?} must be a whole number from 1 to 10000"
-            ))),
-        },
-    }
+    Ok(url.take_count(key, 1..=10_000)?.unwrap_or(default))
 }
 
 /// A table-name prefix dlock will put into SQL text: `[A-Za-z_][A-Za-z0-9_]{0,39}`.

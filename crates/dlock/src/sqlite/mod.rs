@@ -42,10 +42,11 @@
 //! is checkpointed as it grows instead (the `wal_autocheckpoint` option: SQLite's
 //! 1,000 pages by default), and the next process to open the file reads what it holds.
 //! A process that opens the file while no other has it open rebuilds SQLite's WAL
-//! index from the whole WAL, so short-lived processes want a short one: `dlock run`
-//! and the other commands use 64 pages unless the URL says otherwise, while a
-//! long-lived process, which pays for the rebuild once, keeps the default (each
-//! checkpoint is paid by the commit that triggers it).
+//! index from the whole WAL, so short-lived processes want a short one
+//! ([`SHORT_LIVED_WAL_PAGES`]): `dlock run`, `status`, `list`, `break` and `leader` use
+//! it unless the URL says otherwise, while a long-lived process, which pays for the
+//! rebuild once, keeps the default (each checkpoint is paid by the commit that
+//! triggers it).
 //! Renewals are batched: those waiting when the writer connection is free (up to 256)
 //! are one transaction, so one commit (one fsync) renews many leases. SQLite's busy
 //! handler is switched off and dlock retries `SQLITE_BUSY` itself after 50–500 µs,
@@ -274,6 +275,12 @@ struct Inner {
 /// The largest `wal_autocheckpoint` accepted (about 400 MB of WAL).
 const MAX_CHECKPOINT_PAGES: u32 = 100_000;
 
+/// The `wal_autocheckpoint` for a process that opens the file for one lock and exits,
+/// as `dlock run` does (see # Writes): at SQLite's 1,000 pages each such process could
+/// read 4 MB of WAL on opening; at 64 a few hundred kB, for a checkpoint every few
+/// dozen runs.
+pub const SHORT_LIVED_WAL_PAGES: u32 = 64;
+
 /// The SQLite backend.
 #[derive(Debug)]
 pub struct SqliteBackend {
@@ -300,19 +307,7 @@ impl SqliteBackend {
             None => Duration::from_millis(10),
         };
         // Unset, SQLite's own default (1,000 pages) applies.
-        let checkpoint_pages = match url.take_param("wal_autocheckpoint") {
-            Some(p) => Some(
-                p.parse::<u32>()
-                    .ok()
-                    .filter(|n| (1..=MAX_CHECKPOINT_PAGES).contains(n))
-                    .ok_or_else(|| {
-                        url.invalid(&format!(
-                            "wal_autocheckpoint={p:?}: expected pages, 1 to {MAX_CHECKPOINT_PAGES}"
-                        ))
-                    })?,
-            ),
-            None => None,
-        };
+        let checkpoint_pages = url.take_count("wal_autocheckpoint", 1..=MAX_CHECKPOINT_PAGES)?;
         let lock_delay = url.take_lock_delay()?;
         url.finish(&["synchronous", "poll", "lock_delay", "wal_autocheckpoint"])?;
         let body = url.body();

@@ -98,8 +98,11 @@ async fn open(db: &str) -> Result<SqliteConnection, sqlx::Error> {
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
-        // As `dlock run` keeps it (dlock-cli's `CLI_WAL_AUTOCHECKPOINT`).
-        .pragma("wal_autocheckpoint", "64")
+        // As `dlock run` keeps it.
+        .pragma(
+            "wal_autocheckpoint",
+            dlock::sqlite::SHORT_LIVED_WAL_PAGES.to_string(),
+        )
         .connect()
         .await
 }
