@@ -62,6 +62,7 @@ impl LockName {
     }
 
     /// The text itself, shared (for keys that are the name as it is).
+    #[cfg(feature = "redis")]
     pub(crate) fn shared(&self) -> &Arc<str> {
         &self.0
     }
