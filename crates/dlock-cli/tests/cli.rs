@@ -792,6 +792,57 @@ fn bench_reports_figures() {
     assert!(v["contended"]["acquisitions"].as_u64().expect("count") > 0);
 }
 
+/// A cycle that fails on an error trying again may mend is stepped over and counted,
+/// not the end of the run: Redlock with two of its three nodes frozen answers
+/// `NoQuorum` at once (the contended workers then cycle on when the nodes come back).
+#[test]
+fn bench_steps_over_retryable_errors_and_counts_them() {
+    let Some(mut nodes) =
+        dlock_testkit::RedisNodes::start(3, &dlock_testkit::RedisOptions::default())
+    else {
+        return;
+    };
+    let env = Env::new();
+    let url = format!("{}?node_timeout=20ms", nodes.url());
+    let child = env
+        .cmd()
+        .args([
+            "bench",
+            "--url",
+            &url,
+            "--scenario",
+            "contended",
+            "--processes",
+            "2",
+            "--duration",
+            "3s",
+            "--ttl",
+            "1s",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("bench");
+    std::thread::sleep(Duration::from_millis(1200));
+    nodes.node(0).process().pause();
+    nodes.node(1).process().pause();
+    std::thread::sleep(Duration::from_millis(400));
+    nodes.node(0).process().resume();
+    nodes.node(1).process().resume();
+    let out = child.wait_with_output().expect("bench output");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let c = &v["contended"];
+    let skipped = c["skipped"]["count"].as_u64().expect("count");
+    assert!(skipped > 0, "nothing stepped over: {c}");
+    let first = c["skipped"]["first"].as_str().expect("first");
+    assert!(first.contains("no quorum"), "{first}");
+    assert!(c["acquisitions"].as_u64().expect("count") > 0, "{c}");
+    let row = &v["scenarios"][0];
+    assert_eq!(row["skipped"].as_u64(), Some(skipped), "{row}");
+}
+
 /// `--primitive` on every backend with a floor: each cycle takes a permit, a read, a
 /// write or leadership, against the floor of its shape measured in the same run (a
 /// counted grant's on every backend: the statements, script and requests of

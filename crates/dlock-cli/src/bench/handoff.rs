@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use dlock::{LockOptions, Locker, Wait};
 use serde::Serialize;
 
+use crate::bench::skips::{Skipped, Skips};
 use crate::bench::stats::{Latency, jain, micros};
 use crate::exit::Failure;
 
@@ -41,6 +42,8 @@ pub struct HandoffRun {
     pub reacquired_pct: f64,
     /// Redis only: client commands (EVALSHA/EVAL/SUBSCRIBE/UNSUBSCRIBE) per acquisition.
     pub commands_per_acquisition: Option<f64>,
+    /// Acquisitions given up on a retryable error, not counted (`skips.rs`).
+    pub skipped: Skipped,
 }
 
 /// dlock's run and, where there is one, the floor's.
@@ -88,6 +91,7 @@ fn summarize(mut events: Vec<Event>, waiters: u32, seconds: f64) -> HandoffRun {
         reacquired_pct: 100.0 * (events.len().saturating_sub(1) - latencies.len()) as f64
             / events.len().saturating_sub(1).max(1) as f64,
         commands_per_acquisition: None,
+        skipped: Skipped::default(),
     }
 }
 
@@ -140,36 +144,45 @@ pub async fn tasks_on_one_lock(
     // Every acquisition gives up after 30 s (a stuck hand-off fails the run).
     let opts = opts.clone().wait(Wait::Timeout(Duration::from_secs(30)));
     let events = Arc::new(Mutex::new(Vec::new()));
+    let skips = Skips::default();
     let start = Instant::now();
     let deadline = start + duration;
     let mut set = tokio::task::JoinSet::new();
     for task in 0..waiters {
-        let (locker, name, events, opts) = (
+        let (locker, name, events, opts, skips) = (
             locker.clone(),
             name.to_owned(),
             Arc::clone(&events),
             opts.clone(),
+            skips.clone(),
         );
         set.spawn(async move {
             while Instant::now() < deadline {
-                let g = match waiting {
-                    Waiting::Notified => locker.lock_with(&name, &opts).await?,
+                let got = match waiting {
+                    Waiting::Notified => locker.lock_with(&name, &opts).await.map(Some),
                     Waiting::Polling(every) => {
-                        let mut got = None;
-                        while got.is_none() && Instant::now() < deadline {
-                            got = locker.try_lock_with(&name, &opts).await?;
-                            if got.is_none() {
+                        let mut got = Ok(None);
+                        while matches!(got, Ok(None)) && Instant::now() < deadline {
+                            got = locker.try_lock_with(&name, &opts).await;
+                            if matches!(got, Ok(None)) {
                                 tokio::time::sleep(every).await;
                             }
                         }
-                        match got {
-                            Some(g) => g,
-                            None => break,
-                        }
+                        got
+                    }
+                };
+                let g = match got {
+                    Ok(Some(g)) => g,
+                    Ok(None) => break,
+                    Err(e) => {
+                        skips.step_over(e)?;
+                        continue;
                     }
                 };
                 record(&events, task);
-                g.release().await?;
+                if let Err(e) = g.release().await {
+                    skips.step_over(e)?;
+                }
             }
             Ok::<(), dlock::Error>(())
         });
@@ -179,7 +192,9 @@ pub async fn tasks_on_one_lock(
     crate::bench::tasks::join_or_stop(set).await?;
     let seconds = start.elapsed().as_secs_f64();
     let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
-    Ok(summarize(events, waiters, seconds))
+    let mut run = summarize(events, waiters, seconds);
+    run.skipped = skips.tally();
+    Ok(run)
 }
 
 /// The client commands dlock issues for locks (scripts and subscriptions).

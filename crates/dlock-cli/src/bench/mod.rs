@@ -12,6 +12,7 @@ mod parallel;
 mod raw_redis;
 pub(crate) mod raw_sql;
 mod scaling;
+mod skips;
 pub(crate) mod stats;
 mod take;
 mod tasks;
@@ -25,6 +26,7 @@ use serde_json::json;
 
 use crate::args::{BenchArgs, BenchPrimitive, BenchWorkerArgs, Scenario};
 use crate::bench::handoff::Waiting;
+use crate::bench::skips::{Skipped, Skips};
 use crate::bench::stats::{Latency, Percentiles, jain, micros, show_us};
 use crate::bench::take::{Shape, Take};
 use crate::exit::Failure;
@@ -78,6 +80,8 @@ struct Contended {
     wait: Latency,
     per_process: Vec<u64>,
     jain_fairness: f64,
+    /// Cycles the workers stepped over on a retryable error (`skips.rs`).
+    skipped: Skipped,
 }
 
 /// One scenario's headline figures (the `scenarios` list of `--json`).
@@ -89,6 +93,8 @@ struct ScenarioRow {
     ratio: Option<f64>,
     #[serde(flatten)]
     latency: Percentiles,
+    /// Cycles stepped over on a retryable error (`skips.rs`): 0 in a clean run.
+    skipped: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -365,6 +371,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             floor_ops_per_sec: u.floor_cycles_per_sec,
             ratio: u.ratio_to_floor,
             latency: u.latency.percentiles(),
+            skipped: 0,
         });
     }
     if let Some(p) = &r.parallel {
@@ -378,6 +385,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             floor_ops_per_sec: p.floor_cycles_per_sec,
             ratio: p.ratio_to_floor,
             latency: Percentiles::default(),
+            skipped: p.skipped.count,
         });
     }
     if let Some(c) = &r.contended {
@@ -387,6 +395,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             floor_ops_per_sec: None,
             ratio: None,
             latency: c.wait.percentiles(),
+            skipped: c.skipped.count,
         });
     }
     if let Some(h) = &r.handoff {
@@ -399,6 +408,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
                 .filter(|f| *f > 0.0)
                 .map(|f| h.dlock.handoffs_per_sec / f),
             latency: h.dlock.handoff.percentiles(),
+            skipped: h.dlock.skipped.count,
         });
     }
     if let Some(p) = &r.polling {
@@ -408,6 +418,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             floor_ops_per_sec: None,
             ratio: None,
             latency: p.handoff.percentiles(),
+            skipped: p.skipped.count,
         });
     }
     if let Some(h) = &r.hold {
@@ -417,6 +428,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             floor_ops_per_sec: None,
             ratio: None,
             latency: Percentiles::default(),
+            skipped: 0,
         });
     }
     if let (Some(s), Some(u)) = (&r.single_node, &r.uncontended) {
@@ -426,6 +438,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             floor_ops_per_sec: Some(s.cycles_per_sec),
             ratio: Some(s.redlock_ratio),
             latency: u.latency.percentiles(),
+            skipped: 0,
         });
     }
     rows
@@ -434,7 +447,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
 fn print_handoff(label: &str, h: &crate::bench::handoff::HandoffRun) {
     outln!(
         "  {label}: {} real hand-offs of {} acquisitions in {:.1}s = {:.0}/s; hand-off p50 {}, p99 {}, p99.9 {}; \
-         fairness (Jain) {:.3}; releaser took it back {:.1}%{}",
+         fairness (Jain) {:.3}; releaser took it back {:.1}%{}{}",
         h.real_handoffs,
         h.acquisitions,
         h.seconds,
@@ -446,7 +459,8 @@ fn print_handoff(label: &str, h: &crate::bench::handoff::HandoffRun) {
         h.reacquired_pct,
         h.commands_per_acquisition
             .map(|c| format!("; {c:.2} commands per acquisition"))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        h.skipped.suffix()
     );
 }
 
@@ -512,7 +526,7 @@ fn print_report(r: &Report) {
     }
     if let Some(p) = &r.parallel {
         outln!(
-            "{} tasks cycling {} locks: {:.0} cycles/s{}",
+            "{} tasks cycling {} locks: {:.0} cycles/s{}{}",
             p.tasks,
             p.keys,
             p.cycles_per_sec,
@@ -521,13 +535,14 @@ fn print_report(r: &Report) {
                     " vs the shared-connection floor {f:.0}/s in the same run -> {ratio:.2}x"
                 ),
                 _ => String::new(),
-            }
+            },
+            p.skipped.suffix()
         );
     }
     if let Some(c) = &r.contended {
         outln!(
             "contended, {} processes on one name for {:.1}s: {} acquisitions, {:.0}/s; wait p50 {}, p99 {}; \
-             fairness (Jain) {:.3}; per process {:?}",
+             fairness (Jain) {:.3}; per process {:?}{}",
             c.processes,
             c.seconds,
             c.acquisitions,
@@ -535,7 +550,8 @@ fn print_report(r: &Report) {
             show_us(c.wait.p50_us),
             show_us(c.wait.p99_us),
             c.jain_fairness,
-            c.per_process
+            c.per_process,
+            c.skipped.suffix()
         );
     }
     if let Some(h) = &r.handoff {
@@ -589,7 +605,7 @@ fn print_report(r: &Report) {
 fn print_scaling(s: &crate::bench::scaling::Scaling) {
     for l in &s.held {
         outln!(
-            "with {} other locks held (taken in {:.1}s): acquire p50 {} p99 {}, release p50 {} p99 {}{}",
+            "with {} other locks held (taken in {:.1}s): acquire p50 {} p99 {}, release p50 {} p99 {}{}{}",
             l.held,
             l.fill_seconds,
             show_us(l.acquire.p50_us),
@@ -598,7 +614,8 @@ fn print_scaling(s: &crate::bench::scaling::Scaling) {
             show_us(l.release.p99_us),
             l.rss_per_held_lock_bytes
                 .map(|b| format!("; {b:.0} bytes of RSS per held lock"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            l.skipped.suffix()
         );
     }
     if let Some(why) = &s.held_stopped {
@@ -606,7 +623,7 @@ fn print_scaling(s: &crate::bench::scaling::Scaling) {
     }
     for l in &s.waiters {
         outln!(
-            "{} waiters on one name: {:.0} grants/s, {:.0} of them hand-offs, p50 {} p99 {}; {} client CPU per grant{}",
+            "{} waiters on one name: {:.0} grants/s, {:.0} of them hand-offs, p50 {} p99 {}; {} client CPU per grant{}{}",
             l.waiters,
             l.grants_per_sec,
             l.handoffs_per_sec,
@@ -616,7 +633,8 @@ fn print_scaling(s: &crate::bench::scaling::Scaling) {
             match (l.requests_per_grant, s.requests_counted) {
                 (Some(r), Some(what)) => format!("; {r:.1} {what} per grant"),
                 _ => String::new(),
-            }
+            },
+            l.skipped.suffix()
         );
     }
     if let Some(why) = &s.waiters_stopped {
@@ -650,11 +668,16 @@ async fn contended(url: &str, name: &str, args: &BenchArgs) -> Result<Contended,
     let mut per_process = vec![0u64; args.processes as usize];
     let mut waits = Vec::new();
     let mut seconds: f64 = 0.0;
+    let mut skipped = Skipped::default();
     while let Some((i, event)) = fleet.next().await {
         if event["t"].as_str() == Some("done") {
             per_process[i] = event["cycles"].as_u64().unwrap_or(0);
             seconds = seconds.max(event["seconds"].as_f64().unwrap_or(0.0));
             waits.extend(numbers(&event["waits_us"]));
+            skipped.merge(Skipped {
+                count: event["skipped"].as_u64().unwrap_or(0),
+                first: event["first_skipped"].as_str().map(str::to_owned),
+            });
         }
     }
     fleet.wait().await?;
@@ -671,6 +694,7 @@ async fn contended(url: &str, name: &str, args: &BenchArgs) -> Result<Contended,
         wait: Latency::of(&waits),
         jain_fairness: jain(&per_process),
         per_process,
+        skipped,
     })
 }
 
@@ -687,20 +711,33 @@ pub async fn worker(args: BenchWorkerArgs) -> Result<i32, Failure> {
         primitive: args.primitive,
         permits: args.permits,
     };
+    let skips = Skips::default();
     while start.elapsed() < args.duration && cycles < args.max_cycles {
         let t = Instant::now();
-        let g = take.take(&locker, &args.lock_name, &opts).await?;
+        let g = match take.take(&locker, &args.lock_name, &opts).await {
+            Ok(g) => g,
+            Err(e) => {
+                skips.step_over(e)?;
+                continue;
+            }
+        };
         if waits.len() < 200_000 {
             waits.push(micros(t.elapsed()));
         }
-        g.release().await?;
+        // A cycle whose release failed still took the lock: it counts.
+        if let Err(e) = g.release().await {
+            skips.step_over(e)?;
+        }
         cycles += 1;
     }
+    let skipped = skips.tally();
     emit(&json!({
         "t": "done",
         "cycles": cycles,
         "seconds": start.elapsed().as_secs_f64(),
         "waits_us": waits,
+        "skipped": skipped.count,
+        "first_skipped": skipped.first,
     }));
     Ok(0)
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use dlock::{LockOptions, Locker};
 use serde::Serialize;
 
+use crate::bench::skips::{Skipped, Skips};
 use crate::exit::Failure;
 
 /// Figures of one parallel run.
@@ -20,6 +21,8 @@ pub struct Parallel {
     pub cycles_per_sec: f64,
     pub floor_cycles_per_sec: Option<f64>,
     pub ratio_to_floor: Option<f64>,
+    /// Cycles stepped over on a retryable error, not counted (`skips.rs`).
+    pub skipped: Skipped,
 }
 
 /// How many tasks, on how many locks, for how long.
@@ -45,14 +48,22 @@ pub async fn run(
     let start = Instant::now();
     let deadline = start + duration;
     let mut joins = Vec::new();
+    let skips = Skips::default();
     for t in 0..tasks {
         let key = format!("{name}:{}", u64::from(t) % keys.max(1));
-        let (locker, opts) = (locker.clone(), opts.clone());
+        let (locker, opts, skips) = (locker.clone(), opts.clone(), skips.clone());
         joins.push(tokio::spawn(async move {
             let mut n = 0u64;
             while Instant::now() < deadline {
-                locker.lock_with(&key, &opts).await?.release().await?;
-                n += 1;
+                match locker.lock_with(&key, &opts).await {
+                    Ok(g) => {
+                        if let Err(e) = g.release().await {
+                            skips.step_over(e)?;
+                        }
+                        n += 1;
+                    }
+                    Err(e) => skips.step_over(e)?,
+                }
             }
             Ok::<u64, dlock::Error>(n)
         }));
@@ -74,6 +85,7 @@ pub async fn run(
         cycles_per_sec,
         floor_cycles_per_sec: floor,
         ratio_to_floor: floor.map(|f| cycles_per_sec / f),
+        skipped: skips.tally(),
     })
 }
 

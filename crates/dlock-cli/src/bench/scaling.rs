@@ -26,6 +26,7 @@ use serde::Serialize;
 use crate::bench::handoff::Waiting;
 use crate::bench::hold::{cpu_seconds, give_back, take_many, trimmed_rss_bytes};
 use crate::bench::raw_sql::SqlConn;
+use crate::bench::skips::{Skipped, Skips};
 use crate::bench::stats::{Latency, micros};
 use crate::exit::Failure;
 
@@ -65,6 +66,8 @@ pub struct HeldLevel {
     /// [`MEMORY_FROM`] locks on; with glibc both are read after the allocator gave
     /// back its free pages, so what the waiters series freed hides nothing).
     pub rss_per_held_lock_bytes: Option<f64>,
+    /// Cycles stepped over on a retryable error, not timed (`skips.rs`).
+    pub skipped: Skipped,
 }
 
 /// One level of the waiters series.
@@ -79,6 +82,8 @@ pub struct WaitersLevel {
     pub handoff: Latency,
     pub requests_per_grant: Option<f64>,
     pub client_cpu_us_per_grant: f64,
+    /// Acquisitions given up on a retryable error, not counted (`skips.rs`).
+    pub skipped: Skipped,
 }
 
 /// What the scenario runs with.
@@ -254,9 +259,10 @@ async fn held_level(
     }
     let fill_seconds = started.elapsed().as_secs_f64();
     let rss = trimmed_rss_bytes();
-    let (acquire, release) = cycles(locker, &format!("{prefix}:probe"), opts, shape.cycles)
-        .await
-        .map_err(|e| e.message)?;
+    let (acquire, release, skipped) =
+        cycles(locker, &format!("{prefix}:probe"), opts, shape.cycles)
+            .await
+            .map_err(|e| e.message)?;
     // The level counts only if every one of its locks was held throughout.
     let lost = guards.iter().filter(|g| !g.is_held()).count();
     if lost > 0 {
@@ -271,16 +277,19 @@ async fn held_level(
         release,
         rss_per_held_lock_bytes: (n >= MEMORY_FROM)
             .then(|| rss.saturating_sub(rss_before) as f64 / n as f64),
+        skipped,
     })
 }
 
-/// Timed acquire + release cycles of `name`: the acquire's and the release's latency.
+/// Timed acquire + release cycles of `name`: the acquire's and the release's latency,
+/// and what was stepped over (a cycle with an error is not timed).
 async fn cycles(
     locker: &Locker,
     name: &str,
     opts: &LockOptions,
     cycles: u32,
-) -> Result<(Latency, Latency), Failure> {
+) -> Result<(Latency, Latency, Skipped), Failure> {
+    let skips = Skips::default();
     let n = cycles.clamp(1, MAX_CYCLES) as usize;
     let (mut acquire, mut release) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let until = Instant::now() + CYCLES_LIMIT;
@@ -292,13 +301,22 @@ async fn cycles(
             )));
         }
         let t0 = Instant::now();
-        let g = locker.lock_with(name, opts).await?;
+        let g = match locker.lock_with(name, opts).await {
+            Ok(g) => g,
+            Err(e) => {
+                skips.step_over(e)?;
+                continue;
+            }
+        };
         let t1 = Instant::now();
-        g.release().await?;
+        if let Err(e) = g.release().await {
+            skips.step_over(e)?;
+            continue;
+        }
         acquire.push(micros(t1 - t0));
         release.push(micros(t1.elapsed()));
     }
-    Ok((Latency::of(&acquire), Latency::of(&release)))
+    Ok((Latency::of(&acquire), Latency::of(&release), skips.tally()))
 }
 
 async fn waiters_level(
@@ -339,5 +357,6 @@ async fn waiters_level(
         handoff: run.handoff,
         requests_per_grant,
         client_cpu_us_per_grant: cpu * 1e6 / grants,
+        skipped: run.skipped,
     })
 }

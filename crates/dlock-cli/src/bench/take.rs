@@ -31,7 +31,7 @@ impl Take {
         locker: &Locker,
         name: &str,
         opts: &LockOptions,
-    ) -> Result<LockGuard, Failure> {
+    ) -> Result<LockGuard, dlock::Error> {
         Ok(match self.primitive {
             BenchPrimitive::Lock => locker.lock_with(name, opts).await?,
             BenchPrimitive::Semaphore => {

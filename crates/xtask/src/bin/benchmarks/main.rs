@@ -71,7 +71,26 @@ fn dlock_bench(dlock: &Path, url: &str, args: &[&str]) -> Option<Value> {
         );
         return None;
     }
-    json_line(&out)
+    let report = json_line(&out)?;
+    log_skipped(&report, &format!("dlock bench {} on {url}", args.join(" ")));
+    Some(report)
+}
+
+/// Log every part of a report that stepped over cycles on an error, with the first one.
+fn log_skipped(v: &Value, run: &str) {
+    match v {
+        Value::Object(fields) => {
+            if let (Some(n @ 1..), Some(first)) = (
+                v["skipped"]["count"].as_u64(),
+                v["skipped"]["first"].as_str(),
+            ) {
+                eprintln!("benchmarks: {run}: {n} cycles stepped over, the first on: {first}");
+            }
+            fields.values().for_each(|f| log_skipped(f, run));
+        }
+        Value::Array(items) => items.iter().for_each(|i| log_skipped(i, run)),
+        _ => {}
+    }
 }
 
 /// `dlock bench --json` on `url`: the main table's scenarios.
@@ -179,6 +198,15 @@ fn row<'a>(report: &'a Value, scenario: &str) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|r| r["scenario"].as_str() == Some(scenario))
+}
+
+/// A scenario's name, and how many cycles its run stepped over on an error, if any.
+fn scenario_cell(s: &Value) -> String {
+    let name = s["scenario"].as_str().unwrap_or("?");
+    match s["skipped"].as_u64() {
+        Some(n @ 1..) => format!("{name} ({n} stepped over)"),
+        _ => name.to_owned(),
+    }
 }
 
 fn num(v: &Value) -> String {
@@ -296,7 +324,7 @@ fn main() {
                 table,
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 t.label,
-                s["scenario"].as_str().unwrap_or("?"),
+                scenario_cell(s),
                 num(&s["ops_per_sec"]),
                 num(&s["floor_ops_per_sec"]),
                 num(&s["ratio"]),
@@ -933,7 +961,10 @@ fn main() {
          to a different waiter per second, percentiles release → next grant; floor where \
          there is one: a bare hand-written hand-off, e.g. BLPOP on a signal list); \
          `polling-50-waiters` (the same with polling waiters, below); \
-         `redlock-vs-one-node`.\n\n\
+         `redlock-vs-one-node`. A cycle that fails on an error trying again may mend \
+         (Redlock's `NoQuorum`, a dropped connection) is not counted and the run goes on; \
+         a scenario that stepped over any says how many, with the first error in the \
+         generator's log (at most 100 per run; any other error ends it).\n\n\
          | backend | scenario | ops/s | floor ops/s | ratio | p50 µs | p99 µs | p99.9 µs |\n\
          |---|---|---|---|---|---|---|---|\n{table}\n\
          ## Holding many locks\n\n\

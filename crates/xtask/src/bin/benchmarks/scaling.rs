@@ -91,9 +91,10 @@ fn median_value(values: &[&Value]) -> Value {
 }
 
 /// Several runs' reports of one configuration as one: each level is the median of the
-/// runs that reached it, with `runs` (how many did) and `range`, the lowest and highest
-/// p50 of its `latency` ("acquire" or "handoff"); a series stopped in any run says how
-/// often and why (the first reason).
+/// runs that reached it, with `runs` (how many did), `range`, the lowest and highest
+/// p50 of its `latency` ("acquire" or "handoff"), and `skipped`, the cycles all its runs
+/// stepped over on an error, with the first one's message; a series stopped in any run
+/// says how often and why (the first reason).
 fn combine(reports: &[Value]) -> Value {
     let mut out = serde_json::Map::new();
     for (list, latency, stop) in [
@@ -118,6 +119,16 @@ fn combine(reports: &[Value]) -> Value {
                     p50s.iter().copied().fold(0.0, f64::max),
                 );
                 level["runs"] = reached.len().into();
+                // What the runs stepped over is added up, not a median.
+                level["skipped"] = reached
+                    .iter()
+                    .filter_map(|l| l["skipped"]["count"].as_u64())
+                    .sum::<u64>()
+                    .into();
+                level["first_skipped"] = reached
+                    .iter()
+                    .find_map(|l| l["skipped"]["first"].as_str())
+                    .into();
                 if !p50s.is_empty() {
                     level["range"] = serde_json::json!([low, high]);
                 }
@@ -184,6 +195,7 @@ pub fn section(dlock: &Path, plot: &Path) -> String {
     let mut held_rows = String::new();
     let mut waiter_rows = String::new();
     let mut stopped = String::new();
+    let mut skipped = String::new();
     for (label, s) in &runs {
         let levels = s["held"].as_array().cloned().unwrap_or_default();
         let first = levels.first().and_then(|l| l["acquire"]["p50_us"].as_f64());
@@ -232,6 +244,19 @@ pub fn section(dlock: &Path, plot: &Path) -> String {
                 let _ = writeln!(stopped, "- {label}, {series}: stopped {why}");
             }
         }
+        for (series, list) in [("held names", "held"), ("waiters", "waiters")] {
+            for l in s[list].as_array().into_iter().flatten() {
+                if let (Some(n @ 1..), Some(first)) =
+                    (l["skipped"].as_u64(), l["first_skipped"].as_str())
+                {
+                    let _ = writeln!(
+                        skipped,
+                        "- {label}, {} {series}: {n} over its runs (the first: {first})",
+                        l[list]
+                    );
+                }
+            }
+        }
     }
     let plot_line = match draw(&runs, plot) {
         Ok(()) => format!(
@@ -248,6 +273,14 @@ pub fn section(dlock: &Path, plot: &Path) -> String {
         String::new()
     } else {
         format!("Levels not reached:\n\n{stopped}\n")
+    };
+    let skipped = if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "Cycles stepped over on an error that trying again may mend (not timed; \
+             `dlock bench` ends a run on any other error):\n\n{skipped}\n"
+        )
     };
     // Regenerated alone (`--only-scaling`) it may come from another machine than the
     // rest of the file: it names its own.
@@ -278,7 +311,7 @@ pub fn section(dlock: &Path, plot: &Path) -> String {
          | backend | names held | runs | time to take the level's new ones (s) | acquire p50 / p99 µs | acquire p50 range µs | × at 1 | release p50 / p99 µs | RSS per held lock (B) |\n\
          |---|---|---|---|---|---|---|---|---|\n{held_rows}\n\
          | backend | waiters | runs | grants/s | hand-offs/s | hand-off p50 / p99 µs | hand-off p50 range µs | requests per grant | client CPU per grant (µs) |\n\
-         |---|---|---|---|---|---|---|---|---|\n{waiter_rows}\n{stopped}"
+         |---|---|---|---|---|---|---|---|---|\n{waiter_rows}\n{stopped}{skipped}"
     )
 }
 
@@ -403,7 +436,8 @@ mod tests {
     use super::*;
 
     /// Three runs make one report: medians per level over the runs that reached it,
-    /// integers kept, the p50 range, and how often a series stopped.
+    /// integers kept, the p50 range, how often a series stopped, and the cycles the
+    /// runs stepped over added up.
     #[test]
     fn runs_are_combined_into_medians_per_level() {
         let level = |held: u64, p50: u64, rss: f64| serde_json::json!({"held": held, "fill_seconds": 0.5, "acquire": {"p50_us": p50, "p99_us": p50 * 2}, "rss_per_held_lock_bytes": rss});
@@ -412,6 +446,9 @@ mod tests {
             serde_json::json!({"held": [level(1, 120, 0.0), level(1000, 200, 800.0), level(100_000, 250, 700.0)], "waiters": [], "requests_counted": "commands"}),
             serde_json::json!({"held": [level(1, 90, 0.0)], "waiters": [], "held_stopped": "at 1000 held: lost"}),
         ];
+        let mut reports = reports;
+        reports[1]["held"][0]["skipped"] = serde_json::json!({"count": 2, "first": "no quorum"});
+        reports[2]["held"][0]["skipped"] = serde_json::json!({"count": 3, "first": "later"});
         let c = combine(&reports);
         let held = c["held"].as_array().expect("held levels");
         assert_eq!(held.len(), 3);
@@ -419,6 +456,9 @@ mod tests {
         assert_eq!(held[0]["runs"], 3);
         assert_eq!(held[0]["acquire"]["p50_us"], 100);
         assert_eq!(range(&held[0]), "90–120");
+        assert_eq!(held[0]["skipped"], 5, "added up, not a median");
+        assert_eq!(held[0]["first_skipped"], "no quorum");
+        assert_eq!(held[1]["skipped"], 0);
         // Two runs reached 1,000: the lower of the two.
         assert_eq!(held[1]["runs"], 2);
         assert_eq!(held[1]["acquire"]["p50_us"], 200);
