@@ -303,8 +303,9 @@ pub struct AcquireRequest {
     /// In fair mode: take (or refresh) a place in the queue when busy, valid for this long.
     /// `None`: do not queue (a `try_lock`).
     pub enqueue: Option<Duration>,
-    /// Shown by inspect.
-    pub metadata: Metadata,
+    /// Shown by inspect. Shared: every attempt of an acquisition, and every
+    /// acquisition that keeps the default, point to one copy.
+    pub metadata: std::sync::Arc<Metadata>,
     /// 0 for the first attempt of an acquisition, then 1, 2, … (a backend may skip a
     /// cheap pre-check on the first attempt, when the lock is most likely free).
     pub attempt: u32,
@@ -336,7 +337,7 @@ impl AcquireRequest {
             ttl,
             fair: false,
             enqueue: None,
-            metadata: Metadata::default(),
+            metadata: Metadata::default().into(),
             attempt: 0,
             will_wait: false,
             primitive: Primitive::Lock,

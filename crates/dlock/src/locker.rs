@@ -642,7 +642,10 @@ impl Locker {
             enqueue: None,
             attempt: 0,
             will_wait: false,
-            metadata: opts.metadata.clone().unwrap_or_else(Metadata::this_process),
+            metadata: opts
+                .metadata
+                .clone()
+                .map_or_else(Metadata::this_process_shared, Arc::new),
             primitive,
             campaign: opts.campaign.clone(),
         };

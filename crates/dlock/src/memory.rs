@@ -225,7 +225,7 @@ impl Backend for MemoryBackend {
                 holds: 1,
                 fence,
                 expires: now + req.ttl,
-                metadata: req.metadata.clone(),
+                metadata: Metadata::clone(&req.metadata),
             },
         );
         Ok(Attempt::Acquired(Box::new(MemoryHeld::new(
@@ -373,7 +373,7 @@ impl MemoryBackend {
                     acquisition: req.acquisition,
                     fence,
                     expires: now + req.ttl,
-                    metadata: req.metadata.clone(),
+                    metadata: Metadata::clone(&req.metadata),
                 });
                 Ok(Attempt::Acquired(Box::new(SharedHeld {
                     store: Arc::clone(&self.store),
@@ -393,7 +393,7 @@ impl MemoryBackend {
                             acquisition: req.acquisition,
                             fence: 0,
                             expires: now + entry_ttl,
-                            metadata: req.metadata.clone(),
+                            metadata: Metadata::clone(&req.metadata),
                         }),
                     }
                 }
@@ -561,7 +561,7 @@ mod tests {
             ttl: Duration::from_secs(30),
             fair,
             enqueue: fair.then_some(Duration::from_secs(5)),
-            metadata: Metadata::default(),
+            metadata: Metadata::default().into(),
             attempt: 1,
             will_wait: true,
             primitive: Primitive::Lock,

@@ -51,10 +51,9 @@ impl Owner {
             pool[*used..*used + 16].fill(0);
             *used += 16;
         });
-        // Hex digits are ASCII: the lossy view borrows them as they are.
-        Owner(Arc::from(&*String::from_utf8_lossy(
-            &crate::hex::encode_16(&bytes),
-        )))
+        // Hex digits are ASCII: the check passes, and costs less than a lossy view.
+        let hex = crate::hex::encode_16(&bytes);
+        Owner(Arc::from(std::str::from_utf8(&hex).unwrap_or_default()))
     }
 
     /// The token text.
@@ -130,6 +129,13 @@ impl Metadata {
             pid: Some(pid()),
             note: None,
         }
+    }
+
+    /// [`Metadata::this_process`], made once and shared (the default of every
+    /// acquisition: no copy of the host name per lock).
+    pub(crate) fn this_process_shared() -> Arc<Metadata> {
+        static OWN: std::sync::OnceLock<Arc<Metadata>> = std::sync::OnceLock::new();
+        Arc::clone(OWN.get_or_init(|| Arc::new(Metadata::this_process())))
     }
 
     /// The same with a note.

@@ -50,7 +50,7 @@ impl StoredHolder {
     pub(crate) fn encode(req: &AcquireRequest) -> Vec<u8> {
         serde_json::to_vec(&StoredHolder {
             owner: req.owner.as_str().to_owned(),
-            metadata: req.metadata.clone(),
+            metadata: Metadata::clone(&req.metadata),
         })
         .unwrap_or_default()
     }

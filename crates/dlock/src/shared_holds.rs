@@ -188,7 +188,7 @@ mod tests {
             ttl: Duration::from_secs(10),
             fair: false,
             enqueue: waits.then_some(Duration::from_secs(5)),
-            metadata: Metadata::default(),
+            metadata: Metadata::default().into(),
             attempt: 0,
             will_wait: waits,
             primitive,

@@ -713,7 +713,7 @@ pub async fn shared_owner_waiters_leave_nothing(h: &Harness) {
 fn request(name: &str, owner: &Owner, ttl: Duration) -> crate::backend::AcquireRequest {
     let name = crate::name::LockName::new(name).expect("name");
     crate::backend::AcquireRequest {
-        metadata: crate::Metadata::this_process(),
+        metadata: crate::Metadata::this_process().into(),
         ..crate::backend::AcquireRequest::plain(name, owner.clone(), ttl)
     }
 }

@@ -1408,7 +1408,7 @@ mod tests {
             ttl: Duration::from_secs(30),
             fair: false,
             enqueue: None,
-            metadata: Metadata::default(),
+            metadata: Metadata::default().into(),
             attempt,
             will_wait: true,
             primitive: crate::backend::Primitive::Lock,

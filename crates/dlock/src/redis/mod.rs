@@ -701,7 +701,10 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         if req.primitive != crate::backend::Primitive::Lock {
-            return shared::try_acquire(&self.inner, req).await;
+            // Boxed, and so are the other rare paths below: inline, their state would
+            // make every lock attempt's future too large for the allocator's per-thread
+            // cache (over 1 KiB: a slower malloc and free on every acquisition).
+            return Box::pin(shared::try_acquire(&self.inner, req)).await;
         }
         let inner = &self.inner;
         let keys = inner.keys(&req.name);
@@ -822,9 +825,9 @@ impl Backend for RedisBackend {
             return Ok(Attempt::Busy { retry_after });
         }
         let fence = u64::try_from(value).unwrap_or(0);
-        inner
-            .await_replicas(&keys, req.owner.as_str(), fence)
-            .await?;
+        if inner.min_replicas.is_some() {
+            Box::pin(inner.await_replicas(&keys, req.owner.as_str(), fence)).await?;
+        }
         let held = RedisHeld {
             inner: Arc::clone(inner),
             name: req.name.clone(),
@@ -1203,7 +1206,9 @@ impl HeldLock for RedisHeld {
                         .swap(false, Ordering::SeqCst)
                         .then_some(self.owner.as_str()),
                 ) {
-                    Some(offer) => self.hand_off(handoffs, offer).await,
+                    // Boxed: inline, the hand-off's state would make every
+                    // release's future too large for the allocator's per-thread cache.
+                    Some(offer) => Box::pin(self.hand_off(handoffs, offer)).await,
                     None => Ok(false),
                 }
             }
