@@ -795,6 +795,8 @@ fn bench_reports_figures() {
 /// A cycle that fails on an error trying again may mend is stepped over and counted,
 /// not the end of the run: Redlock with two of its three nodes frozen answers
 /// `NoQuorum` at once (the contended workers then cycle on when the nodes come back).
+/// The nodes are frozen once the workers are seen cycling (scripts counted on the
+/// third node), however long the processes took to start.
 #[test]
 fn bench_steps_over_retryable_errors_and_counts_them() {
     let Some(mut nodes) =
@@ -815,7 +817,7 @@ fn bench_steps_over_retryable_errors_and_counts_them() {
             "--processes",
             "2",
             "--duration",
-            "3s",
+            "4s",
             "--ttl",
             "1s",
             "--json",
@@ -824,7 +826,30 @@ fn bench_steps_over_retryable_errors_and_counts_them() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("bench");
-    std::thread::sleep(Duration::from_millis(1200));
+    let probe = redis::Client::open(nodes.node(2).url()).expect("the third node's URL");
+    let mut probe = probe.get_connection().expect("the third node");
+    let scripts_run = |probe: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(probe)
+            .unwrap_or_default();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    while scripts_run(&mut probe) < 20 {
+        assert!(Instant::now() < until, "the workers never cycled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     nodes.node(0).process().pause();
     nodes.node(1).process().pause();
     std::thread::sleep(Duration::from_millis(400));

@@ -30,9 +30,17 @@ pub(crate) fn encode_16(bytes: &[u8; 16]) -> [u8; 32] {
 #[cfg_attr(not(any(feature = "redis", feature = "zookeeper")), allow(dead_code))]
 /// `n` as 32 lower-case hex digits (zero-padded), like `format!("{n:032x}")`.
 pub(crate) fn u128_32(n: u128) -> String {
-    let hex = encode_16(&n.to_be_bytes());
-    // Hex digits are ASCII: the check always passes.
-    std::str::from_utf8(&hex).unwrap_or_default().to_owned()
+    ascii(&encode_16(&n.to_be_bytes())).into_owned()
+}
+
+/// Hex digits as text: borrowed after a check (they are ASCII, so it passes, and costs
+/// less than a lossy view); were it ever to fail, the lossy view, never a shared
+/// fallback (an owner token or a nonce must stay unique).
+pub(crate) fn ascii(digits: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(digits) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(digits),
+    }
 }
 
 #[cfg(test)]

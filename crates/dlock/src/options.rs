@@ -51,9 +51,9 @@ impl Owner {
             pool[*used..*used + 16].fill(0);
             *used += 16;
         });
-        // Hex digits are ASCII: the check passes, and costs less than a lossy view.
-        let hex = crate::hex::encode_16(&bytes);
-        Owner(Arc::from(std::str::from_utf8(&hex).unwrap_or_default()))
+        Owner(Arc::from(
+            crate::hex::ascii(&crate::hex::encode_16(&bytes)).as_ref(),
+        ))
     }
 
     /// The token text.

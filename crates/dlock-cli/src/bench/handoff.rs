@@ -42,7 +42,8 @@ pub struct HandoffRun {
     pub reacquired_pct: f64,
     /// Redis only: client commands (EVALSHA/EVAL/SUBSCRIBE/UNSUBSCRIBE) per acquisition.
     pub commands_per_acquisition: Option<f64>,
-    /// Acquisitions given up on a retryable error, not counted (`skips.rs`).
+    /// Retryable errors stepped over (`skips.rs`): failed acquisitions are not counted
+    /// (their commands are, in `commands_per_acquisition`).
     pub skipped: Skipped,
 }
 

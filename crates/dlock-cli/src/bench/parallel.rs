@@ -21,7 +21,7 @@ pub struct Parallel {
     pub cycles_per_sec: f64,
     pub floor_cycles_per_sec: Option<f64>,
     pub ratio_to_floor: Option<f64>,
-    /// Cycles stepped over on a retryable error, not counted (`skips.rs`).
+    /// Retryable errors stepped over (`skips.rs`): failed acquisitions are not counted.
     pub skipped: Skipped,
 }
 

@@ -66,7 +66,8 @@ pub struct HeldLevel {
     /// [`MEMORY_FROM`] locks on; with glibc both are read after the allocator gave
     /// back its free pages, so what the waiters series freed hides nothing).
     pub rss_per_held_lock_bytes: Option<f64>,
-    /// Cycles stepped over on a retryable error, not timed (`skips.rs`).
+    /// Cycles stepped over on a retryable error, in the acquire or the release: not
+    /// timed, so fewer than `--cycles` are (`skips.rs`).
     pub skipped: Skipped,
 }
 
@@ -82,7 +83,7 @@ pub struct WaitersLevel {
     pub handoff: Latency,
     pub requests_per_grant: Option<f64>,
     pub client_cpu_us_per_grant: f64,
-    /// Acquisitions given up on a retryable error, not counted (`skips.rs`).
+    /// Retryable errors stepped over (`skips.rs`): failed acquisitions are not counted.
     pub skipped: Skipped,
 }
 
@@ -282,7 +283,9 @@ async fn held_level(
 }
 
 /// Timed acquire + release cycles of `name`: the acquire's and the release's latency,
-/// and what was stepped over (a cycle with an error is not timed).
+/// and what was stepped over (a cycle with an error in either is not timed; one whose
+/// release failed leaves the lock taken until its lease ends, and the next cycle's
+/// acquire waits for that).
 async fn cycles(
     locker: &Locker,
     name: &str,
@@ -296,8 +299,10 @@ async fn cycles(
     for done in 0..n {
         if Instant::now() >= until {
             return Err(Failure::internal(format!(
-                "{done} of {n} cycles in {} s",
-                CYCLES_LIMIT.as_secs()
+                "{done} of {n} cycles in {} s ({} timed, {} stepped over)",
+                CYCLES_LIMIT.as_secs(),
+                acquire.len(),
+                skips.tally().count
             )));
         }
         let t0 = Instant::now();

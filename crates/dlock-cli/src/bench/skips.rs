@@ -2,30 +2,35 @@
 //!
 //! Under load a backend can refuse one cycle without anything being wrong with dlock or
 //! the run: Redlock answers [`NoQuorum`](dlock::Error::NoQuorum) at once when its nodes
-//! pass `node_timeout` together (a stalled CPU or disk), a connection can drop. Such a
-//! cycle is not counted, the loop goes on, and the run reports how many it stepped over
-//! and the first one's message — a figure that hides nothing. A wait that timed out
-//! ([`Timeout`](dlock::Error::Timeout): a stuck hand-off) and any error that trying
-//! again cannot mend still end the run, and so do more than [`MAX_SKIPPED`] per run.
+//! pass `node_timeout` together (a stalled CPU or disk), a connection can drop. The
+//! loop goes on, and the run reports how many errors it stepped over and the first
+//! one's message. An acquisition that failed is not counted; a release that failed
+//! follows one that succeeded, so that grant is counted (and a lock whose release
+//! failed stays taken until its lease ends: the waits behind it are measured as they
+//! are). A wait that timed out ([`Timeout`](dlock::Error::Timeout): a stuck hand-off)
+//! and any error that trying again cannot mend still end the run, and so does one
+//! more than [`MAX_SKIPPED`] in one loop (one [`Skips`] tally: a contended worker
+//! process, a scaling level, a hand-off or parallel run).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
 
-/// The most errors one run steps over; the next one ends it.
+/// The most errors one tally steps over; the next one ends its loop.
 pub const MAX_SKIPPED: u64 = 100;
 
 /// What a run stepped over.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
 pub struct Skipped {
-    /// Cycles given up on a retryable error.
+    /// Retryable errors stepped over: acquisitions given up, releases that failed.
     pub count: u64,
     /// The first such error's message.
     pub first: Option<String>,
 }
 
 impl Skipped {
-    /// `"; N errors stepped over (the first: …)"`, or nothing when there were none.
+    /// `"; N cycles stepped over on an error (the first: …)"`, or nothing when there
+    /// were none.
     pub fn suffix(&self) -> String {
         match (&self.first, self.count) {
             (Some(first), n) if n > 0 => {
@@ -47,7 +52,7 @@ impl Skipped {
     }
 }
 
-/// The tally one run's tasks share.
+/// The tally one loop's tasks share.
 #[derive(Debug, Clone, Default)]
 pub struct Skips(Arc<Mutex<Skipped>>);
 
@@ -57,7 +62,7 @@ impl Skips {
     /// # Errors
     ///
     /// `e` itself when it is not retryable, is a [`Timeout`](dlock::Error::Timeout),
-    /// or would be the run's `MAX_SKIPPED + 1`th.
+    /// or would be this tally's `MAX_SKIPPED + 1`th.
     pub fn step_over(&self, e: dlock::Error) -> Result<(), dlock::Error> {
         if !e.is_retryable() || matches!(e, dlock::Error::Timeout { .. }) {
             return Err(e);

@@ -317,6 +317,13 @@ fn main() {
     // The targets read medians over runs of their own (repeats.rs).
     let rounds = repeats::Rounds::measure(&matrix.targets, |url, args| bench(&dlock, url, args));
     let runs_of = |label: &str| rounds.of(label);
+    let targets_skipped = match rounds.skipped() {
+        0 => "These runs stepped over no cycle on an error (see *Every backend*).".to_owned(),
+        n => format!(
+            "These runs stepped over {n} cycles on an error between them (see *Every \
+             backend*; the generator's log names each run and its first error)."
+        ),
+    };
     let mut table = String::new();
     for (t, r) in &reports {
         for s in r["scenarios"].as_array().into_iter().flatten() {
@@ -949,7 +956,8 @@ fn main() {
          native hand-off: within each round), then its median. A figure that fewer than \
          {RUNS} runs gave says how many, and its target is not judged. The other figures \
          are one run (callgrind's row: its two counting runs); so are the tables below, \
-         but for the scaling and primitives sections, which say how they take theirs.\n\n\
+         but for the scaling and primitives sections, which say how they take theirs. \
+         {targets_skipped}\n\n\
          | target | measured | |\n|---|---|---|\n{targets}\n\
          ## Every backend\n\n\
          `dlock bench --cycles 3000 --processes 8 --waiters 50 --tasks 64 --duration 3s` \
@@ -961,10 +969,14 @@ fn main() {
          to a different waiter per second, percentiles release → next grant; floor where \
          there is one: a bare hand-written hand-off, e.g. BLPOP on a signal list); \
          `polling-50-waiters` (the same with polling waiters, below); \
-         `redlock-vs-one-node`. A cycle that fails on an error trying again may mend \
-         (Redlock's `NoQuorum`, a dropped connection) is not counted and the run goes on; \
-         a scenario that stepped over any says how many, with the first error in the \
-         generator's log (at most 100 per run; any other error ends it).\n\n\
+         `redlock-vs-one-node`. An acquisition that fails on an error trying again may \
+         mend (Redlock's `NoQuorum`, a dropped connection) is not counted, a release that \
+         does is, and the run goes on (a lock whose release failed stays taken until its \
+         lease ends, and the waits behind it are measured as they are); a scenario that \
+         stepped over any says how many here and in the primitives and scaling sections, \
+         with the first error in the generator's log. Each loop steps over at most 100 (a \
+         contended worker process, a scaling level, a hand-off or parallel run); any \
+         other error ends the run.\n\n\
          | backend | scenario | ops/s | floor ops/s | ratio | p50 µs | p99 µs | p99.9 µs |\n\
          |---|---|---|---|---|---|---|---|\n{table}\n\
          ## Holding many locks\n\n\

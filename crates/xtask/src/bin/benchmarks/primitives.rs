@@ -84,7 +84,7 @@ pub fn section(dlock: &Path, matrix: &Matrix) -> String {
                 num(&u["ratio"]),
                 num(&u["p50_us"]),
                 num(&u["p99_us"]),
-                num(&c["ops_per_sec"]),
+                contended_cell(c),
                 num(&c["p50_us"]),
             );
         }
@@ -110,4 +110,13 @@ pub fn section(dlock: &Path, matrix: &Matrix) -> String {
          | backend | primitive | cycles/s | floor cycles/s | ratio | spread | p50 µs | p99 µs | contended acq/s | wait p50 µs |\n\
          |---|---|---|---|---|---|---|---|---|---|\n{rows}"
     )
+}
+
+/// The contended run's acquisitions per second, and the cycles it stepped over on an
+/// error, if any.
+fn contended_cell(c: &Value) -> String {
+    match c["skipped"].as_u64() {
+        Some(n @ 1..) => format!("{} ({n} stepped over)", num(&c["ops_per_sec"])),
+        _ => num(&c["ops_per_sec"]),
+    }
 }

@@ -73,6 +73,18 @@ impl Rounds {
             .collect()
     }
 
+    /// Cycles all these runs stepped over on an error (`dlock bench`'s `skipped`,
+    /// summed over every scenario of every run).
+    pub fn skipped(&self) -> u64 {
+        self.runs
+            .values()
+            .flatten()
+            .flatten()
+            .flat_map(|r| r["scenarios"].as_array().into_iter().flatten())
+            .filter_map(|s| s["skipped"].as_u64())
+            .sum()
+    }
+
     /// `a`'s and `b`'s reports of each round where neither run failed.
     pub fn paired(&self, a: &str, b: &str) -> Vec<(&Value, &Value)> {
         let (Some(a), Some(b)) = (self.runs.get(a), self.runs.get(b)) else {
