@@ -324,6 +324,37 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     }
 }
 
+/// A signal `dlock run` acts on (forwarding it to the command, or giving up the wait),
+/// or `None` when it was ignored when asked (`nohup`, a non-interactive shell's
+/// background job): then it stays ignored, for dlock and for the command, as a shell
+/// keeps a signal that was ignored on entry ignored even when a trap names it. Ask
+/// before anything else in the process listens for the same signal.
+///
+/// # Errors
+/// When the signal cannot be listened for.
+pub fn unless_ignored(kind: SignalKind) -> io::Result<Option<Signal>> {
+    let mut current = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+    // SAFETY: sigaction with no new action only reads the signal's disposition.
+    let read =
+        unsafe { libc::sigaction(kind.as_raw_value(), std::ptr::null(), current.as_mut_ptr()) };
+    // SAFETY: a successful sigaction filled it in; a zeroed sigaction is valid too.
+    let current = unsafe { current.assume_init() };
+    if read == 0 && current.sa_sigaction == libc::SIG_IGN {
+        return Ok(None);
+    }
+    signal(kind).map(Some)
+}
+
+/// The next delivery of `signal`; never, for a signal [`unless_ignored`] left ignored.
+pub async fn delivered(signal: &mut Option<Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// Every signal with a handler (and `also`, unless 0) back to its default action;
 /// ignored signals stay ignored.
 ///

@@ -14,6 +14,11 @@
 //!   ends with 126, the command never started; one killed while the command runs is
 //!   replaced at once). On a terminal the command stays in dlock's process group (job control
 //!   keeps working) and only the command itself is covered.
+//!
+//! SIGINT, SIGTERM and SIGHUP end a wait for the lock (129, 130, 143: nothing was run)
+//! and, once the command runs, are passed on to it. One that was ignored when dlock
+//! started (`nohup`, a non-interactive shell's `&`) stays ignored, for dlock and for
+//! the command.
 
 use std::time::Duration;
 
@@ -77,9 +82,10 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         None
     };
 
-    let mut sigint = signal(SignalKind::interrupt()).map_err(sig_err)?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(sig_err)?;
-    let mut sighup = signal(SignalKind::hangup()).map_err(sig_err)?;
+    // A signal ignored when dlock started stays ignored (`nohup dlock run …`).
+    let mut sigint = child::unless_ignored(SignalKind::interrupt()).map_err(sig_err)?;
+    let mut sigterm = child::unless_ignored(SignalKind::terminate()).map_err(sig_err)?;
+    let mut sighup = child::unless_ignored(SignalKind::hangup()).map_err(sig_err)?;
 
     // One lock, or with --also a set: all of them or none. A name the URL refuses is
     // refused before any I/O.
@@ -126,9 +132,9 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
             }
             Err(e) => return Err(e.into()),
         },
-        _ = sigint.recv() => return interrupted(130).await,
-        _ = sigterm.recv() => return interrupted(143).await,
-        _ = sighup.recv() => return interrupted(129).await,
+        () = child::delivered(&mut sigint) => return interrupted(130).await,
+        () = child::delivered(&mut sigterm) => return interrupted(143).await,
+        () = child::delivered(&mut sighup) => return interrupted(129).await,
     };
 
     // A set is granted lock by lock: never start the command if one of them was lost
@@ -185,9 +191,9 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         let check_at = stop_check_at(&guard, args.ttl, args.grace, stopping.is_some());
         tokio::select! {
             status = child.wait() => break Outcome::Exited(status),
-            _ = sigint.recv() => target.send(Signal::SIGINT),
-            _ = sigterm.recv() => target.send(Signal::SIGTERM),
-            _ = sighup.recv() => target.send(Signal::SIGHUP),
+            () = child::delivered(&mut sigint) => target.send(Signal::SIGINT),
+            () = child::delivered(&mut sigterm) => target.send(Signal::SIGTERM),
+            () = child::delivered(&mut sighup) => target.send(Signal::SIGHUP),
             _ = children.recv(), if reaper.is_some() => {
                 if reaper.as_ref().is_some_and(Reaper::gone) {
                     reaper = match Reaper::replace(pid) {

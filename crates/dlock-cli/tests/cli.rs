@@ -617,6 +617,49 @@ fn command_starts_with_a_clean_signal_state() {
     assert_eq!(ours[1].1 & (1 << 12), 0, "{}", text(&out.stdout));
 }
 
+/// Signals ignored when dlock starts (`nohup`, a shell's background job) stay ignored:
+/// the command inherits them ignored, and dlock does not act on them (a SIGHUP to a
+/// `nohup`ed dlock neither ends its wait nor reaches the command).
+#[test]
+fn signals_ignored_at_start_stay_ignored() {
+    let env = Env::new();
+    let ignoring = |args: &[&str]| {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg("trap '' HUP INT; exec \"$0\" \"$@\"")
+            .arg(DLOCK)
+            .args(args)
+            .env("DLOCK_URL", env.url())
+            .env_remove("DLOCK_LOG");
+        c
+    };
+    let out = ignoring(&["run", "n", "--", "grep", "^SigIgn:", "/proc/self/status"])
+        .output()
+        .expect("run dlock");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let mask = text(&out.stdout)
+        .trim()
+        .strip_prefix("SigIgn:")
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .expect("the command's SigIgn");
+    assert_eq!(
+        mask & 0b11,
+        0b11,
+        "SIGHUP and SIGINT ignored in the command"
+    );
+    // dlock itself: a SIGHUP while the command runs changes nothing.
+    let mut child = ignoring(&["run", "n", "--", "sleep", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock");
+    env.wait_held("n");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+    let status = wait_timeout(&mut child, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0), "the command ran to its end");
+}
+
 #[test]
 fn passwords_never_printed() {
     let env = Env::new();
