@@ -333,16 +333,22 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
 /// # Errors
 /// When the signal cannot be listened for.
 pub fn unless_ignored(kind: SignalKind) -> io::Result<Option<Signal>> {
-    let mut current = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
-    // SAFETY: sigaction with no new action only reads the signal's disposition.
-    let read =
-        unsafe { libc::sigaction(kind.as_raw_value(), std::ptr::null(), current.as_mut_ptr()) };
-    // SAFETY: a successful sigaction filled it in; a zeroed sigaction is valid too.
-    let current = unsafe { current.assume_init() };
-    if read == 0 && current.sa_sigaction == libc::SIG_IGN {
+    if disposition(kind.as_raw_value()) == Some(libc::SIG_IGN) {
         return Ok(None);
     }
     signal(kind).map(Some)
+}
+
+/// `sig`'s current action (`SIG_IGN`, `SIG_DFL` or a handler), or `None` when it cannot
+/// be read. Async-signal-safe (sigaction only), so a child before `execve` may call it.
+fn disposition(sig: c_int) -> Option<libc::sighandler_t> {
+    // SAFETY: sigaction with no new action only reads the disposition into `current`,
+    // and an all-zero sigaction is a valid value of it.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        (libc::sigaction(sig, std::ptr::null(), &raw mut current) == 0)
+            .then_some(current.sa_sigaction)
+    }
 }
 
 /// The next delivery of `signal`; never, for a signal [`unless_ignored`] left ignored.
@@ -362,15 +368,12 @@ pub async fn delivered(signal: &mut Option<Signal>) {
 /// Async-signal-safe (sigaction only): for a child between fork or clone and exec.
 unsafe fn default_handlers(also: c_int) {
     for sig in 1..65 {
-        // SAFETY: sigaction reads or sets one signal's disposition, nothing else.
-        unsafe {
-            let mut current: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &raw mut current) != 0 {
-                continue;
-            }
-            if sig == also
-                || (current.sa_sigaction != libc::SIG_IGN && current.sa_sigaction != libc::SIG_DFL)
-            {
+        let Some(current) = disposition(sig) else {
+            continue;
+        };
+        if sig == also || (current != libc::SIG_IGN && current != libc::SIG_DFL) {
+            // SAFETY: sigaction sets one signal's disposition, nothing else.
+            unsafe {
                 let mut default: libc::sigaction = std::mem::zeroed();
                 default.sa_sigaction = libc::SIG_DFL;
                 libc::sigaction(sig, &raw const default, std::ptr::null_mut());

@@ -15,7 +15,7 @@
 //!   replaced at once). On a terminal the command stays in dlock's process group (job control
 //!   keeps working) and only the command itself is covered.
 //!
-//! SIGINT, SIGTERM and SIGHUP end a wait for the lock (129, 130, 143: nothing was run)
+//! SIGINT, SIGTERM and SIGHUP end a wait for the lock (130, 143, 129: nothing was run)
 //! and, once the command runs, are passed on to it. One that was ignored when dlock
 //! started (`nohup`, a non-interactive shell's `&`) stays ignored, for dlock and for
 //! the command.

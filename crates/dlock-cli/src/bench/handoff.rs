@@ -181,9 +181,7 @@ pub async fn tasks_on_one_lock(
                     }
                 };
                 record(&events, task);
-                if let Err(e) = g.release().await {
-                    skips.step_over(e)?;
-                }
+                skips.release(g).await?;
             }
             Ok::<(), dlock::Error>(())
         });

@@ -57,9 +57,7 @@ pub async fn run(
             while Instant::now() < deadline {
                 match locker.lock_with(&key, &opts).await {
                     Ok(g) => {
-                        if let Err(e) = g.release().await {
-                            skips.step_over(e)?;
-                        }
+                        skips.release(g).await?;
                         n += 1;
                     }
                     Err(e) => skips.step_over(e)?,

@@ -78,6 +78,18 @@ impl Skips {
         Ok(())
     }
 
+    /// Give `guard` back; a release that fails on a retryable error is stepped over
+    /// (the grant stays counted).
+    ///
+    /// # Errors
+    /// As [`Skips::step_over`].
+    pub async fn release(&self, guard: dlock::LockGuard) -> Result<(), dlock::Error> {
+        match guard.release().await {
+            Ok(()) => Ok(()),
+            Err(e) => self.step_over(e),
+        }
+    }
+
     /// What was stepped over so far.
     pub fn tally(&self) -> Skipped {
         self.0
