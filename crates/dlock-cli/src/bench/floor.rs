@@ -30,6 +30,7 @@ use dlock::{LockOptions, Locker};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use zookeeper_client as zk;
 
+use crate::bench::skips::Skips;
 use crate::bench::stats::{Latency, micros};
 use crate::bench::take::{Shape, Take};
 use crate::exit::Failure;
@@ -340,17 +341,19 @@ impl Samples {
 }
 
 impl Samples {
-    /// Run `cycle` `n` times, one at a time, timing each.
+    /// Run `cycle` `n` times, one at a time, timing each that did its work (`true`):
+    /// one stepped over (`false`) is not a sample, but its time counts in the rate.
     async fn time(
         &mut self,
         n: u32,
-        mut cycle: impl AsyncFnMut() -> Result<(), Failure>,
+        mut cycle: impl AsyncFnMut() -> Result<bool, Failure>,
     ) -> Result<(), Failure> {
         let start = Instant::now();
         for _ in 0..n {
             let t = Instant::now();
-            cycle().await?;
-            self.us.push(micros(t.elapsed()));
+            if cycle().await? {
+                self.us.push(micros(t.elapsed()));
+            }
         }
         self.elapsed += start.elapsed();
         Ok(())
@@ -359,23 +362,32 @@ impl Samples {
 
 /// `cycles` uncontended dlock cycles of `take` on `name` and, with a floor, as many
 /// bare cycles of the given shape, alternating in [`ROUNDS`] rounds.
+///
+/// A dlock cycle that fails on a retryable error is stepped over into `skips`
+/// (`skips.rs`): an acquisition that failed is not a sample, a release that failed
+/// is. The floor's bare requests have no such leeway: an error there ends the run.
 pub async fn measure(
     locker: &Locker,
     (name, take): (&str, Take),
     opts: &LockOptions,
     mut floor: Option<(&mut Floor, Shape)>,
-    cycles: u32,
+    (cycles, skips): (u32, &Skips),
 ) -> Result<(Side, Option<Side>), Failure> {
     let has_floor = floor.is_some();
     let (mut ours, mut bare) = (Samples::default(), Samples::default());
     let mut next = 0i64;
-    let mut dlock_cycle = async || take.cycle(locker, name, opts).await;
-    let mut floor_cycle = async || -> Result<(), Failure> {
+    let mut dlock_cycle = async || -> Result<bool, Failure> {
+        Ok(match take.take(locker, name, opts).await {
+            Ok(guard) => skips.release(guard).await.map(|()| true)?,
+            Err(e) => skips.step_over(e).map(|()| false)?,
+        })
+    };
+    let mut floor_cycle = async || -> Result<bool, Failure> {
         if let Some((f, shape)) = floor.as_mut() {
             f.cycle(next, *shape).await?;
             next += 1;
         }
-        Ok(())
+        Ok(true)
     };
     let floor_n = |n: u32| if has_floor { n } else { 0 };
     Samples::default().time(WARM_UP, &mut dlock_cycle).await?;

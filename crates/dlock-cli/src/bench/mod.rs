@@ -52,6 +52,9 @@ struct Uncontended {
     /// Redis: client commands per cycle; etcd: writes (revisions) per cycle; counted by
     /// the server over a separate run of [`counted_cycles`] cycles.
     requests_per_cycle: Option<f64>,
+    /// Cycles stepped over on a retryable error (`skips.rs`), in this run, the limit's
+    /// and Redlock's single-node run together.
+    skipped: Skipped,
 }
 
 /// The least a fenced lock does in dlock's layout, against dlock in the same run.
@@ -208,13 +211,14 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
     let mut uncontended = None;
     let mut single_node = None;
     if runs(Scenario::Uncontended) {
+        let skips = Skips::default();
         let mut floor = crate::bench::floor::Floor::connect(&url).await?;
         let (ours, bare) = crate::bench::floor::measure(
             &locker,
             (&name, take),
             &opts,
             floor.as_mut().map(|f| (f, take.shape())),
-            args.cycles,
+            (args.cycles, &skips),
         )
         .await?;
         let mut requests_per_cycle = None;
@@ -226,7 +230,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
                     (&name, take),
                     &opts,
                     Some((&mut f, Shape::Fenced)),
-                    args.cycles,
+                    (args.cycles, &skips),
                 )
                 .await?;
                 limit = side.map(|l| Limit {
@@ -248,7 +252,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
                 (&format!("{name}:single"), take),
                 &opts,
                 None,
-                args.cycles,
+                (args.cycles, &skips),
             )
             .await?;
             single_node = Some(SingleNode {
@@ -267,6 +271,7 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
             ratio_to_floor: bare.map(|f| ours.per_sec / f.per_sec),
             limit,
             requests_per_cycle,
+            skipped: skips.tally(),
         });
     }
     let contended = if runs(Scenario::Contended) {
@@ -371,7 +376,7 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             floor_ops_per_sec: u.floor_cycles_per_sec,
             ratio: u.ratio_to_floor,
             latency: u.latency.percentiles(),
-            skipped: 0,
+            skipped: u.skipped.count,
         });
     }
     if let Some(p) = &r.parallel {
@@ -466,10 +471,11 @@ fn print_handoff(label: &str, h: &crate::bench::handoff::HandoffRun) {
 
 fn print_uncontended(u: &Uncontended, single: Option<&SingleNode>) {
     outln!(
-        "uncontended, 1 task: {:.0} cycles/s (acquire+release), p50 {}, p99 {}",
+        "uncontended, 1 task: {:.0} cycles/s (acquire+release), p50 {}, p99 {}{}",
         u.cycles_per_sec,
         show_us(u.latency.p50_us),
-        show_us(u.latency.p99_us)
+        show_us(u.latency.p99_us),
+        u.skipped.suffix()
     );
     if let (Some(f), Some(fl), Some(ratio)) =
         (u.floor_cycles_per_sec, u.floor_latency, u.ratio_to_floor)

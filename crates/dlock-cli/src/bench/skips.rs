@@ -9,8 +9,9 @@
 //! failed stays taken until its lease ends: the waits behind it are measured as they
 //! are). A wait that timed out ([`Timeout`](dlock::Error::Timeout): a stuck hand-off)
 //! and any error that trying again cannot mend still end the run, and so does one
-//! more than [`MAX_SKIPPED`] in one loop (one [`Skips`] tally: a contended worker
-//! process, a scaling level, a hand-off or parallel run).
+//! more than [`MAX_SKIPPED`] in one loop (one [`Skips`] tally: the uncontended run
+//! with its limit and single-node runs, a contended worker process, a scaling level, a
+//! hand-off or parallel run). The floors' bare requests are not stepped over.
 
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -79,12 +79,12 @@ pub fn section(dlock: &Path, matrix: &Matrix) -> String {
                 rows,
                 "| {} | {primitive} | {} | {} | {} | {spread} | {} | {} | {} | {} |",
                 t.label,
-                num(&u["ops_per_sec"]),
+                ops_cell(u),
                 num(&u["floor_ops_per_sec"]),
                 num(&u["ratio"]),
                 num(&u["p50_us"]),
                 num(&u["p99_us"]),
-                contended_cell(c),
+                ops_cell(c),
                 num(&c["p50_us"]),
             );
         }
@@ -112,9 +112,9 @@ pub fn section(dlock: &Path, matrix: &Matrix) -> String {
     )
 }
 
-/// The contended run's acquisitions per second, and the cycles it stepped over on an
-/// error, if any.
-fn contended_cell(c: &Value) -> String {
+/// A scenario's operations per second (cycles, acquisitions), and the cycles its run
+/// stepped over on an error, if any.
+fn ops_cell(c: &Value) -> String {
     match c["skipped"].as_u64() {
         Some(n @ 1..) => format!("{} ({n} stepped over)", num(&c["ops_per_sec"])),
         _ => num(&c["ops_per_sec"]),
