@@ -261,11 +261,11 @@ impl Floor {
         locker: &Locker,
         (name, take): (&str, Take),
         opts: &LockOptions,
-        cycles: u32,
+        (cycles, skips): (u32, &Skips),
     ) -> Result<Option<f64>, Failure> {
         let work = async || -> Result<(), Failure> {
             for _ in 0..cycles {
-                take.cycle(locker, name, opts).await?;
+                take.cycle(locker, name, opts, skips).await?;
             }
             Ok(())
         };
@@ -376,12 +376,7 @@ pub async fn measure(
     let has_floor = floor.is_some();
     let (mut ours, mut bare) = (Samples::default(), Samples::default());
     let mut next = 0i64;
-    let mut dlock_cycle = async || -> Result<bool, Failure> {
-        Ok(match take.take(locker, name, opts).await {
-            Ok(guard) => skips.release(guard).await.map(|()| true)?,
-            Err(e) => skips.step_over(e).map(|()| false)?,
-        })
-    };
+    let mut dlock_cycle = async || take.cycle(locker, name, opts, skips).await;
     let mut floor_cycle = async || -> Result<bool, Failure> {
         if let Some((f, shape)) = floor.as_mut() {
             f.cycle(next, *shape).await?;

@@ -52,8 +52,8 @@ struct Uncontended {
     /// Redis: client commands per cycle; etcd: writes (revisions) per cycle; counted by
     /// the server over a separate run of [`counted_cycles`] cycles.
     requests_per_cycle: Option<f64>,
-    /// Cycles stepped over on a retryable error (`skips.rs`), in this run, the limit's
-    /// and Redlock's single-node run together.
+    /// Cycles stepped over on a retryable error (`skips.rs`), in this run, the limit's,
+    /// the counted one and Redlock's single-node run together.
     skipped: Skipped,
 }
 
@@ -241,7 +241,12 @@ pub async fn bench(args: BenchArgs) -> Result<i32, Failure> {
                 });
             }
             requests_per_cycle = f
-                .requests_per_cycle(&locker, (&name, take), &opts, counted_cycles(args.cycles))
+                .requests_per_cycle(
+                    &locker,
+                    (&name, take),
+                    &opts,
+                    (counted_cycles(args.cycles), &skips),
+                )
                 .await?;
             f.close().await;
         }

@@ -4,6 +4,7 @@
 use dlock::{LockGuard, LockOptions, Locker};
 
 use crate::args::BenchPrimitive;
+use crate::bench::skips::Skips;
 use crate::exit::Failure;
 
 /// The primitive a cycle takes and, for a semaphore, its permits.
@@ -50,15 +51,23 @@ impl Take {
         })
     }
 
-    /// One cycle: take it, give it back.
+    /// One cycle: take it, give it back. `false` when its acquisition failed on an
+    /// error stepped over into `skips` (a release that failed so is still a cycle).
+    /// The benchmarks generator's callgrind count toggles on this function by name.
+    ///
+    /// # Errors
+    /// What [`Skips::step_over`] does not step over.
     pub async fn cycle(
         self,
         locker: &Locker,
         name: &str,
         opts: &LockOptions,
-    ) -> Result<(), Failure> {
-        self.take(locker, name, opts).await?.release().await?;
-        Ok(())
+        skips: &Skips,
+    ) -> Result<bool, Failure> {
+        Ok(match self.take(locker, name, opts).await {
+            Ok(guard) => skips.release(guard).await.map(|()| true)?,
+            Err(e) => skips.step_over(e).map(|()| false)?,
+        })
     }
 
     /// The floor's shape for this primitive: a lock's and leadership's floor is the
