@@ -272,6 +272,63 @@ async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
     freed.release().await.expect("release");
 }
 
+/// A lock lost locally while the server may still keep its session (the orphan gap of
+/// the ZooKeeper module docs): requests still reach the server, its replies do not, so
+/// the client gives the session up while the server has no reason to. With
+/// `replies_return`, the replies come back the moment `lost()` fires (the client may
+/// reconnect to the session it gave up); without, they never do. Either way the node
+/// must not outlive the loss by more than about one session timeout: another client
+/// gets the lock within 2 s + 2 × the 2 s session timeout of `lost()`, with slack for
+/// a loaded machine, while the cut-off `Locker` stays alive.
+async fn a_lock_lost_locally_is_freed_within_a_session_timeout(replies_return: bool) {
+    let _alone = ALONE.read().await;
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    let proxy = FaultProxy::start(zk.addr()).await.expect("proxy");
+    let cut = Locker::connect(&format!("zk://{}/locks?session_timeout=2s", proxy.addr()))
+        .await
+        .expect("connect through proxy");
+    let other = Locker::connect(&format!("{}/locks", zk.url()))
+        .await
+        .expect("connect");
+    let g = cut.lock("orphan").await.expect("lock");
+    proxy.set(Fault::DropReplies);
+    tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost() never fired");
+    let lost_at = Instant::now();
+    if replies_return {
+        proxy.set(Fault::None);
+    }
+    let freed = other
+        .lock_timeout("orphan", Duration::from_secs(20))
+        .await
+        .expect("the node outlived the local loss by far more than a session timeout");
+    let after = lost_at.elapsed();
+    eprintln!(
+        "figure: ZooKeeper session 2 s, replies dropped (return after the loss: {replies_return}): lock free for others {after:?} after lost()"
+    );
+    assert!(
+        after < Duration::from_secs(6) + T,
+        "the node outlived the loss by {after:?}"
+    );
+    assert!(!g.is_held(), "the lost guard still says held");
+    freed.release().await.expect("release");
+    drop(g);
+    drop(cut);
+}
+
+#[tokio::test]
+async fn a_lock_lost_while_replies_vanish_is_freed_within_a_session_timeout() {
+    a_lock_lost_locally_is_freed_within_a_session_timeout(false).await;
+}
+
+#[tokio::test]
+async fn a_lock_lost_and_reconnected_is_freed_within_a_session_timeout() {
+    a_lock_lost_locally_is_freed_within_a_session_timeout(true).await;
+}
+
 /// A waiter is cancelled while its connection is cut: its delete is swallowed, then
 /// the connection resets (ConnectionLoss). The session outlives the outage, so the
 /// node would queue every other contender until the process ends; it is deleted
