@@ -28,7 +28,8 @@ pub use restart::{Restartable, SharedServer, lock_server};
 pub use scenarios::{SCENARIOS, Scenario, run_check};
 pub use server::{
     PortHolder, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess,
-    find_binary, free_port, redis_command, redis_ping, servers_required, skip,
+    find_binary, free_port, redis_command, redis_ping, servers_die_with_this_thread,
+    servers_required, skip,
 };
 pub use sql::{MariaDbServer, PG_PASSWORD, PgServer};
 pub use sysv_shm::segments_created_by;

@@ -55,6 +55,19 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// Set by [`servers_die_with_this_thread`].
+static DIE_WITH_STARTER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, every server this process starts is SIGKILLed by the kernel when the
+/// thread that started it ends (`PR_SET_PDEATHSIG`), as well as on Drop: a program
+/// killed by a signal, which runs no Drop, leaves no server behind. Only for a program
+/// that starts every server from one thread that lives as long as it does, such as the
+/// benchmarks generator's main thread; tests start servers from threads that end
+/// before the servers are done with.
+pub fn servers_die_with_this_thread() {
+    DIE_WITH_STARTER.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// A child server process with its temp dir; SIGKILLed and reaped on Drop.
 #[derive(Debug)]
 pub struct ServerProcess {
@@ -71,6 +84,24 @@ impl ServerProcess {
         let out = std::fs::File::create(log)?;
         let err = out.try_clone()?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        if DIE_WITH_STARTER.load(std::sync::atomic::Ordering::SeqCst) {
+            let starter = std::process::id();
+            // SAFETY: between fork and exec the closure only calls async-signal-safe
+            // functions (prctl, getppid) and allocates nothing.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // The starter died before the signal was armed: nobody would kill
+                    // this server.
+                    if u32::try_from(libc::getppid()).ok() != Some(starter) {
+                        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                    }
+                    Ok(())
+                });
+            }
+        }
         Ok(ServerProcess {
             child: Some(cmd.spawn()?),
             name: name.to_owned(),

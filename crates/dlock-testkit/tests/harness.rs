@@ -1,5 +1,6 @@
 //! The testkit proves its own pattern: a real redis-server from PATH, reached directly
-//! and through every fault of the proxy, paused, killed and restarted.
+//! and through every fault of the proxy, paused, killed and restarted, and gone with
+//! a starter killed by a signal when asked to be.
 
 use std::time::{Duration, Instant};
 
@@ -192,4 +193,71 @@ fn sentinels_watch_a_master_and_its_replica() {
     let master = setup.servers()[0].addr();
     assert_eq!(setup.master_addr(), Some(master));
     assert!(setup.url().starts_with("redis+sentinel://127.0.0.1:"));
+}
+
+/// With `servers_die_with_this_thread`, a program killed by a signal (which runs no
+/// Drop) leaves no server behind. The test runs itself again as that program: a child
+/// process that starts a Redis server, prints its pid and waits; the child is
+/// SIGKILLed, and the server must be gone (or a zombie nobody reaped) soon after.
+#[test]
+fn a_starter_killed_by_a_signal_leaves_no_server_when_asked() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+
+    const CHILD: &str = "DLOCK_TESTKIT_STARTER_CHILD";
+    const NAME: &str = "a_starter_killed_by_a_signal_leaves_no_server_when_asked";
+    if std::env::var_os(CHILD).is_some() {
+        dlock_testkit::servers_die_with_this_thread();
+        let Some(mut redis) = RedisServer::start() else {
+            return;
+        };
+        println!("server pid {}", redis.process().pid());
+        let _ = std::io::stdout().flush();
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    if dlock_testkit::find_binary("redis-server").is_none() {
+        assert!(
+            !dlock_testkit::servers_required(),
+            "DLOCK_REQUIRE_SERVERS=1 but redis-server not found on PATH"
+        );
+        return;
+    }
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut child = Command::new(exe)
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run the starter");
+    let out = child.stdout.take().expect("stdout");
+    let pid = BufReader::new(out)
+        .lines()
+        .map_while(Result::ok)
+        // libtest's "test NAME ... " precedes it on the same line.
+        .find_map(|l| l.split_once("server pid ")?.1.trim().parse::<i32>().ok())
+        .expect("the starter printed its server's pid");
+    assert!(alive(pid), "the server is not running before the kill");
+    child.kill().expect("SIGKILL the starter");
+    child.wait().expect("reap the starter");
+    let end = Instant::now() + Duration::from_secs(10);
+    while alive(pid) {
+        assert!(
+            Instant::now() < end,
+            "the server {pid} outlived its killed starter by 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
 }

@@ -8,14 +8,19 @@ fn digits(b: u8) -> [u8; 2] {
     [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0x0f)]]
 }
 
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 /// `bytes` as lower-case hex, two digits per byte.
 pub(crate) fn encode(bytes: &[u8]) -> String {
     let mut out = Vec::with_capacity(bytes.len() * 2);
     for b in bytes {
         out.extend_from_slice(&digits(*b));
     }
-    // Hex digits are ASCII: this never falls back.
-    String::from_utf8(out).unwrap_or_default()
+    // Hex digits are ASCII: the check passes, and never falls back to a shared value
+    // (two names' keys must not become one).
+    match String::from_utf8(out) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
 }
 
 /// 16 bytes as 32 lower-case hex digits (ASCII), without allocating.

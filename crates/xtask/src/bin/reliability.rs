@@ -21,6 +21,9 @@ fn main() {
         std::process::exit(2);
     };
     let dlock = PathBuf::from(dlock);
+    // Every server is started from this thread: killed by a signal, the generator
+    // leaves none running.
+    dlock_testkit::servers_die_with_this_thread();
     let Some(matrix) = Matrix::start() else {
         eprintln!("a server is missing (scripts/install-servers)");
         std::process::exit(1);

@@ -248,6 +248,9 @@ fn main() {
         std::process::exit(2);
     };
     let (dlock, peers) = (PathBuf::from(dlock), PathBuf::from(peers));
+    // Every server is started from this thread: killed by a signal, the generator
+    // leaves none running.
+    dlock_testkit::servers_die_with_this_thread();
     if args.get(4).map(String::as_str) == Some("--only-scaling") {
         let section = scaling::section(&dlock, &scaling::plot_path(out));
         if let Err(e) =
