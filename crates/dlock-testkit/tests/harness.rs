@@ -223,15 +223,26 @@ fn a_starter_killed_by_a_signal_leaves_no_server_when_asked() {
         );
         return;
     }
+    // The starter's server leaves its temp dir behind (no Drop runs): in one of ours.
+    let tmp = tempfile::tempdir().expect("temp dir");
     let exe = std::env::current_exe().expect("this test binary");
-    let mut child = Command::new(exe)
+    let child = Command::new(exe)
         .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
+        .env("TMPDIR", tmp.path())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
         .spawn()
         .expect("run the starter");
-    let out = child.stdout.take().expect("stdout");
+    // Killed however this test ends, so a failed assertion leaves no starter behind.
+    struct Starter(std::process::Child);
+    impl Drop for Starter {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Starter(child);
+    let out = child.0.stdout.take().expect("stdout");
     let pid = BufReader::new(out)
         .lines()
         .map_while(Result::ok)
@@ -239,8 +250,8 @@ fn a_starter_killed_by_a_signal_leaves_no_server_when_asked() {
         .find_map(|l| l.split_once("server pid ")?.1.trim().parse::<i32>().ok())
         .expect("the starter printed its server's pid");
     assert!(alive(pid), "the server is not running before the kill");
-    child.kill().expect("SIGKILL the starter");
-    child.wait().expect("reap the starter");
+    child.0.kill().expect("SIGKILL the starter");
+    child.0.wait().expect("reap the starter");
     let end = Instant::now() + Duration::from_secs(10);
     while alive(pid) {
         assert!(

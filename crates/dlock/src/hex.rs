@@ -15,12 +15,8 @@ pub(crate) fn encode(bytes: &[u8]) -> String {
     for b in bytes {
         out.extend_from_slice(&digits(*b));
     }
-    // Hex digits are ASCII: the check passes, and never falls back to a shared value
-    // (two names' keys must not become one).
-    match String::from_utf8(out) {
-        Ok(text) => text,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    }
+    // Never a shared fallback: two names' keys must not become one.
+    ascii(&out).into_owned()
 }
 
 /// 16 bytes as 32 lower-case hex digits (ASCII), without allocating.

@@ -278,8 +278,8 @@ async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
 /// `replies_return`, the replies come back the moment `lost()` fires (the client may
 /// reconnect to the session it gave up); without, they never do. Either way the node
 /// must not outlive the loss by more than about one session timeout: another client
-/// gets the lock within 2 s + 2 × the 2 s session timeout of `lost()`, with slack for
-/// a loaded machine, while the cut-off `Locker` stays alive.
+/// gets the lock within 6 s of `lost()` (the 2 s session timeout twice, and 2 s of
+/// slack for a loaded machine), while the cut-off `Locker` stays alive.
 async fn a_lock_lost_locally_is_freed_within_a_session_timeout(replies_return: bool) {
     let _alone = ALONE.read().await;
     let Some(zk) = ZkServer::start() else {
@@ -310,7 +310,7 @@ async fn a_lock_lost_locally_is_freed_within_a_session_timeout(replies_return: b
         "figure: ZooKeeper session 2 s, replies dropped (return after the loss: {replies_return}): lock free for others {after:?} after lost()"
     );
     assert!(
-        after < Duration::from_secs(6) + T,
+        after < Duration::from_secs(6),
         "the node outlived the loss by {after:?}"
     );
     assert!(!g.is_held(), "the lost guard still says held");

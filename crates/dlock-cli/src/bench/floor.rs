@@ -32,7 +32,7 @@ use zookeeper_client as zk;
 
 use crate::bench::skips::Skips;
 use crate::bench::stats::{Latency, micros};
-use crate::bench::take::{Shape, Take};
+use crate::bench::take::{Cycled, Shape, Take};
 use crate::exit::Failure;
 
 /// Rounds the measurement alternates dlock and the floor in.
@@ -255,7 +255,9 @@ impl Floor {
 
     /// What `cycles` uncontended dlock cycles cost the server, counted by the server,
     /// per cycle: on Redis the commands clients sent (MONITOR; the calls scripts make
-    /// left out), on etcd the writes (revisions). `None` on the other backends.
+    /// left out), on etcd the writes (revisions). `None` on the other backends, and
+    /// when a cycle was stepped over on an error (the count would mix in its requests):
+    /// the run stops counting there.
     pub async fn requests_per_cycle(
         &mut self,
         locker: &Locker,
@@ -263,24 +265,27 @@ impl Floor {
         opts: &LockOptions,
         (cycles, skips): (u32, &Skips),
     ) -> Result<Option<f64>, Failure> {
-        let work = async || -> Result<(), Failure> {
+        // Whether every cycle was clean.
+        let work = async || -> Result<bool, Failure> {
             for _ in 0..cycles {
-                take.cycle(locker, name, opts, skips).await?;
+                if take.cycle(locker, name, opts, skips).await? != Cycled::Done {
+                    return Ok(false);
+                }
             }
-            Ok(())
+            Ok(true)
         };
         let n = f64::from(cycles.max(1));
         match self {
             Floor::Redis { url, .. } => {
-                let ((), sent) =
+                let (clean, sent) =
                     crate::bench::raw_redis::client_commands_during(url, work()).await?;
-                Ok(Some(sent as f64 / n))
+                Ok(clean.then(|| sent as f64 / n))
             }
             Floor::Etcd { client, key, .. } => {
                 let before = etcd_revision(client, key).await?;
-                work().await?;
+                let clean = work().await?;
                 let after = etcd_revision(client, key).await?;
-                Ok(Some(after.saturating_sub(before) as f64 / n))
+                Ok(clean.then(|| after.saturating_sub(before) as f64 / n))
             }
             _ => Ok(None),
         }
@@ -365,7 +370,10 @@ impl Samples {
 ///
 /// A dlock cycle that fails on a retryable error is stepped over into `skips`
 /// (`skips.rs`): an acquisition that failed is not a sample, a release that failed
-/// is. The floor's bare requests have no such leeway: an error there ends the run.
+/// is, and the cycles after it take `name:1` (`:2`, …) instead, rather than wait for
+/// the lease the failed release left behind. The floor's bare requests have no such
+/// leeway: an error there ends the run, and so does a run whose every dlock cycle was
+/// stepped over.
 pub async fn measure(
     locker: &Locker,
     (name, take): (&str, Take),
@@ -376,7 +384,18 @@ pub async fn measure(
     let has_floor = floor.is_some();
     let (mut ours, mut bare) = (Samples::default(), Samples::default());
     let mut next = 0i64;
-    let mut dlock_cycle = async || take.cycle(locker, name, opts, skips).await;
+    let (mut current, mut renamed) = (name.to_owned(), 0u32);
+    let mut dlock_cycle = async || -> Result<bool, Failure> {
+        Ok(match take.cycle(locker, &current, opts, skips).await? {
+            Cycled::Done => true,
+            Cycled::NotTaken => false,
+            Cycled::StillHeld => {
+                renamed += 1;
+                current = format!("{name}:{renamed}");
+                true
+            }
+        })
+    };
     let mut floor_cycle = async || -> Result<bool, Failure> {
         if let Some((f, shape)) = floor.as_mut() {
             f.cycle(next, *shape).await?;
@@ -393,6 +412,19 @@ pub async fn measure(
         let n = cycles / ROUNDS + u32::from(round < cycles % ROUNDS);
         ours.time(n, &mut dlock_cycle).await?;
         bare.time(floor_n(n), &mut floor_cycle).await?;
+    }
+    if ours.us.is_empty() && cycles > 0 {
+        return Err(Failure::new(
+            crate::exit::UNAVAILABLE,
+            format!(
+                "every measured cycle was stepped over on an error{}",
+                skips
+                    .tally()
+                    .first
+                    .map(|e| format!(" (the first: {e})"))
+                    .unwrap_or_default()
+            ),
+        ));
     }
     Ok((ours.side(), has_floor.then(|| bare.side())))
 }

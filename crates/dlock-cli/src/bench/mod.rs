@@ -448,7 +448,9 @@ fn scenario_rows(r: &Report) -> Vec<ScenarioRow> {
             floor_ops_per_sec: Some(s.cycles_per_sec),
             ratio: Some(s.redlock_ratio),
             latency: u.latency.percentiles(),
-            skipped: 0,
+            // The uncontended run's tally, which the single-node run shares (so the
+            // same cycles as the `uncontended-1-task` row's, not more).
+            skipped: u.skipped.count,
         });
     }
     rows

@@ -10,8 +10,10 @@
 //! are). A wait that timed out ([`Timeout`](dlock::Error::Timeout): a stuck hand-off)
 //! and any error that trying again cannot mend still end the run, and so does one
 //! more than [`MAX_SKIPPED`] in one loop (one [`Skips`] tally: the uncontended run
-//! with its limit and single-node runs, a contended worker process, a scaling level, a
-//! hand-off or parallel run). The floors' bare requests are not stepped over.
+//! with its limit, counted and single-node runs, a contended worker process, a scaling
+//! level, a hand-off or parallel run). The floors' bare requests are not stepped over.
+//! The uncontended loop, the lock's only taker, goes on on a fresh name after a
+//! release that failed (`floor::measure`) rather than wait for the lease to end.
 
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -14,6 +14,19 @@ pub struct Take {
     pub permits: u32,
 }
 
+/// How a [`Take::cycle`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cycled {
+    /// Taken and given back.
+    Done,
+    /// Not taken: the acquisition failed on an error stepped over (no sample).
+    NotTaken,
+    /// Taken, but its release failed on an error stepped over: a cycle all the same,
+    /// and the name stays taken until the lease ends (a loop that takes it again waits
+    /// that long).
+    StillHeld,
+}
+
 /// The shape of a floor's bare cycle: one holder at most (a lock, leadership), or a
 /// grant counted against a limit (a permit, a read, a write).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,9 +64,9 @@ impl Take {
         })
     }
 
-    /// One cycle: take it, give it back. `false` when its acquisition failed on an
-    /// error stepped over into `skips` (a release that failed so is still a cycle).
-    /// The benchmarks generator's callgrind count toggles on this function by name.
+    /// One cycle: take it, give it back; an error trying again may mend is stepped
+    /// over into `skips` and said in the answer. The benchmarks generator's callgrind
+    /// count toggles on this function by name.
     ///
     /// # Errors
     /// What [`Skips::step_over`] does not step over.
@@ -63,11 +76,20 @@ impl Take {
         name: &str,
         opts: &LockOptions,
         skips: &Skips,
-    ) -> Result<bool, Failure> {
-        Ok(match self.take(locker, name, opts).await {
-            Ok(guard) => skips.release(guard).await.map(|()| true)?,
-            Err(e) => skips.step_over(e).map(|()| false)?,
-        })
+    ) -> Result<Cycled, Failure> {
+        match self.take(locker, name, opts).await {
+            Ok(guard) => match guard.release().await {
+                Ok(()) => Ok(Cycled::Done),
+                Err(e) => {
+                    skips.step_over(e)?;
+                    Ok(Cycled::StillHeld)
+                }
+            },
+            Err(e) => {
+                skips.step_over(e)?;
+                Ok(Cycled::NotTaken)
+            }
+        }
     }
 
     /// The floor's shape for this primitive: a lock's and leadership's floor is the

@@ -85,10 +85,11 @@
 //! a disconnection makes every lock *suspect* (logged); if the session is not back
 //! before `session_timeout` minus the drift margin — before the server can expire it —
 //! or the server reports it expired, `lost()` fires and the next acquisition opens a new
-//! session. A lock's own TTL is kept by the live holder. A lost lock's node does not
-//! outlive the loss by much more than one session timeout, even when the server kept
-//! hearing from the client (its replies lost, or the connection back after the loss;
-//! tested in `tests/zookeeper_features.rs`, `a_lock_lost_…_within_a_session_timeout`).
+//! session. A lock's own TTL is kept by the live holder. A lost lock's node outlives
+//! the loss by about one session timeout, even when the server kept hearing from the
+//! client (its replies lost, or the connection back after the loss; the tests
+//! `a_lock_lost_…_within_a_session_timeout` in `tests/zookeeper_features.rs` allow two,
+//! with slack).
 //!
 //! Any client may create children under a lock's node: names that are not contenders
 //! are ignored. A node whose session this process gave up on is still deleted on

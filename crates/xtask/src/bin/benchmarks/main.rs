@@ -977,9 +977,10 @@ fn main() {
          does is, and the run goes on (a lock whose release failed stays taken until its \
          lease ends, and the waits behind it are measured as they are); a scenario that \
          stepped over any says how many here and in the primitives and scaling sections, \
-         with the first error in the generator's log. Each loop steps over at most 100 (a \
-         uncontended run with its limit and single-node runs, a contended worker process, \
-         a scaling level, a hand-off or parallel run); any \
+         with the first error in the generator's log. Each loop steps over at most 100 (\
+         the uncontended run with its limit, counted and single-node runs, a contended \
+         worker process, a scaling level, a hand-off or parallel run; after a release \
+         that failed, the uncontended loop goes on on a fresh name); any \
          other error ends the run.\n\n\
          | backend | scenario | ops/s | floor ops/s | ratio | p50 µs | p99 µs | p99.9 µs |\n\
          |---|---|---|---|---|---|---|---|\n{table}\n\
