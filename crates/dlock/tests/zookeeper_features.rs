@@ -229,15 +229,10 @@ async fn a_thousand_waiters_leave_the_server_as_they_found_it() {
     }
 }
 
-/// The client cut off from ZooKeeper (blackhole): its locks become suspect, then
-/// `lost()` fires before the server can expire the session; another client gets the
-/// lock once the session has expired.
-#[tokio::test]
-async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
-    let _alone = ALONE.read().await;
-    let Some(zk) = ZkServer::start() else {
-        return;
-    };
+/// A ZooKeeper server, a fault proxy in front of it, a `Locker` through the proxy
+/// (`session_timeout=2s`) and one straight to the server; `None` without ZooKeeper.
+async fn cut_off_and_direct() -> Option<(ZkServer, FaultProxy, Locker, Locker)> {
+    let zk = ZkServer::start()?;
     let proxy = FaultProxy::start(zk.addr()).await.expect("proxy");
     let cut = Locker::connect(&format!("zk://{}/locks?session_timeout=2s", proxy.addr()))
         .await
@@ -245,6 +240,18 @@ async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
     let other = Locker::connect(&format!("{}/locks", zk.url()))
         .await
         .expect("connect");
+    Some((zk, proxy, cut, other))
+}
+
+/// The client cut off from ZooKeeper (blackhole): its locks become suspect, then
+/// `lost()` fires before the server can expire the session; another client gets the
+/// lock once the session has expired.
+#[tokio::test]
+async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
+    let _alone = ALONE.read().await;
+    let Some((_zk, proxy, cut, other)) = cut_off_and_direct().await else {
+        return;
+    };
     let g = cut.lock("cutoff").await.expect("lock");
     assert!(!g.is_suspect());
     let cut_at = Instant::now();
@@ -282,16 +289,9 @@ async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
 /// slack for a loaded machine), while the cut-off `Locker` stays alive.
 async fn a_lock_lost_locally_is_freed_within_a_session_timeout(replies_return: bool) {
     let _alone = ALONE.read().await;
-    let Some(zk) = ZkServer::start() else {
+    let Some((_zk, proxy, cut, other)) = cut_off_and_direct().await else {
         return;
     };
-    let proxy = FaultProxy::start(zk.addr()).await.expect("proxy");
-    let cut = Locker::connect(&format!("zk://{}/locks?session_timeout=2s", proxy.addr()))
-        .await
-        .expect("connect through proxy");
-    let other = Locker::connect(&format!("{}/locks", zk.url()))
-        .await
-        .expect("connect");
     let g = cut.lock("orphan").await.expect("lock");
     proxy.set(Fault::DropReplies);
     tokio::time::timeout(Duration::from_secs(10), g.lost())
