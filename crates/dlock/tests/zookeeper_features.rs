@@ -230,13 +230,17 @@ async fn a_thousand_waiters_leave_the_server_as_they_found_it() {
 }
 
 /// A ZooKeeper server, a fault proxy in front of it, a `Locker` through the proxy
-/// (`session_timeout=2s`) and one straight to the server; `None` without ZooKeeper.
-async fn cut_off_and_direct() -> Option<(ZkServer, FaultProxy, Locker, Locker)> {
+/// (with `session_timeout=session`) and one straight to the server; `None` without
+/// ZooKeeper.
+async fn cut_off_and_direct(session: &str) -> Option<(ZkServer, FaultProxy, Locker, Locker)> {
     let zk = ZkServer::start()?;
     let proxy = FaultProxy::start(zk.addr()).await.expect("proxy");
-    let cut = Locker::connect(&format!("zk://{}/locks?session_timeout=2s", proxy.addr()))
-        .await
-        .expect("connect through proxy");
+    let cut = Locker::connect(&format!(
+        "zk://{}/locks?session_timeout={session}",
+        proxy.addr()
+    ))
+    .await
+    .expect("connect through proxy");
     let other = Locker::connect(&format!("{}/locks", zk.url()))
         .await
         .expect("connect");
@@ -249,7 +253,7 @@ async fn cut_off_and_direct() -> Option<(ZkServer, FaultProxy, Locker, Locker)> 
 #[tokio::test]
 async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
     let _alone = ALONE.read().await;
-    let Some((_zk, proxy, cut, other)) = cut_off_and_direct().await else {
+    let Some((_zk, proxy, cut, other)) = cut_off_and_direct("2s").await else {
         return;
     };
     let g = cut.lock("cutoff").await.expect("lock");
@@ -289,7 +293,7 @@ async fn a_cut_off_session_fires_lost_before_the_server_frees_the_lock() {
 /// slack for a loaded machine), while the cut-off `Locker` stays alive.
 async fn a_lock_lost_locally_is_freed_within_a_session_timeout(replies_return: bool) {
     let _alone = ALONE.read().await;
-    let Some((_zk, proxy, cut, other)) = cut_off_and_direct().await else {
+    let Some((_zk, proxy, cut, other)) = cut_off_and_direct("2s").await else {
         return;
     };
     let g = cut.lock("orphan").await.expect("lock");
@@ -336,16 +340,9 @@ async fn a_lock_lost_and_reconnected_is_freed_within_a_session_timeout() {
 #[tokio::test]
 async fn a_waiter_leaving_during_an_outage_leaves_no_node_behind() {
     let _alone = ALONE.read().await;
-    let Some(zk) = ZkServer::start() else {
+    let Some((_zk, proxy, cut, other)) = cut_off_and_direct("25s").await else {
         return;
     };
-    let proxy = FaultProxy::start(zk.addr()).await.expect("proxy");
-    let cut = Locker::connect(&format!("zk://{}/locks?session_timeout=25s", proxy.addr()))
-        .await
-        .expect("connect through proxy");
-    let other = Locker::connect(&format!("{}/locks", zk.url()))
-        .await
-        .expect("connect");
     // Cancelled while nothing gets through: the delete is swallowed, then the reset.
     dlock::conformance::waiter_cancelled_in_an_outage(
         &cut,

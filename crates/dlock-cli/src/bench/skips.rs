@@ -81,15 +81,16 @@ impl Skips {
         Ok(())
     }
 
-    /// Give `guard` back; a release that fails on a retryable error is stepped over
-    /// (the grant stays counted).
+    /// Give `guard` back: `true` when it was, `false` when the release failed on a
+    /// retryable error, stepped over (the grant stays counted; the lock stays taken
+    /// until its lease ends).
     ///
     /// # Errors
     /// As [`Skips::step_over`].
-    pub async fn release(&self, guard: dlock::LockGuard) -> Result<(), dlock::Error> {
+    pub async fn release(&self, guard: dlock::LockGuard) -> Result<bool, dlock::Error> {
         match guard.release().await {
-            Ok(()) => Ok(()),
-            Err(e) => self.step_over(e),
+            Ok(()) => Ok(true),
+            Err(e) => self.step_over(e).map(|()| false),
         }
     }
 

@@ -77,19 +77,19 @@ impl Take {
         opts: &LockOptions,
         skips: &Skips,
     ) -> Result<Cycled, Failure> {
-        match self.take(locker, name, opts).await {
-            Ok(guard) => match guard.release().await {
-                Ok(()) => Ok(Cycled::Done),
-                Err(e) => {
-                    skips.step_over(e)?;
-                    Ok(Cycled::StillHeld)
+        Ok(match self.take(locker, name, opts).await {
+            Ok(guard) => {
+                if skips.release(guard).await? {
+                    Cycled::Done
+                } else {
+                    Cycled::StillHeld
                 }
-            },
+            }
             Err(e) => {
                 skips.step_over(e)?;
-                Ok(Cycled::NotTaken)
+                Cycled::NotTaken
             }
-        }
+        })
     }
 
     /// The floor's shape for this primitive: a lock's and leadership's floor is the

@@ -202,10 +202,19 @@ fn row<'a>(report: &'a Value, scenario: &str) -> Option<&'a Value> {
 
 /// A scenario's name, and how many cycles its run stepped over on an error, if any.
 fn scenario_cell(s: &Value) -> String {
-    let name = s["scenario"].as_str().unwrap_or("?");
+    format!(
+        "{}{}",
+        s["scenario"].as_str().unwrap_or("?"),
+        stepped_over(s)
+    )
+}
+
+/// `" (N stepped over)"` when a scenario row's run stepped over N > 0 cycles on an
+/// error, else nothing.
+fn stepped_over(s: &Value) -> String {
     match s["skipped"].as_u64() {
-        Some(n @ 1..) => format!("{name} ({n} stepped over)"),
-        _ => name.to_owned(),
+        Some(n @ 1..) => format!(" ({n} stepped over)"),
+        _ => String::new(),
     }
 }
 

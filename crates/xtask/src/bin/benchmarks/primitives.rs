@@ -11,7 +11,7 @@ use serde_json::Value;
 // Runs per backend and primitive (the table shows the median run, by ratio): as many
 // as for the targets.
 use crate::repeats::{RUNS, middle};
-use crate::{dlock_bench, num, row};
+use crate::{dlock_bench, num, row, stepped_over};
 
 /// The section's heading: everything from it to the end of the file is this section.
 pub const HEADING: &str = "## Primitives beyond the mutex";
@@ -115,8 +115,5 @@ pub fn section(dlock: &Path, matrix: &Matrix) -> String {
 /// A scenario's operations per second (cycles, acquisitions), and the cycles its run
 /// stepped over on an error, if any.
 fn ops_cell(c: &Value) -> String {
-    match c["skipped"].as_u64() {
-        Some(n @ 1..) => format!("{} ({n} stepped over)", num(&c["ops_per_sec"])),
-        _ => num(&c["ops_per_sec"]),
-    }
+    format!("{}{}", num(&c["ops_per_sec"]), stepped_over(c))
 }
