@@ -31,7 +31,9 @@ pub use server::{
     find_binary, free_port, redis_command, redis_ping, servers_die_with_this_thread,
     servers_required, skip,
 };
-pub use sql::{MariaDbServer, PG_PASSWORD, PgServer};
+pub use sql::{
+    MariaDbServer, PG_PASSWORD, PgServer, sql_server_sizes, sql_servers_at_default_sizes,
+};
 pub use sysv_shm::segments_created_by;
 pub use tls::TestCerts;
 pub use zookeeper::{ZkServer, zk_four_letters};

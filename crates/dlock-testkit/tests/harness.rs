@@ -1,12 +1,13 @@
 //! The testkit proves its own pattern: a real redis-server from PATH, reached directly
 //! and through every fault of the proxy, paused, killed and restarted, and gone with
-//! a starter killed by a signal when asked to be.
+//! a starter killed by a signal when asked to be; its SQL servers small for tests and
+//! at their own default sizes when asked to be.
 
 use std::time::{Duration, Instant};
 
 use dlock_testkit::{
-    Fault, FaultProxy, PgServer, RedisOptions, RedisServer, redis_command, redis_ping,
-    segments_created_by,
+    Fault, FaultProxy, MariaDbServer, PgServer, RedisOptions, RedisServer, redis_command,
+    redis_ping, segments_created_by,
 };
 
 const T: Duration = Duration::from_secs(2);
@@ -270,5 +271,74 @@ fn alive(pid: i32) -> bool {
             .rsplit_once(')')
             .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
         Err(_) => false,
+    }
+}
+
+/// PostgreSQL's `shared_buffers` and InnoDB's buffer pool and redo log, in bytes, of
+/// servers started now.
+fn sql_sizes() -> Option<[u64; 3]> {
+    let pg = PgServer::start()?;
+    let maria = MariaDbServer::start()?;
+    let shared =
+        pg.psql("SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers'");
+    let innodb = maria.sql("SELECT @@innodb_buffer_pool_size, @@innodb_log_file_size");
+    let mut innodb = innodb.split_whitespace();
+    let parse = |s: Option<&str>| -> u64 {
+        s.and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("a size, not {s:?}"))
+    };
+    Some([
+        parse(Some(&shared)),
+        parse(innodb.next()),
+        parse(innodb.next()),
+    ])
+}
+
+/// Tests get the test kit's small SQL servers; after `sql_servers_at_default_sizes`, a
+/// program (the test again, as a child process: the setting is process-wide) gets the
+/// servers' own default sizes, and `sql_server_sizes` says which.
+#[test]
+fn sql_servers_are_small_unless_asked_for_their_defaults() {
+    use std::process::Command;
+
+    const CHILD: &str = "DLOCK_TESTKIT_DEFAULT_SIZES_CHILD";
+    const NAME: &str = "sql_servers_are_small_unless_asked_for_their_defaults";
+    const MB: u64 = 1 << 20;
+    if std::env::var_os(CHILD).is_some() {
+        dlock_testkit::sql_servers_at_default_sizes();
+        assert!(dlock_testkit::sql_server_sizes().contains("default"));
+        if let Some(sizes) = sql_sizes() {
+            println!("default sizes {sizes:?}");
+        }
+        return;
+    }
+    assert!(dlock_testkit::sql_server_sizes().contains("shared_buffers=32MB"));
+    let Some(small) = sql_sizes() else {
+        return;
+    };
+    assert_eq!(small, [32 * MB, 32 * MB, 8 * MB], "the test kit's sizes");
+    let exe = std::env::current_exe().expect("this test binary");
+    let out = Command::new(exe)
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .expect("run the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the child failed: {stdout}");
+    let defaults = stdout
+        .split_once("default sizes [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(sizes, _)| {
+            sizes
+                .split(',')
+                .map(|n| n.trim().parse::<u64>().expect("a size"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_else(|| panic!("the child printed no sizes: {stdout}"));
+    // The servers' defaults (128 MB, 128 MB and 96 MB here), whatever their version
+    // says, are larger than the test kit's.
+    assert_eq!(defaults.len(), 3);
+    for (default, small) in defaults.iter().zip(small) {
+        assert!(*default > small, "{defaults:?} against {small}");
     }
 }

@@ -169,8 +169,8 @@ fn p50_p99(l: &Value) -> String {
 
 /// The section (and the plot, written to `plot`), measured now. Each configuration's
 /// run gets servers of its own, started for it: a run on a server an earlier run
-/// filled with 100,000 rows measures that server's state too (MariaDB's 32 MB buffer
-/// pool overflows: a second 100,000 fill on one server did not finish in 60 s, the
+/// filled with 100,000 rows measures that server's state too (with the test kit's
+/// 32 MB buffer pool, a second 100,000 fill on one MariaDB did not finish in 60 s, the
 /// first took 22 s).
 pub fn section(dlock: &Path, plot: &Path) -> String {
     let mut reports: Vec<(&str, Vec<Value>)> = TARGETS.iter().map(|t| (*t, Vec::new())).collect();
