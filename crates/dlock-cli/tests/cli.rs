@@ -998,15 +998,18 @@ fn bench_primitives_against_their_floors() {
     }
     // A lock's *limit* (the least a fenced lock does in dlock's layout, where that is
     // more than the floor) is measured on Redis (a bare SET NX PX draws no token),
-    // ZooKeeper and the SQL session modes; a PostgreSQL lease's floor is already it.
+    // ZooKeeper and every SQL mode (a bare insert takes no ended lease and draws no
+    // token either); etcd's floor is already it.
     let advisory = format!("{}?mode=advisory", pg.url());
     let named = format!("{}?mode=named", maria.url());
     for (url, limited) in [
         (zk.url(), true),
         (advisory, true),
         (named, true),
-        (pg.url(), false),
+        (pg.url(), true),
+        (maria.url(), true),
         (redis.url(), true),
+        (etcd.url(), false),
     ] {
         let out = env.run(&[
             "bench",

@@ -141,6 +141,60 @@ impl SqlConn {
     }
 }
 
+/// The lease mode's limit (see [`SqlFloor::limit`]): one statement takes row 1 when it
+/// is free or its lease has ended, for `owner`, drawing the row's next token; the
+/// release frees it if `owner` still holds it. An acquisition that grants nothing is
+/// an error: every cycle of the limit must take the lock, or its rate says nothing.
+async fn lease_limit_cycle(conn: &mut SqlConn, owner: i64) -> Result<(), Failure> {
+    let granted = match conn {
+        SqlConn::Pg(c) => sqlx::query_scalar::<_, i64>(
+            "INSERT INTO dlock_bench_floor_lease AS l (id, owner, fence, expires_at) \
+             VALUES (1, $1, 1, statement_timestamp() + interval '30 seconds') \
+             ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, fence = l.fence + 1, \
+                expires_at = excluded.expires_at \
+             WHERE l.expires_at <= statement_timestamp() \
+             RETURNING l.fence",
+        )
+        .bind(owner)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(err)?
+        .is_some(),
+        // The first assignment decides, for the later ones, whether the row is free
+        // (MariaDB's assignments see the earlier ones); `LAST_INSERT_ID` carries the
+        // token in the reply, and is 0 when nothing was granted.
+        SqlConn::My(c) => {
+            sqlx::query(
+                "INSERT INTO dlock_bench_floor_lease (id, owner, fence, expires_at) \
+                 VALUES (1, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL 30 SECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                    fence = IF(@dlock_floor_free := (expires_at <= UTC_TIMESTAMP(6)), \
+                               LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
+                    owner = IF(@dlock_floor_free, VALUES(owner), owner), \
+                    expires_at = IF(@dlock_floor_free, VALUES(expires_at), expires_at)",
+            )
+            .bind(owner)
+            .execute(&mut *c)
+            .await
+            .map_err(err)?
+            .last_insert_id()
+                > 0
+        }
+    };
+    if !granted {
+        return Err(Failure::internal(
+            "bare SQL client: the lease limit's acquisition found its row held",
+        ));
+    }
+    conn.change(
+        "UPDATE dlock_bench_floor_lease SET expires_at = '-infinity' WHERE id = 1 AND owner = $1",
+        "UPDATE dlock_bench_floor_lease SET expires_at = '1970-01-02' WHERE id = 1 AND owner = ?",
+        &[owner],
+    )
+    .await?;
+    Ok(())
+}
+
 /// One bare cycle of `mode`'s statements, `i` distinguishing cycles.
 async fn floor_cycle(conn: &mut SqlConn, mode: &str, i: i64) -> Result<(), Failure> {
     match (mode, &mut *conn) {
@@ -243,6 +297,14 @@ impl SqlFloor {
             .await?;
         conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor_fence (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)")
             .await?;
+        conn.batch(
+            "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
+             owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
+             owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL)",
+        )
+        .await?;
+        conn.exec("DELETE FROM dlock_bench_floor_lease").await?;
         conn.exec("DELETE FROM dlock_bench_floor_fence").await?;
         conn.exec("INSERT INTO dlock_bench_floor_fence (id, v) VALUES (1, 0)")
             .await?;
@@ -306,6 +368,7 @@ impl SqlFloor {
                     .await?;
                 Ok(())
             }
+            (Shape::Fenced, "lease", _) => lease_limit_cycle(&mut self.conn, i).await,
             (Shape::Fenced, "row", _) => {
                 let Some(counter) = self.counter.as_mut() else {
                     return floor_cycle(&mut self.conn, &self.mode, i).await;
@@ -336,9 +399,16 @@ impl SqlFloor {
     /// statement: that statement and the unlock are the mode's limit
     /// (`Shape::Fenced`). A row lock's transaction cannot commit the token while it
     /// holds the row: the limit is the floor's statements with the counter's increment
-    /// on a second connection between the lock and the commit.
+    /// on a second connection between the lock and the commit. A lease's token is a
+    /// write the bare insert and delete do not make either: its limit takes a free or
+    /// ended lease and draws the row's next token in one statement, then frees it.
     pub fn limit(&self) -> Option<&'static str> {
         match (self.mode.as_str(), &self.conn) {
+            ("lease", _) => Some(
+                "one upsert that takes the name's row when it is free or its lease has \
+                 ended and draws the row's next token, returning it, then an \
+                 owner-checked UPDATE that frees the row",
+            ),
             ("advisory", SqlConn::Pg(_)) => Some(
                 "pg_try_advisory_lock and a fencing counter's increment in one statement \
                  (a one-row UPDATE), then pg_advisory_unlock",

@@ -955,7 +955,10 @@ fn main() {
          grants a free key and draws its token from a counter in the same step (a bare \
          `SET NX PX` cannot draw one), then the compare-and-delete; ZooKeeper's lock recipe \
          (create an ephemeral sequential node, list its siblings, delete it — a fencing \
-         token comes free as the node's `czxid`) and the SQL session modes' lock with a \
+         token comes free as the node's `czxid`); the SQL lease mode's upsert that takes \
+         a free or ended lease and draws its token in one statement, then the \
+         owner-checked release (the bare insert does neither); the SQL session modes' \
+         lock with a \
          fencing counter's increment in one statement, then the unlock (PostgreSQL \
          advisory, MariaDB named: the bare lock functions write nothing, and a token must \
          be on disk before it is shown); in row mode, whose locking transaction cannot \
