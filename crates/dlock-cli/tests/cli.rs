@@ -996,10 +996,10 @@ fn bench_primitives_against_their_floors() {
             );
         }
     }
-    // A lock's *limit* (the least a fenced lock does in dlock's layout, where that is
-    // more than the floor) is measured on Redis (a bare SET NX PX draws no token),
-    // ZooKeeper and every SQL mode (a bare insert takes no ended lease and draws no
-    // token either); etcd's floor is already it.
+    // A lock's *limit* (the least a fenced lock does, where the floor is not one) is
+    // measured on Redis (a bare SET NX PX draws no token), ZooKeeper and the SQL
+    // servers' every mode (a bare insert takes no ended lease and draws no token
+    // either); etcd's and SQLite's floors are already it.
     let advisory = format!("{}?mode=advisory", pg.url());
     let named = format!("{}?mode=named", maria.url());
     for (url, limited) in [
@@ -1008,8 +1008,11 @@ fn bench_primitives_against_their_floors() {
         (named, true),
         (pg.url(), true),
         (maria.url(), true),
+        (format!("{}?mode=row", pg.url()), true),
+        (format!("{}?mode=row", maria.url()), true),
         (redis.url(), true),
         (etcd.url(), false),
+        (sqlite.clone(), false),
     ] {
         let out = env.run(&[
             "bench",

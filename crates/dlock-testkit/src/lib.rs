@@ -32,7 +32,7 @@ pub use server::{
     servers_required, skip,
 };
 pub use sql::{
-    MariaDbServer, PG_PASSWORD, PgServer, sql_server_sizes, sql_servers_at_default_sizes,
+    MariaDbServer, PG_PASSWORD, PgServer, sql_server_settings, sql_servers_at_default_sizes,
 };
 pub use sysv_shm::segments_created_by;
 pub use tls::TestCerts;

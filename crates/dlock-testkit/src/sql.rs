@@ -19,39 +19,74 @@ static DEFAULT_SIZES: AtomicBool = AtomicBool::new(false);
 
 /// From now on, the PostgreSQL and MariaDB servers this process starts keep their own
 /// default memory sizes rather than the test kit's small ones, which let dozens of
-/// servers run at once. For the benchmarks generator: with the small sizes, a MariaDB
-/// holding 100,000 lease rows measured its redo log's checkpoints more than dlock
-/// (a fill of 30 s and an acquire p99 of 28 ms, against 14 s and 1.4 ms at its
-/// defaults, one run each), and once answered nothing for 5 s.
+/// servers run at once but measure a MariaDB's redo-log checkpoints more than dlock
+/// once it holds 100,000 lease rows. For the benchmarks generator only, never from a
+/// test: the setting is process-wide, so it would resize the servers of every test
+/// running beside it. A server keeps the sizes it started with across restarts.
 pub fn sql_servers_at_default_sizes() {
     DEFAULT_SIZES.store(true, Ordering::SeqCst);
 }
 
-/// The memory sizes the PostgreSQL and MariaDB servers started now get, in words, for
-/// a report to say (see [`sql_servers_at_default_sizes`]).
+/// How the PostgreSQL and MariaDB servers started now run, in words, for a report to
+/// say: their durability settings and memory sizes (see
+/// [`sql_servers_at_default_sizes`]).
 #[must_use]
-pub fn sql_server_sizes() -> String {
-    if DEFAULT_SIZES.load(Ordering::SeqCst) {
-        "PostgreSQL and MariaDB keep their own default memory sizes".to_owned()
+pub fn sql_server_settings() -> String {
+    let sizes = SqlSizes::now();
+    let pg: Vec<&str> = PG_DURABILITY
+        .iter()
+        .chain(sizes.pg())
+        .copied()
+        .filter(|a| *a != "-c")
+        .collect();
+    let maria: Vec<&str> = MARIADB_DURABILITY
+        .iter()
+        .chain(sizes.mariadb())
+        .copied()
+        .collect();
+    let memory = if sizes.small {
+        ""
     } else {
-        format!(
-            "PostgreSQL runs with `{}` and MariaDB with `{}`",
-            PG_SMALL.join(" "),
-            MARIADB_SMALL.join(" ")
-        )
-    }
+        ", both at their own default memory sizes"
+    };
+    format!(
+        "PostgreSQL runs with `{}`, MariaDB with `{}`{memory}",
+        pg.join(" "),
+        maria.join(" ")
+    )
 }
 
-/// The test kit's small sizes (see [`sql_servers_at_default_sizes`]).
-const PG_SMALL: [&str; 2] = ["-c", "shared_buffers=32MB"];
-const MARIADB_SMALL: [&str; 2] = ["--innodb-buffer-pool-size=32M", "--innodb-log-file-size=8M"];
+/// What the test kit trades for speed: a write is not synced (PostgreSQL) or synced
+/// once a second (MariaDB), and MariaDB keeps no binary log.
+const PG_DURABILITY: [&str; 4] = ["-c", "fsync=off", "-c", "full_page_writes=off"];
+const MARIADB_DURABILITY: [&str; 2] = ["--skip-log-bin", "--innodb-flush-log-at-trx-commit=2"];
 
-/// `sizes` unless [`sql_servers_at_default_sizes`] was called.
-fn small<'a>(sizes: &'a [&'a str]) -> &'a [&'a str] {
-    if DEFAULT_SIZES.load(Ordering::SeqCst) {
-        &[]
-    } else {
-        sizes
+/// The test kit's small sizes (see [`sql_servers_at_default_sizes`]). MariaDB's data
+/// directory is made with the small redo log; at its default size the server resizes
+/// the log when it starts.
+const PG_SMALL: [&str; 2] = ["-c", "shared_buffers=32MB"];
+const MARIADB_SMALL_REDO: &str = "--innodb-log-file-size=8M";
+const MARIADB_SMALL: [&str; 2] = ["--innodb-buffer-pool-size=32M", MARIADB_SMALL_REDO];
+
+/// Small or default sizes, as read when a server starts.
+#[derive(Debug, Clone, Copy)]
+struct SqlSizes {
+    small: bool,
+}
+
+impl SqlSizes {
+    fn now() -> Self {
+        SqlSizes {
+            small: !DEFAULT_SIZES.load(Ordering::SeqCst),
+        }
+    }
+
+    fn pg(self) -> &'static [&'static str] {
+        if self.small { &PG_SMALL } else { &[] }
+    }
+
+    fn mariadb(self) -> &'static [&'static str] {
+        if self.small { &MARIADB_SMALL } else { &[] }
     }
 }
 
@@ -121,6 +156,7 @@ pub struct PgServer {
     port: u16,
     postgres: PathBuf,
     user: Option<(u32, u32)>,
+    sizes: SqlSizes,
 }
 
 impl PgServer {
@@ -196,9 +232,10 @@ impl PgServer {
         })
         .unwrap_or_else(|e| panic!("{e}"));
         let mut last = String::new();
+        let sizes = SqlSizes::now();
         for _ in 0..3 {
             let port = free_port();
-            match Self::launch(&postgres, dir.path(), port, user) {
+            match Self::launch(&postgres, dir.path(), (port, sizes), user) {
                 Ok(process) => {
                     return Some(PgServer {
                         process,
@@ -206,6 +243,7 @@ impl PgServer {
                         port,
                         postgres,
                         user,
+                        sizes,
                     });
                 }
                 Err(e) => {
@@ -221,7 +259,7 @@ impl PgServer {
     fn launch(
         postgres: &Path,
         dir: &Path,
-        port: u16,
+        (port, sizes): (u16, SqlSizes),
         user: Option<(u32, u32)>,
     ) -> Result<ServerProcess, String> {
         let mut cmd = Command::new(postgres);
@@ -231,9 +269,9 @@ impl PgServer {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .arg("-c")
             .arg(format!("unix_socket_directories={}", dir.display()))
-            .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+            .args(PG_DURABILITY)
             .args(["-c", "max_connections=300"])
-            .args(small(&PG_SMALL))
+            .args(sizes.pg())
             // In the data dir, not /dev/shm: a killed server cannot remove its segments,
             // and /dev/shm filled up with them.
             .args(["-c", "dynamic_shared_memory_type=mmap"]);
@@ -277,10 +315,9 @@ impl PgServer {
     /// # Panics
     /// When it does not come back.
     pub fn restart(&mut self) {
-        let (postgres, dir, port, user) = (&self.postgres, self.dir.path(), self.port, self.user);
-        relaunch(&mut self.process, || {
-            Self::launch(postgres, dir, port, user)
-        });
+        let (postgres, dir, user) = (&self.postgres, self.dir.path(), self.user);
+        let at = (self.port, self.sizes);
+        relaunch(&mut self.process, || Self::launch(postgres, dir, at, user));
     }
 
     /// Start `psql` running `sql` in one session, in the background (e.g. a foreign
@@ -361,6 +398,7 @@ pub struct MariaDbServer {
     dir: tempfile::TempDir,
     port: u16,
     server: PathBuf,
+    sizes: SqlSizes,
 }
 
 impl MariaDbServer {
@@ -390,7 +428,7 @@ impl MariaDbServer {
             cmd.arg("--no-defaults")
                 .arg(format!("--datadir={}", staging.join("data").display()))
                 .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
-                .args(["--innodb-log-file-size=8M", "--innodb-use-native-aio=0"])
+                .args([MARIADB_SMALL_REDO, "--innodb-use-native-aio=0"])
                 .arg(format!("--tmpdir={}", tmp.display()));
             if nix::unistd::Uid::effective().is_root() {
                 cmd.arg("--user=root");
@@ -410,15 +448,17 @@ impl MariaDbServer {
         })
         .unwrap_or_else(|e| panic!("{e}"));
         let mut last = String::new();
+        let sizes = SqlSizes::now();
         for _ in 0..3 {
             let port = free_port();
-            match Self::launch(&server, dir.path(), port) {
+            match Self::launch(&server, dir.path(), (port, sizes)) {
                 Ok(process) => {
                     let me = MariaDbServer {
                         process,
                         dir,
                         port,
                         server,
+                        sizes,
                     };
                     let _ = me.sql("CREATE DATABASE IF NOT EXISTS dlock");
                     return Some(me);
@@ -429,7 +469,11 @@ impl MariaDbServer {
         panic!("MariaDB did not start: {last}");
     }
 
-    fn launch(server: &Path, dir: &Path, port: u16) -> Result<ServerProcess, String> {
+    fn launch(
+        server: &Path,
+        dir: &Path,
+        (port, sizes): (u16, SqlSizes),
+    ) -> Result<ServerProcess, String> {
         let log = dir.join(format!("mariadb-{port}.log"));
         let _ = std::fs::remove_file(&log);
         let mut cmd = Command::new(server);
@@ -440,8 +484,8 @@ impl MariaDbServer {
             .arg(format!("--socket={}", dir.join("mariadb.sock").display()))
             .arg(format!("--log-error={}", log.display()))
             .arg(format!("--tmpdir={}", dir.join("tmp").display()))
-            .args(["--skip-log-bin", "--innodb-flush-log-at-trx-commit=2"])
-            .args(small(&MARIADB_SMALL))
+            .args(MARIADB_DURABILITY)
+            .args(sizes.mariadb())
             .args(["--performance-schema=OFF", "--max-connections=400"])
             // Linux AIO contexts are a machine-wide limit that parallel tests exhaust.
             .arg("--innodb-use-native-aio=0");
@@ -476,8 +520,8 @@ impl MariaDbServer {
     /// # Panics
     /// When it does not come back.
     pub fn restart(&mut self) {
-        let (server, dir, port) = (&self.server, self.dir.path(), self.port);
-        relaunch(&mut self.process, || Self::launch(server, dir, port));
+        let (server, dir, at) = (&self.server, self.dir.path(), (self.port, self.sizes));
+        relaunch(&mut self.process, || Self::launch(server, dir, at));
     }
 
     /// Run SQL through the `mariadb` client as root; returns stdout (tab-separated, no

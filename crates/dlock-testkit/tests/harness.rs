@@ -279,8 +279,7 @@ fn alive(pid: i32) -> bool {
 fn sql_sizes() -> Option<[u64; 3]> {
     let pg = PgServer::start()?;
     let maria = MariaDbServer::start()?;
-    let shared =
-        pg.psql("SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers'");
+    let shared = pg.psql("SELECT pg_size_bytes(current_setting('shared_buffers'))");
     let innodb = maria.sql("SELECT @@innodb_buffer_pool_size, @@innodb_log_file_size");
     let mut innodb = innodb.split_whitespace();
     let parse = |s: Option<&str>| -> u64 {
@@ -296,7 +295,7 @@ fn sql_sizes() -> Option<[u64; 3]> {
 
 /// Tests get the test kit's small SQL servers; after `sql_servers_at_default_sizes`, a
 /// program (the test again, as a child process: the setting is process-wide) gets the
-/// servers' own default sizes, and `sql_server_sizes` says which.
+/// servers' own default sizes, and `sql_server_settings` says which.
 #[test]
 fn sql_servers_are_small_unless_asked_for_their_defaults() {
     use std::process::Command;
@@ -306,13 +305,15 @@ fn sql_servers_are_small_unless_asked_for_their_defaults() {
     const MB: u64 = 1 << 20;
     if std::env::var_os(CHILD).is_some() {
         dlock_testkit::sql_servers_at_default_sizes();
-        assert!(dlock_testkit::sql_server_sizes().contains("default"));
+        assert!(dlock_testkit::sql_server_settings().contains("default memory sizes"));
         if let Some(sizes) = sql_sizes() {
             println!("default sizes {sizes:?}");
         }
         return;
     }
-    assert!(dlock_testkit::sql_server_sizes().contains("shared_buffers=32MB"));
+    let settings = dlock_testkit::sql_server_settings();
+    assert!(settings.contains("shared_buffers=32MB"), "{settings}");
+    assert!(settings.contains("fsync=off"), "{settings}");
     let Some(small) = sql_sizes() else {
         return;
     };
@@ -324,7 +325,11 @@ fn sql_servers_are_small_unless_asked_for_their_defaults() {
         .output()
         .expect("run the child");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "the child failed: {stdout}");
+    assert!(
+        out.status.success(),
+        "the child failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let defaults = stdout
         .split_once("default sizes [")
         .and_then(|(_, rest)| rest.split_once(']'))

@@ -4,8 +4,9 @@
 //! - SQLite: two autocommitted writes on the same file with the same durability
 //!   settings — insert a lease row (name, 32-character owner, expiry) synced to disk
 //!   (`synchronous=FULL`, as a grant whose token must survive a power loss), delete it
-//!   if the owner matches, written but not synced (`NORMAL`, as dlock's release) — the
-//!   least any fenced lease lock on SQLite must do.
+//!   if the owner matches, written but not synced (`NORMAL`, as dlock's release). It
+//!   is also its limit: the synced write dominates a cycle, and a lease that takes an
+//!   ended row and draws its token in that same write adds no sync.
 //! - Redis: `SET NX PX` + `EVALSHA` compare-and-delete; its limit (the least fenced
 //!   lock, [`Floor::limit`]): a script that grants and draws the token, then the same
 //!   compare-and-delete.
@@ -121,9 +122,10 @@ impl Floor {
         }
     }
 
-    /// Where a fenced lock in dlock's layout needs more than the bare floor of a lock
-    /// cycle, what the least such lock does ([`Shape::Fenced`]); `None` where the floor
-    /// already is that least (its fencing counter fits in the same requests).
+    /// Where the bare floor of a lock cycle is not itself a fenced lock, what the least
+    /// fenced lock does ([`Shape::Fenced`]), which may cost more or less than the
+    /// floor; `None` where the floor already is that least (its fencing counter fits
+    /// in the same requests).
     pub fn limit(&self) -> Option<&'static str> {
         match self {
             Floor::Zk { .. } => Some(

@@ -45,9 +45,9 @@ struct Uncontended {
     floor_cycles_per_sec: Option<f64>,
     floor_latency: Option<Latency>,
     ratio_to_floor: Option<f64>,
-    /// Where dlock's layout needs more than the floor's bare requests for a fenced
-    /// lock: what the least such lock does (`floor::Floor::limit`), measured against
-    /// dlock in a second alternating run.
+    /// Where the floor's bare requests are not a fenced lock: what the least such lock
+    /// does (`floor::Floor::limit`), measured against dlock in a second alternating
+    /// run.
     limit: Option<Limit>,
     /// Redis: client commands per cycle; etcd: writes (revisions) per cycle; counted by
     /// the server over a separate run of [`counted_cycles`] cycles.

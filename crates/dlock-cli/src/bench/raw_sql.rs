@@ -160,8 +160,10 @@ async fn lease_limit_cycle(conn: &mut SqlConn, owner: i64) -> Result<(), Failure
         .await
         .map_err(err)?
         .is_some(),
-        // The first assignment decides, for the later ones, whether the row is free
-        // (MariaDB's assignments see the earlier ones); `LAST_INSERT_ID` carries the
+        // The first assignment decides, into a variable the later ones read, whether
+        // the row is free; no assignment reads a column an earlier one changed, so the
+        // statement means the same whether assignments see earlier ones (MariaDB's
+        // default) or not (`SIMULTANEOUS_ASSIGNMENT`). `LAST_INSERT_ID` carries the
         // token in the reply, and is 0 when nothing was granted.
         SqlConn::My(c) => {
             sqlx::query(

@@ -33,8 +33,8 @@ pub enum Cycled {
 pub enum Shape {
     Exclusive,
     Counted(u32),
-    /// The least a *fenced* lock must do in dlock's layout on this backend, where that
-    /// is more than [`Shape::Exclusive`]'s bare requests (`floor::Floor::limit`).
+    /// The least a *fenced* lock must do on this backend, where [`Shape::Exclusive`]'s
+    /// bare requests are not one (`floor::Floor::limit`).
     Fenced,
 }
 
