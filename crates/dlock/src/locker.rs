@@ -316,7 +316,7 @@ impl Locker {
         let mut cleanup = Cleanup::new(&self.backend, &req);
         let sent_at = Instant::now();
         cleanup.in_flight = true;
-        let outcome = self.attempt(req.clone(), None).await;
+        let outcome = self.attempt(req.clone(), None, sent_at).await;
         cleanup.in_flight = false;
         match outcome {
             Ok(held) => {
@@ -410,7 +410,7 @@ impl Locker {
             let this_attempt = req.clone();
             req.attempt = req.attempt.saturating_add(1);
             cleanup.in_flight = true;
-            let outcome = self.attempt(this_attempt, deadline).await;
+            let outcome = self.attempt(this_attempt, deadline, sent_at).await;
             cleanup.in_flight = false;
             let retry_after = match outcome {
                 Ok(held) => {
@@ -656,17 +656,19 @@ impl Locker {
     /// polled in place (no task in the common case), and if its future is dropped
     /// unfinished — the caller was cancelled, or `deadline` (plus a little) passed —
     /// the rest runs in a task that releases any grant and, where attempts may queue,
-    /// leaves the queue after it ([`AttemptError::Abandoned`]).
+    /// leaves the queue after it ([`AttemptError::Abandoned`]). `sent_at`: read by
+    /// the caller before this call, so never later than the request's sending (a
+    /// lease judged from it can only end early).
     async fn attempt(
         &self,
         req: AcquireRequest,
         deadline: Option<Instant>,
+        sent_at: Instant,
     ) -> Result<Box<dyn crate::backend::HeldLock>, AttemptError> {
         let backend = Arc::clone(&self.backend);
         let abandon =
             may_queue(backend.as_ref(), &req).then(|| (Arc::clone(&backend), req.clone()));
         let ttl = req.ttl;
-        let sent_at = Instant::now();
         let job = async move {
             match backend.try_acquire(&req).await {
                 // An acquisition slower than the lease is worthless: someone else may
@@ -686,14 +688,20 @@ impl Locker {
         };
         // Dropped unfinished: the job completes in a task; a grant is given back as its
         // `Unclaimed` drops, and anything queued is left after the attempt, never
-        // before (it could not be left before it was taken).
-        let mut flight = Finish::with_epilogue(job, move |outcome: Result<Outcome>| async move {
-            let granted = matches!(outcome, Ok(Outcome::Granted(_)));
-            drop(outcome);
-            if !granted && let Some((backend, req)) = abandon {
-                let _ = backend.leave_queue(&req).await;
+        // before (it could not be left before it was taken). Where attempts do not
+        // queue, dropping the outcome is all there is to do.
+        let mut flight = match abandon {
+            None => Finish::new(job),
+            Some((backend, req)) => {
+                Finish::with_epilogue(job, move |outcome: Result<Outcome>| async move {
+                    let granted = matches!(outcome, Ok(Outcome::Granted(_)));
+                    drop(outcome);
+                    if !granted {
+                        let _ = backend.leave_queue(&req).await;
+                    }
+                })
             }
-        });
+        };
         let received = match deadline {
             None => (&mut flight).await,
             Some(d) => {

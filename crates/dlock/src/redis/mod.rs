@@ -758,16 +758,17 @@ impl Backend for RedisBackend {
         // confirmed when the lock was released relies on exactly that re-check.)
         // A local holder re-entering (reentrant layout) always asks the server: it
         // must not queue behind waiters for a lock it holds.
-        let barging_is_waiting = match &inner.handoffs {
+        // Asked last, after the cheap tests: it takes the hand-off table's lock.
+        let barging_is_waiting = || match &inner.handoffs {
             Some(h) => !h.is_local_holder(&keys.lock, req.owner.as_str()),
             None => !inner.layout.reentrant(),
         };
         if req.attempt == 0
             && !req.fair
             && inner.layout.publishes()
-            && barging_is_waiting
             && inner.subscriber.watching_any()
             && inner.subscriber.watchers(&keys.signal()) > 0
+            && barging_is_waiting()
         {
             return Ok(Attempt::Busy { retry_after: None });
         }
