@@ -4,9 +4,10 @@
 //! - SQLite: two autocommitted writes on the same file with the same durability
 //!   settings — insert a lease row (name, 32-character owner, expiry) synced to disk
 //!   (`synchronous=FULL`, as a grant whose token must survive a power loss), delete it
-//!   if the owner matches, written but not synced (`NORMAL`, as dlock's release). It
-//!   is also its limit: the synced write dominates a cycle, and a lease that takes an
-//!   ended row and draws its token in that same write adds no sync.
+//!   if the owner matches, written but not synced (`NORMAL`, as dlock's release). No
+//!   separate limit: a lease that takes an ended row and draws its token does it in
+//!   that one synced write, so it needs no sync the floor lacks (its extra statement
+//!   work is not measured apart).
 //! - Redis: `SET NX PX` + `EVALSHA` compare-and-delete; its limit (the least fenced
 //!   lock, [`Floor::limit`]): a script that grants and draws the token, then the same
 //!   compare-and-delete.

@@ -299,14 +299,17 @@ impl SqlFloor {
             .await?;
         conn.exec("CREATE TABLE IF NOT EXISTS dlock_bench_floor_fence (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)")
             .await?;
-        conn.batch(
-            "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
-             owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)",
-            "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
-             owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL)",
-        )
-        .await?;
-        conn.exec("DELETE FROM dlock_bench_floor_lease").await?;
+        if mode == "lease" {
+            // The lease limit's row (`lease_limit_cycle`).
+            conn.batch(
+                "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
+                 owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)",
+                "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
+                 owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL)",
+            )
+            .await?;
+            conn.exec("DELETE FROM dlock_bench_floor_lease").await?;
+        }
         conn.exec("DELETE FROM dlock_bench_floor_fence").await?;
         conn.exec("INSERT INTO dlock_bench_floor_fence (id, v) VALUES (1, 0)")
             .await?;
