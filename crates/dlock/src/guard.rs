@@ -101,8 +101,7 @@ impl LockGuard {
         self.is_held()
             && self
                 .hold
-                .suspect
-                .as_ref()
+                .suspect()
                 .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
     }
 

@@ -11,6 +11,14 @@ pub fn drift_margin(ttl: std::time::Duration) -> std::time::Duration {
     ttl / 100 + std::time::Duration::from_millis(2)
 }
 
+/// `d` in nanoseconds, saturating at `u64::MAX` (584 years): how the keeper and the
+/// Redis hand-off table store the instants of 100,000 held locks compactly, as
+/// nanoseconds after a base instant.
+#[must_use]
+pub(crate) fn nanos_of(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// When a grant's lease began, at the latest: `sent_at` (the instant before the
 /// attempt that returned it was sent), or `granted_at` if the grant was made before
 /// that (a hand-off made while its waiter slept; `HeldLock::granted_at`).
