@@ -640,7 +640,14 @@ impl Hold {
         let mut keep = self.keep.lock().await;
         self.reschedule(&mut keep);
         let result = match self.check_deadline(&mut keep).await {
-            Err(e) => Err(e),
+            Err(e) => {
+                // Lost, and nobody gave the lock back yet (the backend's signal fired
+                // and its watcher has not run; it will find nothing left to do): give
+                // it back now, as any loss does, or the server keeps it until its
+                // session or lease ends.
+                Self::release_after_loss(&mut keep).await;
+                Err(e)
+            }
             Ok(()) => match keep.held.as_ref() {
                 Some(held) => held.release().await,
                 None => Err(self.lost_error()),
@@ -780,6 +787,32 @@ mod tests {
             1,
             "released after the loss"
         );
+    }
+
+    /// A guard released after the backend reported the loss, before the watcher task
+    /// ran, still gives the lock back, once: the release used to drop the held lock
+    /// unreleased, and the watcher then found nothing to give back (a ZooKeeper node
+    /// stayed until the server ended its session).
+    #[tokio::test]
+    async fn a_release_right_after_a_reported_loss_still_gives_the_lock_back() {
+        let (gone, releases) = (CancellationToken::new(), Arc::default());
+        let hold = start(
+            Box::new(Signalled {
+                gone: gone.clone(),
+                releases: Arc::clone(&releases),
+            }),
+            plan(Duration::from_secs(30), Some(Duration::from_secs(10)), None),
+        );
+        tokio::task::yield_now().await;
+        gone.cancel();
+        // No await since: on this single-threaded runtime the watcher has not run.
+        let released = Arc::clone(&hold).release().await;
+        assert!(
+            matches!(released, Err(Error::LockLost { .. })),
+            "{released:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(releases.load(Ordering::SeqCst), 1, "given back once");
     }
 
     /// A renewal that asked for a shorter lease and got no answer may have been applied:
