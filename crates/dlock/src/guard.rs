@@ -170,7 +170,8 @@ impl LockGuard {
     /// Release the lock and report how that went.
     ///
     /// # Errors
-    /// [`Error::LockLost`] when the lock had already been lost (nothing to release);
+    /// [`Error::LockLost`] when the lock had already been lost (what may be left of it
+    /// on the server is still given back, unless the backend keeps a lock-delay);
     /// connection errors (the lease then frees the lock when it runs out).
     ///
     /// # Cancel safety

@@ -415,10 +415,9 @@ impl Hold {
     /// The token cancelled on loss (made now if nobody asked before).
     pub(crate) fn lost_token(&self) -> &CancellationToken {
         let token = &self.loss().token;
-        // A loss by the backend's signal the watcher has not marked yet.
-        if self.is_lost() {
-            token.cancel();
-        }
+        // A loss by the backend's signal the watcher has not marked yet: `is_lost`
+        // cancels the token itself.
+        let _ = self.is_lost();
         token
     }
 
@@ -651,10 +650,12 @@ impl Hold {
         self.reschedule(&mut keep);
         let result = match self.check_deadline(&mut keep).await {
             Err(e) => {
-                // Lost, and nobody gave the lock back yet (the backend's signal fired
-                // and its watcher has not run; it will find nothing left to do): give
-                // it back now, as any loss does, or the server keeps it until its
-                // session or lease ends.
+                // Lost, and perhaps nobody marked it or gave the lock back yet: the
+                // backend's signal fired and its watcher has not run (and may now
+                // end without doing either: the release ends it). Mark it (a no-op
+                // for every other loss, already marked) and give the lock back, as
+                // any loss does, or the server keeps it until its session ends.
+                self.mark_lost(session_gone());
                 Self::release_after_loss(&mut keep).await;
                 Err(e)
             }
@@ -821,6 +822,13 @@ mod tests {
             matches!(released, Err(Error::LockLost { .. })),
             "{released:?}"
         );
+        // Marked (so logged and counted) by the release: the watcher, ended by it,
+        // may never get to.
+        assert!(
+            hold.lost.load(Ordering::SeqCst),
+            "the loss was never marked"
+        );
+        assert!(matches!(hold.reason(), Some(LossReason::SessionLost(_))));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(releases.load(Ordering::SeqCst), 1, "given back once");
     }
