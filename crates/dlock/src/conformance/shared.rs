@@ -81,7 +81,11 @@ impl Worker {
                 Owner::random()
             };
             let opts = random_opts(&mut rng, self.fifo).owner(owner.clone());
-            let label = format!("{} round {round}", self.label);
+            // The lease's terms in the label: a loss reported at release names them.
+            let label = format!(
+                "{} round {round} (ttl {:?}, renewal {:?})",
+                self.label, opts.ttl, opts.renewal
+            );
             let lapses = opts.renewal == Renewal::Off;
             let got = match rng.u8(..4) {
                 0 => {
@@ -156,6 +160,7 @@ impl Worker {
         if !guard.is_held() {
             return;
         }
+        let entered = Instant::now();
         let id = self.book.enter(token, owner.as_str(), label);
         tokio::time::sleep(Duration::from_millis(rng.u64(0..15))).await;
         if shared && rng.u8(..10) < 4 {
@@ -171,7 +176,10 @@ impl Worker {
                 // The lease ran out (renewal off) while the section went on.
                 Err(Error::LockLost { .. }) if lapses => {}
                 Err(_) if self.faulty => {}
-                Err(e) => tally.released_err.push(format!("{label}: release: {e}")),
+                Err(e) => tally.released_err.push(format!(
+                    "{label}: release {:?} after the section began: {e}",
+                    entered.elapsed()
+                )),
             }
         } else {
             drop(guard);
