@@ -769,11 +769,13 @@ mod tests {
         }
     }
 
-    /// The backend's loss signal counts the moment it fires — before the watcher task
-    /// has run (a backend may let the lock go on the server soon after: etcd revokes a
-    /// lost session 50 ms later) — and the watcher still gives the lock back once.
-    #[tokio::test]
-    async fn a_reported_loss_counts_before_the_watcher_runs() {
+    /// A renewed hold on a [`Signalled`] backend: the hold, its loss signal, and the
+    /// count of its releases.
+    fn signalled_hold() -> (
+        Arc<Hold>,
+        CancellationToken,
+        Arc<std::sync::atomic::AtomicU32>,
+    ) {
         let (gone, releases) = (CancellationToken::new(), Arc::default());
         let hold = start(
             Box::new(Signalled {
@@ -782,6 +784,15 @@ mod tests {
             }),
             plan(Duration::from_secs(30), Some(Duration::from_secs(10)), None),
         );
+        (hold, gone, releases)
+    }
+
+    /// The backend's loss signal counts the moment it fires — before the watcher task
+    /// has run (a backend may let the lock go on the server soon after: etcd revokes a
+    /// lost session 50 ms later) — and the watcher still gives the lock back once.
+    #[tokio::test]
+    async fn a_reported_loss_counts_before_the_watcher_runs() {
+        let (hold, gone, releases) = signalled_hold();
         tokio::task::yield_now().await;
         assert!(!hold.is_lost());
         gone.cancel();
@@ -806,14 +817,7 @@ mod tests {
     /// stayed until the server ended its session).
     #[tokio::test]
     async fn a_release_right_after_a_reported_loss_still_gives_the_lock_back() {
-        let (gone, releases) = (CancellationToken::new(), Arc::default());
-        let hold = start(
-            Box::new(Signalled {
-                gone: gone.clone(),
-                releases: Arc::clone(&releases),
-            }),
-            plan(Duration::from_secs(30), Some(Duration::from_secs(10)), None),
-        );
+        let (hold, gone, releases) = signalled_hold();
         tokio::task::yield_now().await;
         gone.cancel();
         // No await since: on this single-threaded runtime the watcher has not run.
