@@ -39,7 +39,7 @@ pub use behaviours::*;
 pub use crowd::Crowd;
 pub use faults::{wait_until_queued, waiter_cancelled_in_an_outage};
 pub use fenced::{BookReport, FencedBook, SectionId};
-pub use multi::lock_all_is_all_or_nothing_and_never_deadlocks;
+pub use multi::{a_set_goes_back_at_once, lock_all_is_all_or_nothing_and_never_deadlocks};
 pub use primitives::*;
 pub use shared::*;
 
@@ -233,6 +233,7 @@ macro_rules! conformance_faults {
         $crate::conformance_suite!(@each $harness;
             shared_owners_crowd_under_faults,
             primitives_under_faults,
+            a_set_goes_back_at_once,
         );
     };
 }
