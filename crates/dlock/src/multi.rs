@@ -248,3 +248,120 @@ impl Locker {
         held.whole().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::backend::{HeldLock, Primitive};
+    use crate::keeper::{Hold, KeeperPlan, Keepers};
+
+    /// A held lock whose release takes 3 s, then notes its token and succeeds or fails.
+    #[derive(Debug)]
+    struct SlowRelease {
+        token: u64,
+        fails: bool,
+        released: Arc<Mutex<Vec<u64>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl HeldLock for SlowRelease {
+        fn fencing_token(&self) -> u64 {
+            self.token
+        }
+        async fn renew(&self, _ttl: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn release(&self) -> Result<()> {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            self.released.lock().expect("log").push(self.token);
+            if self.fails {
+                Err(Error::connection(
+                    "test",
+                    format!("release {} failed", self.token),
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    /// A set taken in the order of `fails` (token 1 first), and the tokens its
+    /// releases noted.
+    fn set(fails: &[bool]) -> (MultiGuard, Arc<Mutex<Vec<u64>>>) {
+        let keepers = Arc::new(Keepers::default());
+        let released = Arc::new(Mutex::new(Vec::new()));
+        let guards = (1..)
+            .zip(fails)
+            .map(|(token, &fails)| {
+                let plan = KeeperPlan {
+                    ttl: Duration::from_secs(60),
+                    renew_every: None,
+                    max_hold: None,
+                    sent_at: Instant::now(),
+                    primitive: Primitive::Lock,
+                };
+                let held = SlowRelease {
+                    token,
+                    fails,
+                    released: Arc::clone(&released),
+                };
+                let name = LockName::new(&format!("n{token}")).expect("name");
+                LockGuard::new(Hold::start(
+                    &keepers,
+                    Box::new(held),
+                    name,
+                    Owner::random(),
+                    plan,
+                ))
+            })
+            .collect();
+        (MultiGuard { guards }, released)
+    }
+
+    fn sorted(released: &Mutex<Vec<u64>>) -> Vec<u64> {
+        let mut tokens = released.lock().expect("log").clone();
+        tokens.sort_unstable();
+        tokens
+    }
+
+    /// Four releases of 3 s each take 3 s together, not 12 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_set_goes_back_in_the_time_of_one_release() {
+        let (guard, released) = set(&[false; 4]);
+        let started = Instant::now();
+        guard.release().await.expect("release");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(3) && took < Duration::from_secs(4),
+            "a set of four releases of 3 s each took {took:?}"
+        );
+        assert_eq!(sorted(&released), [1, 2, 3, 4]);
+    }
+
+    /// Every lock is given back whatever happens to the others, and the error told is
+    /// the first in the order taken, the last first.
+    #[tokio::test(start_paused = true)]
+    async fn the_error_told_is_the_last_taken_lock_that_failed() {
+        let (guard, released) = set(&[false, true, true, false]);
+        let e = guard.release().await.expect_err("two releases failed");
+        assert!(e.to_string().contains("release 3 failed"), "{e}");
+        assert_eq!(sorted(&released), [1, 2, 3, 4]);
+    }
+
+    /// A release dropped halfway still gives every lock back, each in a task of its
+    /// own.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_dropped_halfway_still_gives_every_lock_back() {
+        let (guard, released) = set(&[false; 4]);
+        let cut = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
+        assert!(cut.is_err(), "the release finished within 1 s");
+        assert!(sorted(&released).is_empty());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(sorted(&released), [1, 2, 3, 4]);
+    }
+}

@@ -23,6 +23,7 @@ mod encoded {
     use super::*;
     dlock::conformance_suite!(harness("?session_ttl=6s"));
     dlock::conformance_faults!(proxied("?session_ttl=6s"));
+    dlock::conformance_slow_network!(proxied("?session_ttl=6s"));
 }
 
 mod raw_names {

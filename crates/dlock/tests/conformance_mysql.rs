@@ -24,16 +24,19 @@ mod lease {
     use super::*;
     dlock::conformance_suite!(harness(""));
     dlock::conformance_faults!(proxied(""));
+    dlock::conformance_slow_network!(proxied(""));
 }
 
 mod named {
     use super::*;
     dlock::conformance_suite!(harness("?mode=named"));
     dlock::conformance_faults!(proxied("?mode=named"));
+    dlock::conformance_slow_network!(proxied("?mode=named"));
 }
 
 mod row {
     use super::*;
     dlock::conformance_suite!(harness("?mode=row&table_prefix=locks_by_row"));
     dlock::conformance_faults!(proxied("?mode=row&table_prefix=locks_by_row"));
+    dlock::conformance_slow_network!(proxied("?mode=row&table_prefix=locks_by_row"));
 }

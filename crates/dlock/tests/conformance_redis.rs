@@ -23,18 +23,21 @@ mod redisson {
     use super::*;
     dlock::conformance_suite!(harness(""));
     dlock::conformance_faults!(proxied(""));
+    dlock::conformance_slow_network!(proxied(""));
 }
 
 mod redis_py {
     use super::*;
     dlock::conformance_suite!(harness("?layout=redis-py"));
     dlock::conformance_faults!(proxied("?layout=redis-py"));
+    dlock::conformance_slow_network!(proxied("?layout=redis-py"));
 }
 
 mod python_redis_lock {
     use super::*;
     dlock::conformance_suite!(harness("?layout=python-redis-lock"));
     dlock::conformance_faults!(proxied("?layout=python-redis-lock"));
+    dlock::conformance_slow_network!(proxied("?layout=python-redis-lock"));
 }
 
 /// The suite on a three-master Redis Cluster.

@@ -21,3 +21,4 @@ async fn proxied() -> Option<Harness> {
 
 dlock::conformance_suite!(harness());
 dlock::conformance_faults!(proxied());
+dlock::conformance_slow_network!(proxied());

@@ -233,6 +233,17 @@ macro_rules! conformance_faults {
         $crate::conformance_suite!(@each $harness;
             shared_owners_crowd_under_faults,
             primitives_under_faults,
+        );
+    };
+}
+
+/// The behaviours that need a harness with a fault proxy whose backend answers through
+/// a delay of 60 ms each way ([`Harness::with_proxy`]; Redlock: a `node_timeout`
+/// above it): one `#[tokio::test]` each.
+#[macro_export]
+macro_rules! conformance_slow_network {
+    ($harness:expr) => {
+        $crate::conformance_suite!(@each $harness;
             a_set_goes_back_at_once,
         );
     };
