@@ -127,7 +127,9 @@ impl MultiGuard {
     /// As [`LockGuard::release`], for the first lock whose release failed.
     ///
     /// # Cancel safety
-    /// Cancel safe: each release under way finishes in a task of its own.
+    /// Cancel safe: each release under way finishes in a task of its own; dropped
+    /// before it was first polled, the future's guards release in the background as
+    /// they drop.
     pub async fn release(self) -> Result<()> {
         let mut releases: Vec<Pin<Box<dyn Future<Output = Result<()>> + Send>>> = self
             .guards
