@@ -9,6 +9,8 @@
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
 
+use super::layout::Key;
+
 /// An `EVALSHA` of `script` with its keys given up front and its arguments added after.
 pub(crate) struct Call<'s> {
     script: &'s Script,
@@ -17,13 +19,13 @@ pub(crate) struct Call<'s> {
 
 impl<'s> Call<'s> {
     /// A call of `script` on `keys` (`KEYS[1]`…), with room for `args` arguments.
-    pub(crate) fn new(script: &'s Script, keys: &[&str], args: usize) -> Self {
+    pub(crate) fn new(script: &'s Script, keys: &[Key<'_>], args: usize) -> Self {
         let data =
             script.get_hash().len() + 16 + keys.iter().map(|k| k.len()).sum::<usize>() + 24 * args;
         let mut cmd = Cmd::with_capacity(3 + keys.len() + args, data);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
         for k in keys {
-            cmd.arg(*k);
+            cmd.arg(k);
         }
         Call { script, cmd }
     }

@@ -68,11 +68,16 @@ impl Layout {
 
     /// The keys of lock `name` (with the configured key prefix already applied).
     pub(crate) fn keys(self, name: &str) -> Keys {
-        let lock = match self {
+        let lock: Arc<str> = match self {
             Layout::Redisson | Layout::RedisPy => Arc::from(name),
             Layout::PythonRedisLock => Arc::from(format!("{PYTHON_REDIS_LOCK_PREFIX}{name}")),
         };
-        Keys { lock, layout: self }
+        let braces = !lock.contains('{');
+        Keys {
+            lock,
+            layout: self,
+            braces,
+        }
     }
 
     /// [`Layout::keys`] of a name held as shared text: where the lock key is the name
@@ -82,6 +87,7 @@ impl Layout {
             Layout::Redisson | Layout::RedisPy => Keys {
                 lock: Arc::clone(name),
                 layout: self,
+                braces: !name.contains('{'),
             },
             Layout::PythonRedisLock => self.keys(name),
         }
@@ -128,37 +134,62 @@ pub(crate) struct Keys {
     /// The lock itself.
     pub lock: Arc<str>,
     layout: Layout,
+    /// The keys made from the lock's put it in braces (it carries no hash tag).
+    braces: bool,
 }
 
 impl Keys {
     /// dlock's (or RFencedLock's) fencing-token counter; never expires.
     pub(crate) fn counter(&self) -> String {
+        self.counter_key().text()
+    }
+
+    /// [`Keys::counter`], to write where it goes.
+    pub(crate) fn counter_key(&self) -> Key<'_> {
         match self.layout {
-            Layout::Redisson => suffixed("redisson_lock_token", &self.lock),
-            Layout::RedisPy | Layout::PythonRedisLock => suffixed("dlock_token", &self.lock),
+            Layout::Redisson => self.tagged("redisson_lock_token"),
+            Layout::RedisPy | Layout::PythonRedisLock => self.tagged("dlock_token"),
         }
     }
 
     /// The unlock channel (or, for python-redis-lock, the signal list).
     pub(crate) fn signal(&self) -> String {
+        self.signal_key().text()
+    }
+
+    /// [`Keys::signal`], to write where it goes.
+    pub(crate) fn signal_key(&self) -> Key<'_> {
         match self.layout {
-            Layout::Redisson => suffixed("redisson_lock__channel", &self.lock),
-            Layout::RedisPy => suffixed("dlock_unlock", &self.lock),
-            Layout::PythonRedisLock => {
-                let name = self
-                    .lock
+            Layout::Redisson => self.tagged("redisson_lock__channel"),
+            Layout::RedisPy => self.tagged("dlock_unlock"),
+            Layout::PythonRedisLock => Key::Joined(
+                "lock-signal:",
+                self.lock
                     .strip_prefix(PYTHON_REDIS_LOCK_PREFIX)
-                    .unwrap_or(&self.lock);
-                format!("lock-signal:{name}")
-            }
+                    .unwrap_or(&self.lock),
+            ),
         }
     }
 
     /// Plain layouts: where dlock keeps the holder's metadata (same lease as the lock).
     pub(crate) fn meta(&self) -> Option<String> {
+        self.meta_key().map(Key::text)
+    }
+
+    /// [`Keys::meta`], to write where it goes.
+    pub(crate) fn meta_key(&self) -> Option<Key<'_>> {
         match self.layout {
             Layout::Redisson => None,
-            Layout::RedisPy | Layout::PythonRedisLock => Some(suffixed("dlock_meta", &self.lock)),
+            Layout::RedisPy | Layout::PythonRedisLock => Some(self.tagged("dlock_meta")),
+        }
+    }
+
+    /// `prefix:{lock}`, or `prefix:lock` when the lock's key carries a hash tag.
+    fn tagged(&self, prefix: &'static str) -> Key<'_> {
+        Key::Tagged {
+            prefix,
+            name: &self.lock,
+            braces: self.braces,
         }
     }
 
@@ -174,20 +205,75 @@ impl Keys {
     }
 }
 
+/// A key as a command names it: written into the command where it goes (as an
+/// argument, or as text), never built as a string of its own first — an acquisition
+/// and a release each name up to three keys made from the lock's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Key<'a> {
+    /// A key as it is.
+    Plain(&'a str),
+    /// `prefix:{name}`, or `prefix:name` (`braces` false) when the name already
+    /// carries a hash tag.
+    Tagged {
+        prefix: &'a str,
+        name: &'a str,
+        braces: bool,
+    },
+    /// The first part, then the second, as they are.
+    Joined(&'a str, &'a str),
+}
+
+impl<'a> Key<'a> {
+    /// The key's text, in order.
+    fn parts(self) -> [&'a str; 4] {
+        match self {
+            Key::Plain(k) => [k, "", "", ""],
+            Key::Tagged {
+                prefix,
+                name,
+                braces: false,
+            } => [prefix, ":", name, ""],
+            Key::Tagged { prefix, name, .. } => [prefix, ":{", name, "}"],
+            Key::Joined(first, second) => [first, second, "", ""],
+        }
+    }
+
+    /// The key's length in bytes.
+    pub(crate) fn len(self) -> usize {
+        self.parts().iter().map(|p| p.len()).sum()
+    }
+
+    /// The key as a string of its own (for a watch, or a command built the slow way).
+    pub(crate) fn text(self) -> String {
+        let mut key = String::with_capacity(self.len());
+        for part in self.parts() {
+            key.push_str(part);
+        }
+        key
+    }
+}
+
+impl redis::ToRedisArgs for Key<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        // Into the command's own buffer, which cannot fail to take it.
+        let mut arg = out.writer_for_next_arg();
+        for part in self.parts() {
+            let _ = std::io::Write::write_all(&mut arg, part.as_bytes());
+        }
+    }
+}
+
 /// `prefix:{name}`, or `prefix:name` when the name already carries a hash tag.
 pub(crate) fn suffixed(prefix: &str, name: &str) -> String {
-    // Built by hand: this runs for every key of every acquisition.
-    let mut key = String::with_capacity(prefix.len() + name.len() + 3);
-    key.push_str(prefix);
-    key.push(':');
-    if name.contains('{') {
-        key.push_str(name);
-    } else {
-        key.push('{');
-        key.push_str(name);
-        key.push('}');
+    Key::Tagged {
+        prefix,
+        name,
+        braces: !name.contains('{'),
     }
-    key
+    .text()
 }
 
 pub(crate) static SHARED_ACQUIRE: LazyLock<Script> =
@@ -263,5 +349,46 @@ mod tests {
         assert_eq!(k.counter(), "dlock_token:{job}");
         assert_eq!(k.meta().as_deref(), Some("dlock_meta:{job}"));
         assert_eq!(k.queue(), None);
+    }
+
+    /// A key written into a command is the same bytes as its text, and its length is
+    /// theirs: the command's arguments stay apart (each key one argument).
+    #[test]
+    fn keys_written_into_a_command_are_their_text() {
+        let mut all = Vec::new();
+        for layout in [Layout::Redisson, Layout::RedisPy, Layout::PythonRedisLock] {
+            for name in ["job", "{user1}:cart", "lock:x", ""] {
+                let k = layout.keys(name);
+                all.extend([k.counter_key().text(), k.signal_key().text()]);
+                all.extend(k.meta_key().map(Key::text));
+                let mut cmd = redis::Cmd::new();
+                cmd.arg("EVALSHA")
+                    .arg(Key::Plain(&k.lock))
+                    .arg(k.counter_key());
+                cmd.arg(k.signal_key()).arg(7);
+                let args: Vec<Vec<u8>> = cmd
+                    .args_iter()
+                    .map(|a| match a {
+                        redis::Arg::Simple(bytes) => bytes.to_vec(),
+                        _ => b"(not a plain argument)".to_vec(),
+                    })
+                    .collect();
+                let expected: Vec<Vec<u8>> = [
+                    "EVALSHA".to_owned(),
+                    k.lock.to_string(),
+                    k.counter(),
+                    k.signal(),
+                    "7".to_owned(),
+                ]
+                .into_iter()
+                .map(String::into_bytes)
+                .collect();
+                assert_eq!(args, expected, "{layout:?} {name:?}");
+                for key in [k.counter_key(), k.signal_key()] {
+                    assert_eq!(key.len(), key.text().len());
+                }
+            }
+        }
+        assert!(all.iter().all(|k| !k.is_empty()));
     }
 }

@@ -129,8 +129,8 @@ mod tls;
 
 use conn::Conn;
 
-use layout::Keys;
 pub use layout::Layout;
+use layout::{Key, Keys};
 use subscriber::{Source, Subscriber, Watch};
 
 const SCHEME: &str = "redis";
@@ -607,17 +607,17 @@ impl Inner {
     }
 
     async fn release(&self, keys: &Keys, owner: &str, fence: u64) -> Result<i64> {
-        let signal = keys.signal();
+        let (lock, signal) = (Key::Plain(&keys.lock), keys.signal_key());
         let script = self.layout.release_script();
-        let mut call = match keys.meta() {
+        let mut call = match keys.meta_key() {
             None => {
-                let mut call = call::Call::new(script, &[&keys.lock, &signal], 2);
+                let mut call = call::Call::new(script, &[lock, signal], 2);
                 call.arg(owner);
                 call
             }
             Some(meta) => {
-                let counter = keys.counter();
-                let mut call = call::Call::new(script, &[&keys.lock, &signal, &meta, &counter], 3);
+                let keys = [lock, signal, meta, keys.counter_key()];
+                let mut call = call::Call::new(script, &keys, 3);
                 call.arg(owner).arg(self.signal_kind());
                 call
             }
@@ -712,7 +712,8 @@ impl Backend for RedisBackend {
         // but before its reply arrived, the retry finds this attempt's grant instead of
         // leaving it orphaned (or taking a second hold).
         // Unique per attempt is all it needs: no OS randomness on the hot path.
-        let mut nonce = crate::hex::u128_32(fastrand::u128(..));
+        let fresh = crate::hex::encode_16(&fastrand::u128(..).to_be_bytes());
+        let mut nonce = crate::hex::ascii(&fresh);
         let stored = |nonce: &str| {
             StoredMetadata {
                 metadata: &req.metadata,
@@ -740,7 +741,7 @@ impl Backend for RedisBackend {
                     // A hand-off to this acquisition may have landed: find it by its
                     // nonce; if it did, its lease runs from when it was sent.
                     metadata = stored(&lost);
-                    nonce = lost;
+                    nonce = std::borrow::Cow::Owned(lost);
                     recovering = true;
                     granted_at = Some(sent_at);
                 }
@@ -776,7 +777,6 @@ impl Backend for RedisBackend {
         let started = std::time::Instant::now();
         let mut round = 0u32;
         let fair_keys = if req.fair { keys.queue() } else { None };
-        let (counter, meta) = (keys.counter(), keys.meta());
         let (granted, value): (i64, i64) = loop {
             let fair_queue = fair_keys.as_ref();
             let script = match fair_queue {
@@ -784,21 +784,32 @@ impl Backend for RedisBackend {
                 None => inner.layout.acquire_script(),
             };
             // KEYS: the lock, its counter, then the metadata key (plain layouts) or
-            // the queue and its deadlines (fair mode).
-            let mut names = [&*keys.lock, counter.as_str(), "", "", ""];
-            let mut count = 2;
-            let more = meta
-                .iter()
-                .chain(fair_queue.into_iter().flat_map(|(q, d)| [q, d]));
-            for key in more {
-                names[count] = key;
-                count += 1;
-            }
-            let mut call = call::Call::new(script, &names[..count], 7);
+            // the queue and its deadlines (fair mode). Not kept while the call runs:
+            // this future must stay small.
+            let mut call = {
+                let mut names = [
+                    Key::Plain(&keys.lock),
+                    keys.counter_key(),
+                    Key::Plain(""),
+                    Key::Plain(""),
+                    Key::Plain(""),
+                ];
+                let mut count = 2;
+                let more = keys.meta_key().into_iter().chain(
+                    fair_queue
+                        .into_iter()
+                        .flat_map(|(q, d)| [Key::Plain(q), Key::Plain(d)]),
+                );
+                for key in more {
+                    names[count] = key;
+                    count += 1;
+                }
+                call::Call::new(script, &names[..count], 7)
+            };
             call.arg(ttl_ms)
                 .arg(req.owner.as_str())
                 .arg(&metadata)
-                .arg(&nonce)
+                .arg(&*nonce)
                 .arg(if recovering { "1" } else { "0" });
             if fair_queue.is_some() {
                 let life = req
@@ -1107,21 +1118,22 @@ impl RedisHeld {
     ) -> Result<bool> {
         let sent_at = std::time::Instant::now();
         let want = &offer.want;
-        let (counter, signal) = (self.keys.counter(), self.keys.signal());
-        let answer: redis::RedisResult<(i64, u64)> = call::Call::new(
-            &layout::REDISSON_HANDOFF,
-            &[&self.keys.lock, &counter, &signal],
-            7,
-        )
-        .arg(self.owner.as_str())
-        .arg(self.fence)
-        .arg(offer.owner().as_str())
-        .arg(u64::try_from(want.ttl.as_millis()).unwrap_or(u64::MAX))
-        .arg(&want.metadata)
-        .arg(&want.nonce)
-        .arg(if offer.last { "1" } else { "0" })
-        .run(&mut self.inner.conn.clone())
-        .await;
+        let keys = [
+            Key::Plain(&self.keys.lock),
+            self.keys.counter_key(),
+            self.keys.signal_key(),
+        ];
+        let answer: redis::RedisResult<(i64, u64)> =
+            call::Call::new(&layout::REDISSON_HANDOFF, &keys, 7)
+                .arg(self.owner.as_str())
+                .arg(self.fence)
+                .arg(offer.owner().as_str())
+                .arg(u64::try_from(want.ttl.as_millis()).unwrap_or(u64::MAX))
+                .arg(&want.metadata)
+                .arg(&want.nonce)
+                .arg(if offer.last { "1" } else { "0" })
+                .run(&mut self.inner.conn.clone())
+                .await;
         match answer {
             Ok((0, fence)) => {
                 let grant = RedisHeld {
