@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use crate::error::{Error, LossReason, Result};
@@ -103,18 +103,18 @@ impl MultiGuard {
     /// # Cancel safety
     /// Cancel safe: dropping the future changes nothing.
     pub fn lost(&self) -> impl Future<Output = Error> + Send + 'static {
-        let mut each: Vec<Pin<Box<dyn Future<Output = Error> + Send>>> = self
+        let mut each: Vec<Boxed<Error>> = self
             .guards
             .iter()
-            .map(|g| Box::pin(g.lost()) as Pin<Box<dyn Future<Output = Error> + Send>>)
+            .map(|g| Box::pin(g.lost()) as Boxed<Error>)
             .collect();
+        let mut told = slots(each.len());
         std::future::poll_fn(move |cx| {
-            for f in &mut each {
-                if let Poll::Ready(e) = f.as_mut().poll(cx) {
-                    return Poll::Ready(e);
-                }
+            poll_each(&mut each, &mut told, cx);
+            match told.iter_mut().find_map(Option::take) {
+                Some(e) => Poll::Ready(e),
+                None => Poll::Pending,
             }
-            Poll::Pending
         })
     }
 
@@ -131,27 +131,19 @@ impl MultiGuard {
     /// before it was first polled, the future's guards release in the background as
     /// they drop.
     pub async fn release(self) -> Result<()> {
-        let mut releases: Vec<Pin<Box<dyn Future<Output = Result<()>> + Send>>> = self
+        let mut releases: Vec<Boxed<Result<()>>> = self
             .guards
             .into_iter()
             .rev()
-            .map(|g| Box::pin(g.release()) as Pin<Box<dyn Future<Output = Result<()>> + Send>>)
+            .map(|g| Box::pin(g.release()) as Boxed<Result<()>>)
             .collect();
-        let mut results: Vec<Option<Result<()>>> = std::iter::repeat_with(|| None)
-            .take(releases.len())
-            .collect();
+        let mut results = slots(releases.len());
         std::future::poll_fn(|cx| {
-            let mut done = true;
-            for (release, result) in releases.iter_mut().zip(results.iter_mut()) {
-                // A release that finished is never polled again.
-                if result.is_none() {
-                    match release.as_mut().poll(cx) {
-                        Poll::Ready(r) => *result = Some(r),
-                        Poll::Pending => done = false,
-                    }
-                }
+            if poll_each(&mut releases, &mut results, cx) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
             }
-            if done { Poll::Ready(()) } else { Poll::Pending }
         })
         .await;
         results
@@ -166,6 +158,30 @@ impl MultiGuard {
     pub fn into_guards(self) -> Vec<LockGuard> {
         self.guards
     }
+}
+
+/// One guard's future, boxed so a set's futures can sit in one `Vec`.
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// An empty slot for each of `n` futures' outputs.
+fn slots<T>(n: usize) -> Vec<Option<T>> {
+    std::iter::repeat_with(|| None).take(n).collect()
+}
+
+/// Polls each future of `each` whose slot in `out` is still empty, and puts its output
+/// there when it finishes: a future that finished is never polled again, and all of
+/// them wake the same task. True once every slot is full.
+fn poll_each<T>(each: &mut [Boxed<T>], out: &mut [Option<T>], cx: &mut Context<'_>) -> bool {
+    let mut done = true;
+    for (f, slot) in each.iter_mut().zip(out.iter_mut()) {
+        if slot.is_none() {
+            match f.as_mut().poll(cx) {
+                Poll::Ready(v) => *slot = Some(v),
+                Poll::Pending => done = false,
+            }
+        }
+    }
+    done
 }
 
 impl Locker {
