@@ -284,6 +284,35 @@ pub(crate) static SHARED_HOLDERS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/shared_holders.lua")));
 pub(crate) static SHARED_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/shared_release.lua")));
+/// What an acquire script (`scripts/redisson_acquire.lua`, `redisson_fair_acquire.lua`,
+/// `plain_acquire.lua`) answers, in one integer: the fencing token (≥ 0) when granted;
+/// when the lock is held, −3 − its `PTTL` (always < 0). One integer rather than a
+/// `{granted, value}` table: the server turns a table into a reply at a cost
+/// (BENCHMARKS.md measures the scripts' server time per cycle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Granted {
+        token: u64,
+    },
+    /// The lock's remaining lease: `None` when it has none (`PTTL` −1) or is gone (−2).
+    Held {
+        lease: Option<std::time::Duration>,
+    },
+}
+
+impl Answer {
+    pub(crate) fn of(v: i64) -> Self {
+        match u64::try_from(v) {
+            Ok(token) => Answer::Granted { token },
+            Err(_) => Answer::Held {
+                lease: u64::try_from((-3i64).saturating_sub(v))
+                    .ok()
+                    .map(std::time::Duration::from_millis),
+            },
+        }
+    }
+}
+
 pub(crate) static REDISSON_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_acquire.lua")));
 pub(crate) static REDISSON_FAIR_ACQUIRE: LazyLock<Script> =
@@ -320,6 +349,27 @@ static PLAIN_BREAK: LazyLock<Script> = LazyLock::new(|| {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_acquire_answer_is_a_token_or_a_wait() {
+        use std::time::Duration;
+        assert_eq!(Answer::of(0), Answer::Granted { token: 0 });
+        assert_eq!(Answer::of(41), Answer::Granted { token: 41 });
+        let held = |v| match Answer::of(v) {
+            Answer::Held { lease } => lease,
+            granted => panic!("{v}: {granted:?}"),
+        };
+        // -3 - PTTL: no lease (-1) and no key (-2) give no wait.
+        assert_eq!(held(-2), None);
+        assert_eq!(held(-1), None);
+        assert_eq!(held(-3), Some(Duration::ZERO));
+        assert_eq!(held(-3 - 1500), Some(Duration::from_millis(1500)));
+        // No overflow at the far end.
+        assert_eq!(
+            held(i64::MIN),
+            Some(Duration::from_millis(i64::MAX as u64 - 2))
+        );
+    }
 
     #[test]
     fn redisson_naming_rule() {

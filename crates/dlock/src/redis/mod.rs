@@ -777,7 +777,7 @@ impl Backend for RedisBackend {
         let started = std::time::Instant::now();
         let mut round = 0u32;
         let fair_keys = if req.fair { keys.queue() } else { None };
-        let (granted, value): (i64, i64) = loop {
+        let answer: i64 = loop {
             let fair_queue = fair_keys.as_ref();
             let script = match fair_queue {
                 Some(_) => &*layout::REDISSON_FAIR_ACQUIRE,
@@ -828,15 +828,17 @@ impl Backend for RedisBackend {
                 Err(e) => return Err(map_err(&e)),
             }
         };
-        if granted != 1 {
-            let mut retry_after = u64::try_from(value).ok().map(Duration::from_millis);
-            if inner.layout != Layout::Redisson {
-                // Foreign clients of plain layouts announce nothing: re-poll often.
-                retry_after = Some(retry_after.map_or(inner.poll, |d| d.min(inner.poll)));
+        let fence = match layout::Answer::of(answer) {
+            layout::Answer::Granted { token } => token,
+            layout::Answer::Held { lease } => {
+                let mut retry_after = lease;
+                if inner.layout != Layout::Redisson {
+                    // Foreign clients of plain layouts announce nothing: re-poll often.
+                    retry_after = Some(retry_after.map_or(inner.poll, |d| d.min(inner.poll)));
+                }
+                return Ok(Attempt::Busy { retry_after });
             }
-            return Ok(Attempt::Busy { retry_after });
-        }
-        let fence = u64::try_from(value).unwrap_or(0);
+        };
         if inner.min_replicas.is_some() {
             Box::pin(inner.await_replicas(&keys, req.owner.as_str(), fence)).await?;
         }

@@ -9,8 +9,8 @@ for i = 1, #KEYS / 3 do
   if redis.call('get', lock) == ARGV[3 * i - 2] and redis.call('get', counter) == ARGV[3 * i - 1] then
     local lease = tonumber(ARGV[3 * i])
     if redis.call('pttl', lock) < lease then
-      redis.call('pexpire', lock, lease)
-      redis.call('pexpire', meta, lease)
+      redis.call('pexpire', lock, ARGV[3 * i])
+      redis.call('pexpire', meta, ARGV[3 * i])
     end
     out[i] = 1
   else

@@ -2,7 +2,10 @@
 -- KEYS[1] the lock hash (the name itself), KEYS[2] the token counter.
 -- ARGV[1] lease in ms, ARGV[2] owner field, ARGV[3] metadata (JSON),
 -- ARGV[4] this attempt's nonce, ARGV[5] '1' when retrying after a lost reply.
--- Granted: {1, fencing token}. Held by another: {0, remaining lease in ms or -1}.
+-- Answers one integer (`layout::Answer`): granted, the fencing token (>= 0); held by
+-- another, -3 - its PTTL (always < 0). Not a {granted, value} table: a table reply
+-- costs the server more, as does a number argument to redis.call (converted with
+-- "%.17g"), so leases and hold counts go as strings.
 local lock, counter = KEYS[1], KEYS[2]
 local lease, owner, nonce = tonumber(ARGV[1]), ARGV[2], ARGV[4]
 if ARGV[5] == '1' then
@@ -11,28 +14,28 @@ if ARGV[5] == '1' then
   if redis.call('hget', lock, 'dlock:handoff') == nonce then
     redis.call('hdel', lock, 'dlock:handoff')
     redis.call('hset', lock, 'dlock:nonce', nonce)
-    return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
+    return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
   end
   -- A retry whose first try was granted (only the reply was lost) finds its own nonce:
   -- report that grant instead of taking a second hold.
   if redis.call('hget', lock, 'dlock:nonce') == nonce then
-    return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
+    return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
   end
 end
 if redis.call('exists', lock) == 0 then
   local token = redis.call('incr', counter)
-  redis.call('hset', lock, owner, 1, 'dlock:fence', token, 'dlock:meta', ARGV[3],
+  redis.call('hset', lock, owner, '1', 'dlock:fence', token, 'dlock:meta', ARGV[3],
     'dlock:nonce', nonce)
-  redis.call('pexpire', lock, lease)
-  return {1, token}
+  redis.call('pexpire', lock, ARGV[1])
+  return token
 end
 if redis.call('hexists', lock, owner) == 1 then
-  redis.call('hincrby', lock, owner, 1)
+  redis.call('hincrby', lock, owner, '1')
   redis.call('hset', lock, 'dlock:nonce', nonce)
   if redis.call('pttl', lock) < lease then
-    redis.call('pexpire', lock, lease)
+    redis.call('pexpire', lock, ARGV[1])
   end
   local token = redis.call('hget', lock, 'dlock:fence') or redis.call('get', counter) or '0'
-  return {1, tonumber(token)}
+  return tonumber(token)
 end
-return {0, redis.call('pttl', lock)}
+return -3 - redis.call('pttl', lock)

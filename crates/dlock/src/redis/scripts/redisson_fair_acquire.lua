@@ -5,11 +5,12 @@
 -- retrying after a lost reply, ARGV[6] queue entry lifetime in ms ('0': do not queue),
 -- ARGV[7] this acquisition's queue entry (owner and acquisition: two waiters of one
 -- owner each have a place of their own).
--- Granted: {1, fencing token}. Busy: {0, remaining lease in ms or -1}.
+-- Answers as redisson_acquire.lua does: the fencing token (>= 0) when granted, else
+-- -3 - the lock's PTTL (always < 0).
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local lease, owner, nonce, entry = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[7]
 if ARGV[5] == '1' and redis.call('hget', lock, 'dlock:nonce') == nonce then
-  return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
+  return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
 end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -24,16 +25,16 @@ while true do
 end
 if redis.call('hexists', lock, owner) == 1 then
   -- Re-entry by the holding owner: granted at once, and its queue place goes.
-  redis.call('hincrby', lock, owner, 1)
+  redis.call('hincrby', lock, owner, '1')
   redis.call('hset', lock, 'dlock:nonce', nonce)
   if redis.call('pttl', lock) < lease then
-    redis.call('pexpire', lock, lease)
+    redis.call('pexpire', lock, ARGV[1])
   end
   if redis.call('zscore', deadlines, entry) then
     redis.call('lrem', queue, 0, entry)
     redis.call('zrem', deadlines, entry)
   end
-  return {1, tonumber(redis.call('hget', lock, 'dlock:fence') or '0')}
+  return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
 end
 local head = redis.call('lindex', queue, 0)
 if redis.call('exists', lock) == 0 and (not head or head == entry) then
@@ -42,10 +43,10 @@ if redis.call('exists', lock) == 0 and (not head or head == entry) then
     redis.call('zrem', deadlines, entry)
   end
   local token = redis.call('incr', counter)
-  redis.call('hset', lock, owner, 1, 'dlock:fence', token, 'dlock:meta', ARGV[3],
+  redis.call('hset', lock, owner, '1', 'dlock:fence', token, 'dlock:meta', ARGV[3],
     'dlock:nonce', nonce)
-  redis.call('pexpire', lock, lease)
-  return {1, token}
+  redis.call('pexpire', lock, ARGV[1])
+  return token
 end
 local life = tonumber(ARGV[6])
 if life > 0 then
@@ -57,4 +58,4 @@ if life > 0 then
   redis.call('pexpire', queue, life * 2)
   redis.call('pexpire', deadlines, life * 2)
 end
-return {0, redis.call('pttl', lock)}
+return -3 - redis.call('pttl', lock)

@@ -35,7 +35,7 @@ local token = redis.call('incr', KEYS[2])
 -- 'dlock:handoff' marks the hold as the hand-off's until its waiter picks it up: a
 -- waiter that recovers it by this nonce claims it, one that left gives back exactly
 -- this hold (`redisson_abandon.lua`), never a hold its own attempt took.
-redis.call('hset', lock, ARGV[3], 1, 'dlock:fence', token, 'dlock:meta', ARGV[5],
+redis.call('hset', lock, ARGV[3], '1', 'dlock:fence', token, 'dlock:meta', ARGV[5],
   'dlock:nonce', ARGV[6], 'dlock:handoff', ARGV[6])
 redis.call('pexpire', lock, ARGV[4])
 return {0, token}

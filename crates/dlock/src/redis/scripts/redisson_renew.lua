@@ -7,7 +7,7 @@ for i = 1, #KEYS do
   if redis.call('hexists', KEYS[i], owner) == 1
       and redis.call('hget', KEYS[i], 'dlock:fence') == token then
     if redis.call('pttl', KEYS[i]) < lease then
-      redis.call('pexpire', KEYS[i], lease)
+      redis.call('pexpire', KEYS[i], ARGV[3 * i])
     end
     out[i] = 1
   else
