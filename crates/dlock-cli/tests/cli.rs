@@ -1044,6 +1044,30 @@ fn bench_primitives_against_their_floors() {
             );
         }
     }
+    // Many tasks on Redis, each its own lock: the shared-connection floor and the least
+    // fenced lock from as many tasks, both measured in the same run.
+    let out = env.run(&[
+        "bench",
+        "--url",
+        &redis.url(),
+        "--scenario",
+        "parallel",
+        "--tasks",
+        "4",
+        "--duration",
+        "300ms",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for k in [
+        "floor_cycles_per_sec",
+        "ratio_to_floor",
+        "limit_cycles_per_sec",
+        "ratio_to_limit",
+    ] {
+        assert!(v["parallel"][k].as_f64().expect(k) > 0.0, "{k}: {v}");
+    }
     let out = env.run(&[
         "bench",
         "--url",
@@ -1119,6 +1143,8 @@ fn bench_runs_the_named_scenarios_only() {
     assert!(v["uncontended"].is_null(), "not asked for: {v}");
     assert!(v["contended"].is_null(), "not asked for: {v}");
     assert_eq!(v["parallel"]["keys"].as_u64(), Some(2));
+    // Tasks sharing locks, on SQLite: no bare side to compare with.
+    assert!(v["parallel"]["ratio_to_limit"].is_null(), "{v}");
     assert!(v["parallel"]["cycles_per_sec"].as_f64().expect("rate") > 0.0);
     assert!(
         v["handoff"]["dlock"]["acquisitions"]

@@ -539,13 +539,19 @@ fn print_report(r: &Report) {
     }
     if let Some(p) = &r.parallel {
         outln!(
-            "{} tasks cycling {} locks: {:.0} cycles/s{}{}",
+            "{} tasks cycling {} locks: {:.0} cycles/s{}{}{}",
             p.tasks,
             p.keys,
             p.cycles_per_sec,
             match (p.floor_cycles_per_sec, p.ratio_to_floor) {
                 (Some(f), Some(ratio)) => format!(
                     " vs the shared-connection floor {f:.0}/s in the same run -> {ratio:.2}x"
+                ),
+                _ => String::new(),
+            },
+            match (p.limit_cycles_per_sec, p.ratio_to_limit) {
+                (Some(l), Some(ratio)) => format!(
+                    "; vs the least fenced lock's {l:.0}/s from as many tasks -> {ratio:.2}x"
                 ),
                 _ => String::new(),
             },

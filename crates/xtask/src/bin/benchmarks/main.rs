@@ -715,10 +715,19 @@ fn main() {
         instructions.as_ref().ok().map(|(d, f)| d / f <= 1.3),
     );
     let r64 = over(&redis_runs, "uncontended-64-tasks");
+    // The least fenced lock (the one-task limit's script) from as many tasks on the
+    // same shared connection, in the same run.
+    let l64 = Spread::over(&redis_runs, |r| r["parallel"]["ratio_to_limit"].as_f64());
     target(
-        "Redis uncontended, 64 tasks: ≥ 0.90× the shared-connection floor",
-        r64.map_or("–".into(), |r| r.ratio()),
-        Spread::judge(r64, |r| r >= 0.90),
+        "Redis uncontended, 64 tasks: ≥ 0.90× the shared-connection floor, or ≥ 0.95× the \
+         limit: the least fenced lock from as many tasks",
+        r64.map_or("–".into(), |r| {
+            let limit = l64.map_or(String::new(), |l| format!("; {} the limit", l.ratio()));
+            format!("{} the floor{limit}", r.ratio())
+        }),
+        Spread::judge(r64, |r| {
+            r >= 0.90 || l64.is_some_and(|l| l.complete() && l.median >= 0.95)
+        }),
     );
     // Each run's own ratio of dlock's hand-off latency to the floor's (a run without a
     // hand-off on either side gives none).
@@ -990,7 +999,9 @@ fn main() {
          (Redis without persistence also `--hold 100000 --hold-for 10s`). Scenarios: \
          `uncontended-1-task` (acquire + release, one lock, one task); \
          `uncontended-64-tasks` (64 tasks each cycling its own lock; floor: the same \
-         client's bare cycles from 64 tasks); `contended-8-processes` (8 processes on one \
+         client's bare cycles from 64 tasks; on Redis also a limit, the least fenced lock \
+         from 64 tasks; the sides take turns over three rounds of 1 s); \
+         `contended-8-processes` (8 processes on one \
          lock; percentiles = wait); `handoff-50-waiters` (50 tasks on one lock: real hand-offs \
          to a different waiter per second, percentiles release → next grant; floor where \
          there is one: a bare hand-written hand-off, e.g. BLPOP on a signal list); \
