@@ -3,8 +3,9 @@
 //! - [`Layout::Redisson`] (default): Redisson's RLock/RFencedLock. The lock is a hash at
 //!   the name itself, field `<owner>` → hold count, with a lease (PEXPIRE); the token
 //!   counter is `redisson_lock_token:{name}`; release publishes `0` on
-//!   `redisson_lock__channel:{name}`. dlock adds two fields to its own holds
-//!   (`dlock:fence`, `dlock:meta`), which Redisson ignores. A Redisson holder and a
+//!   `redisson_lock__channel:{name}`. dlock adds fields of its own, which Redisson
+//!   ignores: `dlock:fence`, `dlock:meta`, and one `dlock:g:<nonce>` per hold, named
+//!   by the attempt that took it and deleted by its release. A Redisson holder and a
 //!   dlock holder exclude each other; Redisson waiters wake on dlock's release and
 //!   dlock waiters on Redisson's.
 //! - [`Layout::RedisPy`]: the plain-string lock of redis-py's `Lock`, redsync, rslock

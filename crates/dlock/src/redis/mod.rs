@@ -574,6 +574,43 @@ impl StoredMetadata<'_> {
     }
 }
 
+/// The nonce of the attempt (or in-process hand-off) that took a hold. On the Redisson
+/// layout each hold has a field of its own on the server, named by it
+/// (`scripts/redisson_acquire.lua`), which its release deletes. Kept inline: a nonce is
+/// 32 hex digits, a hand-off's two more.
+#[derive(Clone)]
+enum GrantNonce {
+    Inline {
+        len: u8,
+        bytes: [u8; 34],
+    },
+    /// Longer than any nonce this crate makes; kept whole all the same.
+    Other(Box<str>),
+}
+
+impl GrantNonce {
+    fn new(nonce: &str) -> Self {
+        let mut bytes = [0u8; 34];
+        match (bytes.get_mut(..nonce.len()), u8::try_from(nonce.len())) {
+            (Some(inline), Ok(len)) => {
+                inline.copy_from_slice(nonce.as_bytes());
+                GrantNonce::Inline { len, bytes }
+            }
+            _ => GrantNonce::Other(nonce.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            GrantNonce::Inline { len, bytes } => bytes
+                .get(..usize::from(*len))
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .unwrap_or_default(),
+            GrantNonce::Other(s) => s,
+        }
+    }
+}
+
 /// The nonce an in-process hand-off to the waiter of an attempt writes: derived from
 /// the attempt's, and never equal to any attempt's.
 fn handoff_nonce(attempt: &str) -> String {
@@ -606,24 +643,25 @@ impl Inner {
         }
     }
 
-    async fn release(&self, keys: &Keys, owner: &str, fence: u64) -> Result<i64> {
+    /// Give back the hold `nonce` took (see [`GrantNonce`]).
+    async fn release(&self, keys: &Keys, owner: &str, fence: u64, nonce: &str) -> Result<i64> {
         let (lock, signal) = (Key::Plain(&keys.lock), keys.signal_key());
         let script = self.layout.release_script();
-        let mut call = match keys.meta_key() {
+        let call = match keys.meta_key() {
             None => {
-                let mut call = call::Call::new(script, &[lock, signal], 2);
-                call.arg(owner);
+                // Redisson: the hold's own field goes with it.
+                let mut call = call::Call::new(script, &[lock, signal], 3);
+                call.arg(owner).arg(fence).arg(nonce);
                 call
             }
             Some(meta) => {
                 let keys = [lock, signal, meta, keys.counter_key()];
                 let mut call = call::Call::new(script, &keys, 3);
-                call.arg(owner).arg(self.signal_kind());
+                call.arg(owner).arg(self.signal_kind()).arg(fence);
                 call
             }
         };
-        call.arg(fence)
-            .run(&mut self.conn.clone())
+        call.run(&mut self.conn.clone())
             .await
             .map_err(|e| map_err(&e))
     }
@@ -642,10 +680,16 @@ impl Inner {
     }
 
     /// After a grant: wait for replicas, or give the grant back and fail.
-    async fn await_replicas(&self, keys: &Keys, owner: &str, fence: u64) -> Result<()> {
+    async fn await_replicas(
+        &self,
+        keys: &Keys,
+        owner: &str,
+        fence: u64,
+        nonce: &str,
+    ) -> Result<()> {
         let waited = self.wait_replicas().await;
         if waited.is_err() {
-            let _ = self.release(keys, owner, fence).await;
+            let _ = self.release(keys, owner, fence, nonce).await;
         }
         waited
     }
@@ -840,7 +884,7 @@ impl Backend for RedisBackend {
             }
         };
         if inner.min_replicas.is_some() {
-            Box::pin(inner.await_replicas(&keys, req.owner.as_str(), fence)).await?;
+            Box::pin(inner.await_replicas(&keys, req.owner.as_str(), fence, &nonce)).await?;
         }
         let held = RedisHeld {
             inner: Arc::clone(inner),
@@ -848,6 +892,7 @@ impl Backend for RedisBackend {
             keys,
             owner: req.owner.clone(),
             fence,
+            nonce: GrantNonce::new(&nonce),
             released: std::sync::atomic::AtomicBool::new(false),
             granted_at,
             counted: std::sync::atomic::AtomicBool::new(inner.handoffs.is_some()),
@@ -1080,6 +1125,8 @@ struct RedisHeld {
     keys: Keys,
     owner: Owner,
     fence: u64,
+    /// The nonce of the attempt or hand-off that took this hold.
+    nonce: GrantNonce,
     released: std::sync::atomic::AtomicBool,
     /// Set on a grant handed over in-process: when the hand-off was sent.
     granted_at: Option<std::time::Instant>,
@@ -1126,7 +1173,7 @@ impl RedisHeld {
             self.keys.signal_key(),
         ];
         let answer: redis::RedisResult<(i64, u64)> =
-            call::Call::new(&layout::REDISSON_HANDOFF, &keys, 7)
+            call::Call::new(&layout::REDISSON_HANDOFF, &keys, 8)
                 .arg(self.owner.as_str())
                 .arg(self.fence)
                 .arg(offer.owner().as_str())
@@ -1134,6 +1181,7 @@ impl RedisHeld {
                 .arg(&want.metadata)
                 .arg(&want.nonce)
                 .arg(if offer.last { "1" } else { "0" })
+                .arg(self.nonce.as_str())
                 .run(&mut self.inner.conn.clone())
                 .await;
         match answer {
@@ -1144,6 +1192,7 @@ impl RedisHeld {
                     keys: self.keys.clone(),
                     owner: offer.owner().clone(),
                     fence,
+                    nonce: GrantNonce::new(&want.nonce),
                     released: std::sync::atomic::AtomicBool::new(false),
                     granted_at: Some(sent_at),
                     counted: std::sync::atomic::AtomicBool::new(true),
@@ -1234,7 +1283,12 @@ impl HeldLock for RedisHeld {
             Err(e) => Err(e),
             Ok(false) => self
                 .inner
-                .release(&self.keys, self.owner.as_str(), self.fence)
+                .release(
+                    &self.keys,
+                    self.owner.as_str(),
+                    self.fence,
+                    self.nonce.as_str(),
+                )
                 .await
                 .map(|_| ()),
         };
@@ -1290,6 +1344,37 @@ mod tests {
         async fn holds(&mut self, owner: &str) -> Option<i64> {
             self.cmd(&["HGET", "l", owner]).await
         }
+
+        /// The holds' own fields on `l`, sorted.
+        async fn grants(&mut self) -> Vec<String> {
+            let fields: Vec<String> = self.cmd(&["HKEYS", "l"]).await;
+            let mut grants: Vec<String> = fields
+                .into_iter()
+                .filter(|f| f.starts_with("dlock:g:"))
+                .collect();
+            grants.sort();
+            grants
+        }
+
+        /// An acquisition by `owner` with `nonce`, fair or not.
+        async fn take(&mut self, fair: bool, owner: &str, nonce: &str, recovering: bool) {
+            let recovering = if recovering { "1" } else { "0" };
+            if fair {
+                let args = ["10000", owner, "{}", nonce, recovering, "0", nonce];
+                self.run(&layout::REDISSON_FAIR_ACQUIRE, &["l", "c", "q", "d"], &args)
+                    .await;
+            } else {
+                let args = ["10000", owner, "{}", nonce, recovering];
+                self.run(&layout::REDISSON_ACQUIRE, &["l", "c"], &args)
+                    .await;
+            }
+        }
+
+        async fn release(&mut self, owner: &str, nonce: &str) {
+            let fence: String = self.cmd(&["HGET", "l", "dlock:fence"]).await;
+            let script = Layout::Redisson.release_script();
+            self.run(script, &["l", "s"], &[owner, &fence, nonce]).await;
+        }
     }
 
     #[test]
@@ -1305,6 +1390,41 @@ mod tests {
                 let back: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
                 assert_eq!(back["nonce"], nonce);
             }
+        }
+    }
+
+    /// Task A's grant lands but its reply is lost; before A retries, task B, which
+    /// shares the owner, re-enters. A's retry must find its own grant, not count a
+    /// third hold that no guard would give back (the lock would stay taken, unrenewed,
+    /// until its lease ran out).
+    #[tokio::test]
+    async fn a_retry_finds_its_grant_after_a_shared_owners_re_entry() {
+        let Some(server) = dlock_testkit::RedisServer::start() else {
+            return;
+        };
+        let client = redis::Client::open(server.url()).expect("client");
+        let mut r = Scripts(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect"),
+        );
+        for fair in [false, true] {
+            let () = r.cmd(&["DEL", "l", "q", "d"]).await;
+            r.take(fair, "O", "a", false).await;
+            r.take(fair, "O", "b", false).await;
+            assert_eq!(r.holds("O").await, Some(2), "fair: {fair}");
+            r.take(fair, "O", "a", true).await;
+            assert_eq!(r.holds("O").await, Some(2), "one hold each (fair: {fair})");
+            assert_eq!(r.grants().await, ["dlock:g:a", "dlock:g:b"]);
+            r.release("O", "b").await;
+            assert_eq!(r.grants().await, ["dlock:g:a"]);
+            // A's reply is lost again after B left: still its one hold.
+            r.take(fair, "O", "a", true).await;
+            assert_eq!(r.holds("O").await, Some(1), "fair: {fair}");
+            r.release("O", "a").await;
+            let exists: i64 = r.cmd(&["EXISTS", "l"]).await;
+            assert_eq!(exists, 0, "both released, the lock is free (fair: {fair})");
         }
     }
 
@@ -1335,7 +1455,7 @@ mod tests {
             if case == 3 {
                 let () = r.cmd(&["DEL", "l"]).await;
             } else {
-                let args = ["R", &fence, "O", "10000", "{}", &handed, "0"];
+                let args = ["R", &fence, "O", "10000", "{}", &handed, "0", "r"];
                 r.run(&layout::REDISSON_HANDOFF, &["l", "c", "s"], &args)
                     .await;
             }
@@ -1346,6 +1466,8 @@ mod tests {
                     assert_eq!(r.holds("O").await, Some(2));
                     r.abandon("O", &handed).await;
                     assert_eq!(r.holds("O").await, Some(1), "the attempt's hold stays");
+                    // ... with its own field; the hand-off's and R's are gone.
+                    assert_eq!(r.grants().await, ["dlock:g:F"]);
                 }
                 1 => {
                     // O recovers the hand-off, and its recovery's reply is lost too.

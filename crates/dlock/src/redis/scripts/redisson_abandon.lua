@@ -9,7 +9,7 @@ if redis.call('hget', lock, 'dlock:handoff') ~= ARGV[2]
     or redis.call('hexists', lock, ARGV[1]) == 0 then
   return 0
 end
-redis.call('hdel', lock, 'dlock:handoff')
+redis.call('hdel', lock, 'dlock:handoff', 'dlock:g:' .. ARGV[2])
 if redis.call('hincrby', lock, ARGV[1], -1) > 0 then
   return 1
 end

@@ -2,36 +2,42 @@
 -- KEYS[1] the lock hash (the name itself), KEYS[2] the token counter.
 -- ARGV[1] lease in ms, ARGV[2] owner field, ARGV[3] metadata (JSON),
 -- ARGV[4] this attempt's nonce, ARGV[5] '1' when retrying after a lost reply.
+-- Each hold has a field of its own, 'dlock:g:' .. the nonce of the attempt (or hand-off)
+-- that took it, until that hold's release: a retry after a lost reply finds its own
+-- grant there even when another task sharing the owner re-entered in between (one field
+-- naming the latest grant would by then name the other's, and the retry would count a
+-- second hold no guard gives back).
 -- Answers one integer (`layout::Answer`): granted, the fencing token (>= 0); held by
 -- another, -3 - its PTTL (always < 0). Not a {granted, value} table: a table reply
 -- costs the server more, as does a number argument to redis.call (converted with
 -- "%.17g"), so leases and hold counts go as strings.
 local lock, counter = KEYS[1], KEYS[2]
 local lease, owner, nonce = tonumber(ARGV[1]), ARGV[2], ARGV[4]
+local grant = 'dlock:g:' .. nonce
 if ARGV[5] == '1' then
   -- An in-process hand-off to this acquisition whose reply was lost, never picked up
-  -- since: claim its hold (the marker goes, so a leaving waiter cannot undo it later).
+  -- since: claim its hold (the marker goes, so a leaving waiter cannot undo it later;
+  -- the hand-off wrote the hold's own field).
   if redis.call('hget', lock, 'dlock:handoff') == nonce then
     redis.call('hdel', lock, 'dlock:handoff')
-    redis.call('hset', lock, 'dlock:nonce', nonce)
     return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
   end
   -- A retry whose first try was granted (only the reply was lost) finds its own nonce:
   -- report that grant instead of taking a second hold.
-  if redis.call('hget', lock, 'dlock:nonce') == nonce then
+  if redis.call('hexists', lock, grant) == 1 then
     return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
   end
 end
 if redis.call('exists', lock) == 0 then
   local token = redis.call('incr', counter)
   redis.call('hset', lock, owner, '1', 'dlock:fence', token, 'dlock:meta', ARGV[3],
-    'dlock:nonce', nonce)
+    grant, '1')
   redis.call('pexpire', lock, ARGV[1])
   return token
 end
 if redis.call('hexists', lock, owner) == 1 then
   redis.call('hincrby', lock, owner, '1')
-  redis.call('hset', lock, 'dlock:nonce', nonce)
+  redis.call('hset', lock, grant, '1')
   if redis.call('pttl', lock) < lease then
     redis.call('pexpire', lock, ARGV[1])
   end

@@ -9,7 +9,9 @@
 -- -3 - the lock's PTTL (always < 0).
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local lease, owner, nonce, entry = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[7]
-if ARGV[5] == '1' and redis.call('hget', lock, 'dlock:nonce') == nonce then
+-- Each hold's own field, as in redisson_acquire.lua.
+local grant = 'dlock:g:' .. nonce
+if ARGV[5] == '1' and redis.call('hexists', lock, grant) == 1 then
   return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
 end
 local t = redis.call('time')
@@ -26,7 +28,7 @@ end
 if redis.call('hexists', lock, owner) == 1 then
   -- Re-entry by the holding owner: granted at once, and its queue place goes.
   redis.call('hincrby', lock, owner, '1')
-  redis.call('hset', lock, 'dlock:nonce', nonce)
+  redis.call('hset', lock, grant, '1')
   if redis.call('pttl', lock) < lease then
     redis.call('pexpire', lock, ARGV[1])
   end
@@ -44,7 +46,7 @@ if redis.call('exists', lock) == 0 and (not head or head == entry) then
   end
   local token = redis.call('incr', counter)
   redis.call('hset', lock, owner, '1', 'dlock:fence', token, 'dlock:meta', ARGV[3],
-    'dlock:nonce', nonce)
+    grant, '1')
   redis.call('pexpire', lock, ARGV[1])
   return token
 end

@@ -3,7 +3,8 @@
 -- ARGV[1] owner field, ARGV[2] fencing token, ARGV[3] the next owner,
 -- ARGV[4] its lease in ms, ARGV[5] its metadata (JSON), ARGV[6] the hand-off's nonce
 -- (never an attempt's),
--- ARGV[7] '1' when the hand-off streak is spent.
+-- ARGV[7] '1' when the hand-off streak is spent, ARGV[8] the nonce that took the
+-- releasing hold (its own field goes with it: see redisson_acquire.lua).
 -- Returns {holds left, 0} when this was not the last hold (nothing handed over),
 -- {-1, 0} if not held, {0, next owner's fencing token} once handed over (no unlock
 -- message: the lock never became free), {-2, 0} when the streak was spent and another
@@ -17,6 +18,7 @@ end
 if held[1] ~= '1' then
   local left = redis.call('hincrby', lock, ARGV[1], -1)
   if left > 0 then
+    redis.call('hdel', lock, 'dlock:g:' .. ARGV[8])
     return {left, 0}
   end
 end
@@ -30,12 +32,12 @@ if ARGV[7] == '1' then
     return {-2, 0}
   end
 end
-redis.call('hdel', lock, ARGV[1])
+redis.call('hdel', lock, ARGV[1], 'dlock:g:' .. ARGV[8])
 local token = redis.call('incr', KEYS[2])
 -- 'dlock:handoff' marks the hold as the hand-off's until its waiter picks it up: a
 -- waiter that recovers it by this nonce claims it, one that left gives back exactly
 -- this hold (`redisson_abandon.lua`), never a hold its own attempt took.
 redis.call('hset', lock, ARGV[3], '1', 'dlock:fence', token, 'dlock:meta', ARGV[5],
-  'dlock:nonce', ARGV[6], 'dlock:handoff', ARGV[6])
+  'dlock:g:' .. ARGV[6], '1', 'dlock:handoff', ARGV[6])
 redis.call('pexpire', lock, ARGV[4])
 return {0, token}

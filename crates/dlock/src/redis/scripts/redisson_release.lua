@@ -1,6 +1,7 @@
 -- dlock release, Redisson layout.
 -- KEYS[1] the lock hash, KEYS[2] the unlock channel.
--- ARGV[1] owner field, ARGV[2] fencing token.
+-- ARGV[1] owner field, ARGV[2] fencing token, ARGV[3] the nonce that took this hold
+-- (its own field goes with it: see redisson_acquire.lua).
 -- Returns the holds left (0: freed, and the unlock message published), -1 if not held.
 local lock = KEYS[1]
 local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence')
@@ -11,6 +12,7 @@ end
 if held[1] ~= '1' then
   local left = redis.call('hincrby', lock, ARGV[1], -1)
   if left > 0 then
+    redis.call('hdel', lock, 'dlock:g:' .. ARGV[3])
     return left
   end
 end
