@@ -1428,6 +1428,53 @@ mod tests {
         }
     }
 
+    /// The client library may send a command again after a dropped connection (the
+    /// cluster client does), without the recovery flag: an acquisition sent twice takes
+    /// one hold, and a release or hand-off sent twice gives back one, never the hold of
+    /// another task sharing the owner.
+    #[tokio::test]
+    async fn a_command_sent_twice_takes_and_gives_back_one_hold() {
+        let Some(server) = dlock_testkit::RedisServer::start() else {
+            return;
+        };
+        let client = redis::Client::open(server.url()).expect("client");
+        let mut r = Scripts(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect"),
+        );
+        for fair in [false, true] {
+            let () = r.cmd(&["DEL", "l", "q", "d"]).await;
+            for _ in 0..2 {
+                r.take(fair, "O", "a", false).await;
+                assert_eq!(r.holds("O").await, Some(1), "fair: {fair}");
+            }
+            for _ in 0..2 {
+                r.take(fair, "O", "b", false).await;
+                assert_eq!(r.holds("O").await, Some(2), "fair: {fair}");
+            }
+            for _ in 0..2 {
+                r.release("O", "b").await;
+                assert_eq!(r.holds("O").await, Some(1), "A's hold stays (fair: {fair})");
+            }
+            assert_eq!(r.grants().await, ["dlock:g:a"]);
+            r.release("O", "a").await;
+            let exists: i64 = r.cmd(&["EXISTS", "l"]).await;
+            assert_eq!(exists, 0, "fair: {fair}");
+        }
+        // A hand-off from R to O, sent twice: O has one hold, with the hand-off's field.
+        r.acquire("R", "r", false).await;
+        let fence: String = r.cmd(&["HGET", "l", "dlock:fence"]).await;
+        let args = ["R", &fence, "O", "10000", "{}", "h", "0", "r"];
+        for _ in 0..2 {
+            r.run(&layout::REDISSON_HANDOFF, &["l", "c", "s"], &args)
+                .await;
+            assert_eq!(r.holds("O").await, Some(1));
+            assert_eq!(r.grants().await, ["dlock:g:h"]);
+        }
+    }
+
     /// A hand-off to waiter `O` whose reply was lost, raced by O's own attempt: undoing
     /// the hand-off gives back exactly its hold, never the attempt's (which a guard
     /// holds), and recovering it twice takes one hold, not two.

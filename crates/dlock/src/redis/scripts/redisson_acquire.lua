@@ -36,6 +36,11 @@ if redis.call('exists', lock) == 0 then
   return token
 end
 if redis.call('hexists', lock, owner) == 1 then
+  if redis.call('hexists', lock, grant) == 1 then
+    -- This attempt's grant is there already: the client library sent the command
+    -- again after a dropped connection (without the recovery flag). Not a second hold.
+    return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
+  end
   redis.call('hincrby', lock, owner, '1')
   redis.call('hset', lock, grant, '1')
   if redis.call('pttl', lock) < lease then

@@ -26,6 +26,11 @@ while true do
   redis.call('zrem', deadlines, head)
 end
 if redis.call('hexists', lock, owner) == 1 then
+  if redis.call('hexists', lock, grant) == 1 then
+    -- This attempt's grant is there already: the client library sent the command
+    -- again after a dropped connection (without the recovery flag). Not a second hold.
+    return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
+  end
   -- Re-entry by the holding owner: granted at once, and its queue place goes.
   redis.call('hincrby', lock, owner, '1')
   redis.call('hset', lock, grant, '1')

@@ -9,9 +9,11 @@
 -- {-1, 0} if not held, {0, next owner's fencing token} once handed over (no unlock
 -- message: the lock never became free), {-2, 0} when the streak was spent and another
 -- connection listens for the unlock message: then the lock is released to everyone.
+-- Without the releasing hold's own field this has already run (see
+-- redisson_release.lua): nothing more is given back or handed over.
 local lock = KEYS[1]
-local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence')
-if not held[1] or held[2] ~= ARGV[2] then
+local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence', 'dlock:g:' .. ARGV[8])
+if not held[1] or held[2] ~= ARGV[2] or not held[3] then
   return {-1, 0}
 end
 -- The last hold (the usual case) needs no decrement: its field goes below.

@@ -3,9 +3,12 @@
 -- ARGV[1] owner field, ARGV[2] fencing token, ARGV[3] the nonce that took this hold
 -- (its own field goes with it: see redisson_acquire.lua).
 -- Returns the holds left (0: freed, and the unlock message published), -1 if not held.
+-- Without the hold's own field this release has already run (the client library may
+-- send a command again after a dropped connection): it must not give back another
+-- hold of the same owner, nor delete the lock under it.
 local lock = KEYS[1]
-local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence')
-if not held[1] or held[2] ~= ARGV[2] then
+local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence', 'dlock:g:' .. ARGV[3])
+if not held[1] or held[2] ~= ARGV[2] or not held[3] then
   return -1
 end
 -- The last hold (the usual case) needs no decrement: the key goes.
