@@ -1463,16 +1463,26 @@ mod tests {
             let exists: i64 = r.cmd(&["EXISTS", "l"]).await;
             assert_eq!(exists, 0, "fair: {fair}");
         }
-        // A hand-off from R to O, sent twice: O has one hold, with the hand-off's field.
+        // A hand-off from R to O, sent twice: O has one hold, with the hand-off's field,
+        // and the second answer is the first (the waiter gets the hold it made).
         r.acquire("R", "r", false).await;
         let fence: String = r.cmd(&["HGET", "l", "dlock:fence"]).await;
-        let args = ["R", &fence, "O", "10000", "{}", "h", "0", "r"];
+        let mut answers = Vec::new();
         for _ in 0..2 {
-            r.run(&layout::REDISSON_HANDOFF, &["l", "c", "s"], &args)
-                .await;
+            let answer: (i64, u64) = layout::REDISSON_HANDOFF
+                .key("l")
+                .key("c")
+                .key("s")
+                .arg(&["R", &fence, "O", "10000", "{}", "h", "0", "r"])
+                .invoke_async(&mut r.0)
+                .await
+                .expect("hand-off");
+            answers.push(answer);
             assert_eq!(r.holds("O").await, Some(1));
             assert_eq!(r.grants().await, ["dlock:g:h"]);
         }
+        assert_eq!(answers[0].0, 0, "handed over: {answers:?}");
+        assert_eq!(answers[0], answers[1]);
     }
 
     /// A hand-off to waiter `O` whose reply was lost, raced by O's own attempt: undoing

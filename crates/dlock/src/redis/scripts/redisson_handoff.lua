@@ -14,6 +14,13 @@
 local lock = KEYS[1]
 local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence', 'dlock:g:' .. ARGV[8])
 if not held[1] or held[2] ~= ARGV[2] or not held[3] then
+  -- Sent again after it handed the lock over: the same answer as the first time, so
+  -- the waiter gets the hold its hand-off made.
+  if redis.call('hget', lock, 'dlock:handoff') == ARGV[6]
+      and redis.call('hexists', lock, ARGV[3]) == 1
+      and redis.call('hexists', lock, 'dlock:g:' .. ARGV[6]) == 1 then
+    return {0, tonumber(redis.call('hget', lock, 'dlock:fence'))}
+  end
   return {-1, 0}
 end
 -- The last hold (the usual case) needs no decrement: its field goes below.
