@@ -1321,11 +1321,20 @@ mod tests {
             let _: redis::Value = inv.invoke_async(&mut self.0).await.expect("script");
         }
 
+        /// A Redis server of its own and a connection to it (`None`: no server here,
+        /// which `DLOCK_REQUIRE_SERVERS` makes a failure).
+        async fn start() -> Option<(dlock_testkit::RedisServer, Self)> {
+            let server = dlock_testkit::RedisServer::start()?;
+            let client = redis::Client::open(server.url()).expect("client");
+            let conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
+            Some((server, Scripts(conn)))
+        }
+
         async fn acquire(&mut self, owner: &str, nonce: &str, recovering: bool) {
-            let recovering = if recovering { "1" } else { "0" };
-            let args = ["10000", owner, "{}", nonce, recovering];
-            self.run(&layout::REDISSON_ACQUIRE, &["l", "c"], &args)
-                .await;
+            self.take(false, owner, nonce, recovering).await;
         }
 
         async fn abandon(&mut self, owner: &str, nonce: &str) {
@@ -1399,16 +1408,9 @@ mod tests {
     /// until its lease ran out).
     #[tokio::test]
     async fn a_retry_finds_its_grant_after_a_shared_owners_re_entry() {
-        let Some(server) = dlock_testkit::RedisServer::start() else {
+        let Some((_server, mut r)) = Scripts::start().await else {
             return;
         };
-        let client = redis::Client::open(server.url()).expect("client");
-        let mut r = Scripts(
-            client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect"),
-        );
         for fair in [false, true] {
             let () = r.cmd(&["DEL", "l", "q", "d"]).await;
             r.take(fair, "O", "a", false).await;
@@ -1434,16 +1436,9 @@ mod tests {
     /// another task sharing the owner.
     #[tokio::test]
     async fn a_command_sent_twice_takes_and_gives_back_one_hold() {
-        let Some(server) = dlock_testkit::RedisServer::start() else {
+        let Some((_server, mut r)) = Scripts::start().await else {
             return;
         };
-        let client = redis::Client::open(server.url()).expect("client");
-        let mut r = Scripts(
-            client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect"),
-        );
         for fair in [false, true] {
             let () = r.cmd(&["DEL", "l", "q", "d"]).await;
             for _ in 0..2 {
@@ -1490,16 +1485,9 @@ mod tests {
     /// holds), and recovering it twice takes one hold, not two.
     #[tokio::test]
     async fn a_lost_hand_off_is_undone_without_touching_the_attempts_hold() {
-        let Some(server) = dlock_testkit::RedisServer::start() else {
+        let Some((_server, mut r)) = Scripts::start().await else {
             return;
         };
-        let client = redis::Client::open(server.url()).expect("client");
-        let mut r = Scripts(
-            client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect"),
-        );
         let attempt = "F";
         let handed = handoff_nonce(attempt);
         assert_ne!(handed, attempt);

@@ -22,11 +22,6 @@ if ARGV[5] == '1' then
     redis.call('hdel', lock, 'dlock:handoff')
     return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
   end
-  -- A retry whose first try was granted (only the reply was lost) finds its own nonce:
-  -- report that grant instead of taking a second hold.
-  if redis.call('hexists', lock, grant) == 1 then
-    return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
-  end
 end
 if redis.call('exists', lock) == 0 then
   local token = redis.call('incr', counter)
@@ -37,8 +32,9 @@ if redis.call('exists', lock) == 0 then
 end
 if redis.call('hexists', lock, owner) == 1 then
   if redis.call('hexists', lock, grant) == 1 then
-    -- This attempt's grant is there already: the client library sent the command
-    -- again after a dropped connection (without the recovery flag). Not a second hold.
+    -- This attempt's grant is there already: a retry after a lost reply, or the same
+    -- command sent again by the client library after a dropped connection (without
+    -- the recovery flag). Report it; not a second hold.
     return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
   end
   redis.call('hincrby', lock, owner, '1')

@@ -9,11 +9,9 @@
 -- -3 - the lock's PTTL (always < 0).
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local lease, owner, nonce, entry = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[7]
--- Each hold's own field, as in redisson_acquire.lua.
+-- Each hold's own field, as in redisson_acquire.lua: a retry finds its grant in the
+-- re-entry branch below.
 local grant = 'dlock:g:' .. nonce
-if ARGV[5] == '1' and redis.call('hexists', lock, grant) == 1 then
-  return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
-end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Drop waiters whose deadline passed (they died or gave up without leaving).
@@ -27,8 +25,7 @@ while true do
 end
 if redis.call('hexists', lock, owner) == 1 then
   if redis.call('hexists', lock, grant) == 1 then
-    -- This attempt's grant is there already: the client library sent the command
-    -- again after a dropped connection (without the recovery flag). Not a second hold.
+    -- This attempt's grant is there already (see redisson_acquire.lua).
     return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
   end
   -- Re-entry by the holding owner: granted at once, and its queue place goes.
