@@ -414,6 +414,77 @@ async fn reply_lost_mid_acquire_leaves_no_orphan() {
     }
 }
 
+/// Every reply of an attempt is lost, its first try was granted, and the attempt gives
+/// up with an error: no guard owns that grant, so once the server answers again it is
+/// given back, long before its 30 s lease would have freed the lock.
+#[tokio::test]
+async fn an_attempt_that_fails_after_lost_replies_leaves_no_orphan() {
+    use dlock::LockOptions;
+    use dlock_testkit::{Fault, FaultProxy};
+    for layout in ["redisson", "redis-py"] {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
+        let url = format!("redis://{}?timeout=300ms&layout={layout}", proxy.addr());
+        let locker = Locker::connect(&url)
+            .await
+            .expect("connect through the proxy");
+        let direct = Locker::connect(&format!("{}?layout={layout}", server.url()))
+            .await
+            .expect("connect");
+        locker
+            .lock("warm-up")
+            .await
+            .expect("lock")
+            .release()
+            .await
+            .expect("release");
+        proxy.set(Fault::DropReplies);
+        let attempt = tokio::spawn({
+            let locker = locker.clone();
+            let ttl = LockOptions::new().ttl(Duration::from_secs(30));
+            async move { locker.try_lock_with("lost-replies", &ttl).await }
+        });
+        // The first try is granted (its reply is dropped).
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while direct
+            .inspect("lost-replies")
+            .await
+            .expect("inspect")
+            .is_none()
+        {
+            assert!(
+                std::time::Instant::now() < end,
+                "{layout}: the first try never reached the server"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let failed = tokio::time::timeout(Duration::from_secs(20), attempt)
+            .await
+            .expect("the attempt hung")
+            .expect("join");
+        assert!(
+            failed.is_err(),
+            "{layout}: every reply was lost: {failed:?}"
+        );
+        proxy.set(Fault::None);
+        proxy.reset_all();
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        let guard = loop {
+            if let Some(g) = direct.try_lock("lost-replies").await.expect("try") {
+                break g;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "{layout}: the failed attempt's grant was never given back"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        guard.release().await.expect("release");
+    }
+}
+
 /// Fair mode: a waiter that died in the queue (its entry never refreshed) holds up the
 /// queue only until its deadline.
 #[tokio::test]

@@ -442,19 +442,24 @@ impl<G> Handoffs<G> {
     }
 
     /// The hand-off's reply was lost: it may have landed. The waiter recovers by nonce
-    /// (and dates the lease from `sent_at`, when the hand-off left).
-    pub(crate) fn uncertain(&self, offer: Offer<G>, sent_at: Instant) {
+    /// (and dates the lease from `sent_at`, when the hand-off left). If the waiter has
+    /// left meanwhile, its owner and the hand-off's nonce: the caller must give back
+    /// that hold if it landed, or void the hand-off (`Leftover::Maybe`).
+    pub(crate) fn uncertain(&self, offer: Offer<G>, sent_at: Instant) -> Option<(Owner, String)> {
         let mut state = offer.slot.state();
         if matches!(&*state, State::Offered(_)) {
             *state = State::Uncertain(offer.want.nonce, sent_at);
             drop(state);
             offer.slot.wake.notify_one();
+            return None;
         }
+        drop(state);
+        Some((offer.slot.owner.clone(), offer.want.nonce))
     }
 
     /// The waiter of `slot` stops waiting. Returns a grant it had not picked up (the
     /// caller must release it) or the nonce of an uncertain hand-off (the caller must
-    /// release that owner's hold if it landed).
+    /// release that owner's hold if it landed, else void the hand-off).
     pub(crate) fn leave(&self, lock: &str, slot: &Arc<Slot<G>>) -> Option<Leftover<G>> {
         let mut t = self.table();
         if let Some(line) = t.lines.get_mut(lock) {
@@ -695,7 +700,7 @@ mod tests {
         let _ = h.before_attempt("l", acq("a"), "a", || want("na"));
         let offer = h.offer("l", None).expect("a waits");
         let sent_at = Instant::now() - Duration::from_secs(3);
-        h.uncertain(offer, sent_at);
+        assert!(h.uncertain(offer, sent_at).is_none(), "its waiter is there");
         // Recovered by its nonce, and dated from when the hand-off was sent (the
         // lease may have run for a while before the recovery asks).
         match h.before_attempt("l", acq("a"), "a", || want("other")) {
@@ -705,10 +710,22 @@ mod tests {
             }
             other => panic!("expected recovery, got {other:?}"),
         }
-        h.uncertain(h.offer("l", None).expect("waiting again"), Instant::now());
+        // The next offer carries the recovering attempt's want, never the recovered
+        // nonce again (a void written for it must not meet a live hand-off).
+        let again = h.offer("l", None).expect("waiting again");
+        assert_eq!(again.want.nonce, "other");
+        assert!(h.uncertain(again, Instant::now()).is_none());
         assert!(matches!(
             h.leave("l", &a),
             Some(Leftover::Maybe { owner, nonce }) if owner.as_str() == "a" && nonce == "other"
         ));
+        // A waiter that left while its hand-off was on the way: the releaser learns whose
+        // hold to look for, since nobody will recover it.
+        let b = h.register("l", acq("b"), &own("b"));
+        let _ = h.before_attempt("l", acq("b"), "b", || want("nb"));
+        let offer = h.offer("l", None).expect("b waits");
+        assert!(h.leave("l", &b).is_none(), "nothing landed yet");
+        let (owner, nonce) = h.uncertain(offer, Instant::now()).expect("b has gone");
+        assert_eq!((owner.as_str(), nonce.as_str()), ("b", "nb"));
     }
 }

@@ -5,7 +5,9 @@
 //!   counter is `redisson_lock_token:{name}`; release publishes `0` on
 //!   `redisson_lock__channel:{name}`. dlock adds fields of its own, which Redisson
 //!   ignores: `dlock:fence`, `dlock:meta`, and one `dlock:g:<nonce>` per hold, named
-//!   by the attempt that took it and deleted by its release. A Redisson holder and a
+//!   by the attempt that took it and deleted by its release; while an in-process
+//!   hand-off's hold is unclaimed, `dlock:handoff` (its nonce), and for a hand-off its
+//!   waiter gave up on before it ran, `dlock:void:<nonce>` (it then releases instead). A Redisson holder and a
 //!   dlock holder exclude each other; Redisson waiters wake on dlock's release and
 //!   dlock waiters on Redisson's.
 //! - [`Layout::RedisPy`]: the plain-string lock of redis-py's `Lock`, redsync, rslock
@@ -328,6 +330,12 @@ pub(crate) static REDISSON_HANDOFF: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_handoff.lua")));
 pub(crate) static REDISSON_ABANDON: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/redisson_abandon.lua")));
+pub(crate) static PLAIN_ABANDON: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/plain_signal.lua"),
+        include_str!("scripts/plain_abandon.lua")
+    ))
+});
 static PLAIN_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/plain_acquire.lua")));
 static PLAIN_RENEW: LazyLock<Script> =

@@ -39,7 +39,9 @@
 //! cycle is two commands. Every
 //! acquire carries a nonce: if the connection drops after the server ran it but before
 //! the reply arrived, the retry finds that grant instead of orphaning it or taking a
-//! second hold. A renewal never shortens a lease (reentrant holds share it). Renewals
+//! second hold; if the retries run out too, a task in the background gives back
+//! whatever grant the nonce got, looking again for a while in case a try lands late.
+//! A renewal never shortens a lease (reentrant holds share it). Renewals
 //! due together go to Redis as one script over up to 512 keys.
 //!
 //! # Waiting
@@ -54,6 +56,9 @@
 //! lock that other tasks of the same `Locker` wait for, one script gives the lock
 //! straight to the task that has waited longest, with a new fencing token and that
 //! task's own lease — no unlock message, no race with the releaser's next attempt.
+//! A hand-off whose reply was lost is recovered by its waiter, by the hand-off's nonce;
+//! a waiter that gives up on it first (the lock was still the releaser's, or it left)
+//! voids it, so that if it still runs it releases to everyone instead.
 //! While a task of the process holds the lock, another task of it sends no attempt (a
 //! holding owner re-entering does). After `handoff_burst` hand-offs in a row, if another
 //! connection listens for the unlock message (a waiter in another process), the lock is
@@ -162,6 +167,45 @@ pub(crate) fn map_err(e: &redis::RedisError) -> Error {
 /// Errors after which the server may or may not have run the command.
 pub(crate) fn uncertain(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
+}
+
+/// Whether an acquire script may find a grant already made for its nonce (its
+/// `ARGV[5]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    /// A first try with a fresh nonce.
+    No,
+    /// A try after this attempt's reply was lost.
+    Retry,
+    /// Recovering an in-process hand-off whose reply was lost (the nonce is the
+    /// hand-off's): if it has not run and the lock is another owner's, the script
+    /// voids it (on a free lock it takes the lock, and for an owner holding it
+    /// already it re-enters, as any attempt would).
+    HandOff,
+}
+
+impl Recovery {
+    fn arg(self) -> &'static str {
+        match self {
+            Recovery::No => "0",
+            Recovery::Retry => "1",
+            Recovery::HandOff => "2",
+        }
+    }
+}
+
+/// How long at most a give-back ([`Inner::abandon_later`]) goes on looking for a hold no
+/// guard owns.
+const GIVE_BACK_WATCH: Duration = Duration::from_secs(60);
+
+/// A hold that no guard owns, for [`Inner::abandon`].
+#[derive(Debug, Clone, Copy)]
+enum Orphan {
+    /// An in-process hand-off, uncertain, whose waiter left without recovering it.
+    Left,
+    /// What an attempt that failed (after a lost reply, or while recovering) may have
+    /// been granted.
+    Failed(Recovery),
 }
 
 struct Inner {
@@ -666,17 +710,87 @@ impl Inner {
             .map_err(|e| map_err(&e))
     }
 
-    /// Undo a hand-off to `owner` whose reply was lost and whose waiter has gone.
-    async fn abandon(&self, keys: &Keys, owner: &str, nonce: &str) -> Result<()> {
-        let _: i64 = layout::REDISSON_ABANDON
-            .key(&*keys.lock)
-            .key(keys.signal())
-            .arg(owner)
-            .arg(nonce)
-            .invoke_async(&mut self.conn.clone())
+    /// Give back a hold that no guard owns (see `redisson_abandon.lua`): `Left`, a
+    /// hand-off to `owner` whose reply was lost and whose waiter has gone; `Failed`,
+    /// the grant an attempt with `nonce` may have got before it failed after a lost
+    /// reply. Returns whether a hold was given back.
+    async fn abandon(&self, keys: &Keys, owner: &str, nonce: &str, what: Orphan) -> Result<bool> {
+        let call = match keys.meta_key() {
+            None => {
+                let (own, void) = match what {
+                    Orphan::Left => ("0", "1"),
+                    Orphan::Failed(Recovery::HandOff) => ("1", "1"),
+                    Orphan::Failed(_) => ("1", "0"),
+                };
+                let keys = [Key::Plain(&keys.lock), keys.signal_key()];
+                let mut call = call::Call::new(&layout::REDISSON_ABANDON, &keys, 4);
+                call.arg(owner).arg(nonce).arg(own).arg(void);
+                call
+            }
+            Some(meta) => {
+                let keys = [Key::Plain(&keys.lock), keys.signal_key(), meta];
+                let mut call = call::Call::new(&layout::PLAIN_ABANDON, &keys, 3);
+                call.arg(owner).arg(nonce).arg(self.signal_kind());
+                call
+            }
+        };
+        let given_back: i64 = call
+            .run(&mut self.conn.clone())
             .await
             .map_err(|e| map_err(&e))?;
-        Ok(())
+        Ok(given_back == 1)
+    }
+
+    /// [`Inner::abandon`] in the background ([`crate::finish::release_later`]), tried
+    /// again on errors. For a failed attempt (`Orphan::Failed`) it goes on looking until
+    /// `watch` has passed, even after it found nothing or gave a hold back: a try still
+    /// on its way may land later (the client library may send it again on a new
+    /// connection, and a paused server runs what it had read when it resumes), and
+    /// tries cannot be voided as hand-offs are. A leaving waiter's (`Orphan::Left`) is
+    /// done once it ran: a hand-off that lands later finds itself voided.
+    fn abandon_later(
+        self: &Arc<Self>,
+        keys: Keys,
+        owner: Owner,
+        nonce: String,
+        what: Orphan,
+        watch: Duration,
+    ) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            tracing::warn!(lock = %keys.lock, "no runtime to give back a hold no guard owns; it expires with its lease");
+            return;
+        }
+        let watch = match what {
+            Orphan::Left => Duration::ZERO,
+            Orphan::Failed(_) => watch.min(GIVE_BACK_WATCH),
+        };
+        let start = std::time::Instant::now();
+        let inner = Arc::clone(self);
+        let attempt = move || {
+            let (inner, keys, owner, nonce) = (
+                Arc::clone(&inner),
+                keys.clone(),
+                owner.clone(),
+                nonce.clone(),
+            );
+            async move {
+                match inner.abandon(&keys, owner.as_str(), &nonce, what).await {
+                    Ok(given_back) => {
+                        if given_back {
+                            tracing::debug!(lock = %keys.lock, "gave back a hold no guard owned");
+                        }
+                        start.elapsed() >= watch
+                    }
+                    Err(e) => {
+                        tracing::debug!(lock = %keys.lock, error = %e, "could not look for a hold no guard owns yet");
+                        false
+                    }
+                }
+            }
+        };
+        let within = (watch * 2).max(GIVE_BACK_WATCH);
+        let never = tokio_util::sync::CancellationToken::new();
+        crate::finish::release_later(never, within, attempt);
     }
 
     /// After a grant: wait for replicas, or give the grant back and fail.
@@ -766,7 +880,7 @@ impl Backend for RedisBackend {
             .to_json()
         };
         let mut metadata = stored(&nonce);
-        let mut recovering = false;
+        let mut recovering = Recovery::No;
         // When a grant found by recovery was made, at the latest (see `handoff`).
         let mut granted_at = None;
         if let Some(handoffs) = inner.handoffs.as_ref().filter(|_| !req.fair) {
@@ -786,7 +900,7 @@ impl Backend for RedisBackend {
                     // nonce; if it did, its lease runs from when it was sent.
                     metadata = stored(&lost);
                     nonce = std::borrow::Cow::Owned(lost);
-                    recovering = true;
+                    recovering = Recovery::HandOff;
                     granted_at = Some(sent_at);
                 }
                 handoff::Before::Yield(pause) => {
@@ -854,7 +968,7 @@ impl Backend for RedisBackend {
                 .arg(req.owner.as_str())
                 .arg(&metadata)
                 .arg(&*nonce)
-                .arg(if recovering { "1" } else { "0" });
+                .arg(recovering.arg());
             if fair_queue.is_some() {
                 let life = req
                     .enqueue
@@ -865,11 +979,29 @@ impl Backend for RedisBackend {
                 Ok(answer) => break answer,
                 Err(e) if uncertain(&e) && round < 3 => {
                     tracing::debug!(lock = %req.name, error = %e, "acquire reply lost; retrying with the same nonce");
-                    recovering = true;
+                    if recovering == Recovery::No {
+                        recovering = Recovery::Retry;
+                    }
                     round += 1;
                     tokio::time::sleep(Duration::from_millis(20 * u64::from(round))).await;
                 }
-                Err(e) => return Err(map_err(&e)),
+                Err(e) => {
+                    if recovering != Recovery::No {
+                        // A try that ran may have been granted (or, recovering, claimed a
+                        // hand-off): no guard will own it, so give it back once the
+                        // server answers again (a hand-off that has not run yet is
+                        // voided). The nonce is this attempt's, or the hand-off's it
+                        // recovered, which no other attempt uses (its slot moved on).
+                        inner.abandon_later(
+                            keys,
+                            req.owner.clone(),
+                            nonce.into_owned(),
+                            Orphan::Failed(recovering),
+                            req.ttl,
+                        );
+                    }
+                    return Err(map_err(&e));
+                }
             }
         };
         let fence = match layout::Answer::of(answer) {
@@ -1105,17 +1237,20 @@ impl Drop for RedisWaiter {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        rt.spawn(async move {
-            let result = match leftover {
-                handoff::Leftover::Grant(held) => held.release().await,
-                handoff::Leftover::Maybe { owner, nonce } => {
-                    inner.abandon(&keys, owner.as_str(), &nonce).await
-                }
-            };
-            if let Err(e) = result {
-                tracing::warn!(lock = %keys.lock, error = %e, "could not give back a lock handed to a waiter that left; it expires with its lease");
+        match leftover {
+            handoff::Leftover::Grant(held) => {
+                rt.spawn(async move {
+                    if let Err(e) = held.release().await {
+                        tracing::warn!(lock = %keys.lock, error = %e, "could not give back a lock handed to a waiter that left; it expires with its lease");
+                    }
+                });
             }
-        });
+            // Tried again while the connection is down, as it likely is: the hand-off's
+            // reply was lost.
+            handoff::Leftover::Maybe { owner, nonce } => {
+                inner.abandon_later(keys, owner, nonce, Orphan::Left, GIVE_BACK_WATCH);
+            }
+        }
     }
 }
 
@@ -1215,7 +1350,13 @@ impl RedisHeld {
                 Ok(true)
             }
             Err(e) if uncertain(&e) => {
-                handoffs.uncertain(offer, sent_at);
+                if let Some((owner, nonce)) = handoffs.uncertain(offer, sent_at) {
+                    // Its waiter left meanwhile: nobody will recover it.
+                    let keys = self.keys.clone();
+                    let what = Orphan::Left;
+                    self.inner
+                        .abandon_later(keys, owner, nonce, what, GIVE_BACK_WATCH);
+                }
                 Err(map_err(&e))
             }
             Err(e) => {
@@ -1337,9 +1478,44 @@ mod tests {
             self.take(false, owner, nonce, recovering).await;
         }
 
+        /// A waiter that left with an uncertain hand-off (`Orphan::Left`).
         async fn abandon(&mut self, owner: &str, nonce: &str) {
-            self.run(&layout::REDISSON_ABANDON, &["l", "s"], &[owner, nonce])
+            let args = [owner, nonce, "0", "1"];
+            self.run(&layout::REDISSON_ABANDON, &["l", "s"], &args)
                 .await;
+        }
+
+        /// An attempt that failed after a lost reply (`Orphan::Failed`); `handed`: it
+        /// was recovering a hand-off.
+        async fn give_back(&mut self, owner: &str, nonce: &str, handed: bool) {
+            let args = [owner, nonce, "1", if handed { "1" } else { "0" }];
+            self.run(&layout::REDISSON_ABANDON, &["l", "s"], &args)
+                .await;
+        }
+
+        /// A waiter recovers a hand-off whose reply was lost (`Recovery::HandOff`).
+        async fn recover_hand_off(&mut self, owner: &str, handed: &str) {
+            let args = ["10000", owner, "{}", handed, Recovery::HandOff.arg()];
+            self.run(&layout::REDISSON_ACQUIRE, &["l", "c"], &args)
+                .await;
+        }
+
+        /// `R`'s last hold (nonce `r`) handed to `to` with nonce `handed`.
+        async fn hand_off(&mut self, to: &str, handed: &str) -> (i64, u64) {
+            let fence: String = self.cmd(&["HGET", "l", "dlock:fence"]).await;
+            layout::REDISSON_HANDOFF
+                .key("l")
+                .key("c")
+                .key("s")
+                .arg(&["R", &fence, to, "10000", "{}", handed, "0", "r"])
+                .invoke_async(&mut self.0)
+                .await
+                .expect("hand-off")
+        }
+
+        async fn exists(&mut self) -> bool {
+            let n: i64 = self.cmd(&["EXISTS", "l"]).await;
+            n == 1
         }
 
         async fn cmd<T: redis::FromRedisValue>(&mut self, args: &[&str]) -> T {
@@ -1461,18 +1637,9 @@ mod tests {
         // A hand-off from R to O, sent twice: O has one hold, with the hand-off's field,
         // and the second answer is the first (the waiter gets the hold it made).
         r.acquire("R", "r", false).await;
-        let fence: String = r.cmd(&["HGET", "l", "dlock:fence"]).await;
         let mut answers = Vec::new();
         for _ in 0..2 {
-            let answer: (i64, u64) = layout::REDISSON_HANDOFF
-                .key("l")
-                .key("c")
-                .key("s")
-                .arg(&["R", &fence, "O", "10000", "{}", "h", "0", "r"])
-                .invoke_async(&mut r.0)
-                .await
-                .expect("hand-off");
-            answers.push(answer);
+            answers.push(r.hand_off("O", "h").await);
             assert_eq!(r.holds("O").await, Some(1));
             assert_eq!(r.grants().await, ["dlock:g:h"]);
         }
@@ -1517,7 +1684,7 @@ mod tests {
                 1 => {
                     // O recovers the hand-off, and its recovery's reply is lost too.
                     for _ in 0..2 {
-                        r.acquire("O", &handed, true).await;
+                        r.recover_hand_off("O", &handed).await;
                         assert_eq!(r.holds("O").await, Some(1), "one hold, not two");
                     }
                     // Picked up: a late undo finds nothing to give back.
@@ -1538,6 +1705,99 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An attempt fails after lost replies (or while recovering a hand-off), and a
+    /// try may have been granted: no guard owns that hold, so it is given back by its
+    /// nonce, and only it (another task sharing the owner keeps its hold). Given back
+    /// twice, or for a try that never landed, nothing more goes.
+    #[tokio::test]
+    async fn a_failed_attempts_grant_is_given_back_and_nothing_else() {
+        let Some((_server, mut r)) = Scripts::start().await else {
+            return;
+        };
+        for fair in [false, true] {
+            let () = r.cmd(&["DEL", "l", "q", "d"]).await;
+            r.take(fair, "O", "a", false).await;
+            r.take(fair, "O", "b", false).await;
+            for _ in 0..2 {
+                r.give_back("O", "a", false).await;
+                assert_eq!(r.holds("O").await, Some(1), "fair: {fair}");
+                assert_eq!(r.grants().await, ["dlock:g:b"], "fair: {fair}");
+            }
+            r.give_back("O", "never", false).await;
+            assert_eq!(r.holds("O").await, Some(1), "fair: {fair}");
+            r.give_back("O", "b", false).await;
+            assert!(
+                !r.exists().await,
+                "the last hold given back frees it (fair: {fair})"
+            );
+        }
+        // Recovering a hand-off claimed it, then failed: the claimed hold goes too.
+        r.acquire("R", "r", false).await;
+        assert_eq!(r.hand_off("O", "h").await.0, 0);
+        r.recover_hand_off("O", "h").await;
+        r.give_back("O", "h", true).await;
+        assert!(!r.exists().await, "the claimed hand-off was given back");
+        // Plain layouts: the grant is the attempt's while the metadata names its nonce.
+        let plain = |nonce: &str| {
+            let mut inv = layout::PLAIN_ABANDON.prepare_invoke();
+            inv.key("p").key("p:signal").key("p:meta");
+            inv.arg("O").arg(nonce).arg("publish");
+            inv
+        };
+        let () = r.cmd(&["SET", "p", "O", "PX", "10000"]).await;
+        let () = r
+            .cmd(&["SET", "p:meta", r#"{"nonce":"b"}"#, "PX", "10000"])
+            .await;
+        let kept: i64 = plain("a").invoke_async(&mut r.0).await.expect("abandon");
+        assert_eq!(kept, 0, "a later grant of the same owner stays");
+        let gone: i64 = plain("b").invoke_async(&mut r.0).await.expect("abandon");
+        assert_eq!(gone, 1);
+        let left: i64 = r.cmd(&["EXISTS", "p", "p:meta"]).await;
+        assert_eq!(left, 0);
+    }
+
+    /// A hand-off whose reply was lost may still run after its waiter gave up on it:
+    /// its recovery found the lock still another's, it left, or its recovery failed.
+    /// Then it must release to everyone, not leave the waiter's owner a hold that no
+    /// guard owns (the lock would stay taken until its lease ran out).
+    #[tokio::test]
+    async fn a_hand_off_run_after_its_waiter_gave_up_releases_instead() {
+        let Some((_server, mut r)) = Scripts::start().await else {
+            return;
+        };
+        for case in 0..4 {
+            let () = r.cmd(&["DEL", "l"]).await;
+            r.acquire("R", "r", false).await;
+            match case {
+                0 => r.recover_hand_off("O", "h").await,
+                1 => r.abandon("O", "h").await,
+                2 => r.give_back("O", "h", true).await,
+                // Nobody gave up: the hand-off goes through.
+                _ => {}
+            }
+            assert_eq!(r.holds("R").await, Some(1), "case {case}: R's hold stays");
+            let answer = r.hand_off("O", "h").await;
+            if case < 3 {
+                assert_eq!(answer, (-2, 0), "case {case}: released to everyone");
+                assert!(!r.exists().await, "case {case}: no hold left");
+            } else {
+                assert_eq!(answer.0, 0);
+                assert_eq!(r.holds("O").await, Some(1));
+                assert_eq!(r.grants().await, ["dlock:g:h"]);
+            }
+        }
+        // Releaser and waiter share the owner: the recovery re-enters (a hold of its own,
+        // which its guard gives back), and the late hand-off gives back the releaser's.
+        let () = r.cmd(&["DEL", "l"]).await;
+        r.acquire("R", "r", false).await;
+        r.recover_hand_off("R", "h").await;
+        assert_eq!(r.holds("R").await, Some(2));
+        assert_eq!(r.hand_off("R", "h").await, (1, 0), "not the last hold");
+        assert_eq!(r.grants().await, ["dlock:g:h"]);
+        r.release("R", "h").await;
+        assert!(!r.exists().await);
     }
 
     async fn refused(url: &str) -> Error {

@@ -1,4 +1,4 @@
--- Prepended to the plain layouts' release and break scripts: tell waiters the lock is
+-- Prepended to the plain layouts' release, break and abandon scripts: tell waiters the lock is
 -- free. kind 'list' (python-redis-lock): one element pushed to the signal list, which
 -- expires; otherwise dlock's unlock message on the channel.
 local function signal_waiters(signal, kind)

@@ -1,7 +1,8 @@
 -- dlock acquire, Redisson RLock/RFencedLock layout.
 -- KEYS[1] the lock hash (the name itself), KEYS[2] the token counter.
 -- ARGV[1] lease in ms, ARGV[2] owner field, ARGV[3] metadata (JSON),
--- ARGV[4] this attempt's nonce, ARGV[5] '1' when retrying after a lost reply.
+-- ARGV[4] this attempt's nonce, ARGV[5] '1' when retrying after a lost reply, '2' when
+-- recovering an in-process hand-off whose reply was lost (the nonce is the hand-off's).
 -- Each hold has a field of its own, 'dlock:g:' .. the nonce of the attempt (or hand-off)
 -- that took it, until that hold's release: a retry after a lost reply finds its own
 -- grant there even when another task sharing the owner re-entered in between (one field
@@ -14,9 +15,9 @@
 local lock, counter = KEYS[1], KEYS[2]
 local lease, owner, nonce = tonumber(ARGV[1]), ARGV[2], ARGV[4]
 local grant = 'dlock:g:' .. nonce
-if ARGV[5] == '1' then
-  -- An in-process hand-off to this acquisition whose reply was lost, never picked up
-  -- since: claim its hold (the marker goes, so a leaving waiter cannot undo it later;
+if ARGV[5] ~= '0' then
+  -- Recovering ('2'): an in-process hand-off to this acquisition whose reply was lost,
+  -- never picked up since: claim its hold (a retry's own nonce, '1', never marks one) (the marker goes, so a leaving waiter cannot undo it later;
   -- the hand-off wrote the hold's own field).
   if redis.call('hget', lock, 'dlock:handoff') == nonce then
     redis.call('hdel', lock, 'dlock:handoff')
@@ -44,5 +45,11 @@ if redis.call('hexists', lock, owner) == 1 then
   end
   local token = redis.call('hget', lock, 'dlock:fence') or redis.call('get', counter) or '0'
   return tonumber(token)
+end
+if ARGV[5] == '2' then
+  -- The hand-off has not run, and the lock is another's: the waiter stops counting on
+  -- it. Void it, so that if it still runs (sent again, or late) it releases to
+  -- everyone instead of leaving this owner a hold that no guard owns.
+  redis.call('hset', lock, 'dlock:void:' .. nonce, '1')
 end
 return -3 - redis.call('pttl', lock)

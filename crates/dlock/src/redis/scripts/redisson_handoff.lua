@@ -10,9 +10,12 @@
 -- message: the lock never became free), {-2, 0} when the streak was spent and another
 -- connection listens for the unlock message: then the lock is released to everyone.
 -- Without the releasing hold's own field this has already run (see
--- redisson_release.lua): nothing more is given back or handed over.
+-- redisson_release.lua): nothing more is given back or handed over. A hand-off its
+-- waiter gave up on before it ran ('dlock:void:' .. its nonce: see
+-- redisson_abandon.lua) releases to everyone, answering {-2, 0}.
 local lock = KEYS[1]
-local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence', 'dlock:g:' .. ARGV[8])
+local held = redis.call('hmget', lock, ARGV[1], 'dlock:fence', 'dlock:g:' .. ARGV[8],
+  'dlock:void:' .. ARGV[6])
 if not held[1] or held[2] ~= ARGV[2] or not held[3] then
   -- Sent again after it handed the lock over: the same answer as the first time, so
   -- the waiter gets the hold its hand-off made.
@@ -30,6 +33,11 @@ if held[1] ~= '1' then
     redis.call('hdel', lock, 'dlock:g:' .. ARGV[8])
     return {left, 0}
   end
+end
+if held[4] then
+  redis.call('del', lock)
+  redis.call('publish', KEYS[3], '0')
+  return {-2, 0}
 end
 if ARGV[7] == '1' then
   -- Listeners besides this process's own subscriber? (If PUBSUB is not permitted,
