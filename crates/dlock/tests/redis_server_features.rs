@@ -426,7 +426,7 @@ async fn an_attempt_that_fails_after_lost_replies_leaves_no_orphan() {
             return;
         };
         let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
-        let url = format!("redis://{}?timeout=300ms&layout={layout}", proxy.addr());
+        let url = format!("redis://{}?timeout=1s&layout={layout}", proxy.addr());
         let locker = Locker::connect(&url)
             .await
             .expect("connect through the proxy");

@@ -198,6 +198,23 @@ impl Recovery {
 /// guard owns.
 const GIVE_BACK_WATCH: Duration = Duration::from_secs(60);
 
+/// At most this many give-backs of one backend go on looking at once: an outage that
+/// fails many attempts must not leave a crowd polling the server when it returns.
+const MAX_WATCHING: usize = 256;
+
+/// A give-back's place among [`Inner::watching`] (when `.1`), given up on drop.
+struct Seat(Arc<Inner>, bool);
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0
+                .watching
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 /// A hold that no guard owns, for [`Inner::abandon`].
 #[derive(Debug, Clone, Copy)]
 enum Orphan {
@@ -221,6 +238,9 @@ struct Inner {
     shown: String,
     /// In-process hand-offs (Redisson layout, unfair locks, no `min_replicas`).
     handoffs: Option<handoff::Handoffs<RedisHeld>>,
+    /// Give-backs of failed attempts still looking for a late grant (at most
+    /// [`MAX_WATCHING`]; beyond, a give-back runs once).
+    watching: std::sync::atomic::AtomicUsize,
 }
 
 /// The single-node Redis backend.
@@ -400,6 +420,7 @@ impl RedisBackend {
                 poll: settings.poll,
                 shown: url.to_string(),
                 handoffs,
+                watching: std::sync::atomic::AtomicUsize::new(0),
             }),
         }))
     }
@@ -760,15 +781,24 @@ impl Inner {
             tracing::warn!(lock = %keys.lock, "no runtime to give back a hold no guard owns; it expires with its lease");
             return;
         }
-        let watch = match what {
-            Orphan::Left => Duration::ZERO,
-            Orphan::Failed(_) => watch.min(GIVE_BACK_WATCH),
+        // Beyond MAX_WATCHING, a failed attempt's give-back runs once, as a leaving
+        // waiter's does.
+        let seated = matches!(what, Orphan::Failed(_))
+            && self
+                .watching
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                < MAX_WATCHING;
+        // Counted among the watching until the task ends (it drops the closure).
+        let seat = Seat(Arc::clone(self), matches!(what, Orphan::Failed(_)));
+        let watch = if seated {
+            watch.min(GIVE_BACK_WATCH)
+        } else {
+            Duration::ZERO
         };
         let start = std::time::Instant::now();
-        let inner = Arc::clone(self);
         let attempt = move || {
             let (inner, keys, owner, nonce) = (
-                Arc::clone(&inner),
+                Arc::clone(&seat.0),
                 keys.clone(),
                 owner.clone(),
                 nonce.clone(),
@@ -934,6 +964,10 @@ impl Backend for RedisBackend {
         let ttl_ms = u64::try_from(req.ttl.as_millis()).unwrap_or(u64::MAX);
         let started = std::time::Instant::now();
         let mut round = 0u32;
+        // A try whose reply was lost may have run, or may still run (sent again by
+        // the client library, or late by a paused server); a refused connection sent
+        // nothing.
+        let mut in_doubt = false;
         let fair_keys = if req.fair { keys.queue() } else { None };
         let answer: i64 = loop {
             let fair_queue = fair_keys.as_ref();
@@ -979,6 +1013,7 @@ impl Backend for RedisBackend {
                 Ok(answer) => break answer,
                 Err(e) if uncertain(&e) && round < 3 => {
                     tracing::debug!(lock = %req.name, error = %e, "acquire reply lost; retrying with the same nonce");
+                    in_doubt |= !e.is_connection_refusal();
                     if recovering == Recovery::No {
                         recovering = Recovery::Retry;
                     }
@@ -986,7 +1021,8 @@ impl Backend for RedisBackend {
                     tokio::time::sleep(Duration::from_millis(20 * u64::from(round))).await;
                 }
                 Err(e) => {
-                    if recovering != Recovery::No {
+                    in_doubt |= uncertain(&e) && !e.is_connection_refusal();
+                    if in_doubt || recovering == Recovery::HandOff {
                         // A try that ran may have been granted (or, recovering, claimed a
                         // hand-off): no guard will own it, so give it back once the
                         // server answers again (a hand-off that has not run yet is
@@ -1007,6 +1043,16 @@ impl Backend for RedisBackend {
         let fence = match layout::Answer::of(answer) {
             layout::Answer::Granted { token } => token,
             layout::Answer::Held { lease } => {
+                if in_doubt {
+                    // An earlier try may still land on the lock once it is free.
+                    inner.abandon_later(
+                        keys,
+                        req.owner.clone(),
+                        nonce.into_owned(),
+                        Orphan::Failed(recovering),
+                        req.ttl,
+                    );
+                }
                 let mut retry_after = lease;
                 if inner.layout != Layout::Redisson {
                     // Foreign clients of plain layouts announce nothing: re-poll often.
@@ -1756,6 +1802,37 @@ mod tests {
         assert_eq!(gone, 1);
         let left: i64 = r.cmd(&["EXISTS", "p", "p:meta"]).await;
         assert_eq!(left, 0);
+    }
+
+    /// A failed attempt's give-back goes on looking: a try that lands after its first
+    /// look (sent again by the client library on a new connection, or run late by a
+    /// paused server) is given back too, long before its lease would end.
+    #[tokio::test]
+    async fn a_give_back_finds_a_try_that_lands_late() {
+        let Some((server, mut r)) = Scripts::start().await else {
+            return;
+        };
+        let url = ConnectUrl::parse(&server.url()).expect("url");
+        let backend = RedisBackend::open(url).await.expect("open");
+        let inner = &backend.inner;
+        let keys = inner.keys(&LockName::new("l").expect("name"));
+        let owner: Owner = "O".parse().expect("owner");
+        let what = Orphan::Failed(Recovery::Retry);
+        let watch = Duration::from_secs(20);
+        inner.abandon_later(keys, owner, "late".into(), what, watch);
+        // Its first look finds nothing; then the late try lands.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        r.acquire("O", "late", false).await;
+        assert_eq!(r.holds("O").await, Some(1));
+        // Well before its 10 s lease ends (the give-back looks at least once a second).
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while r.exists().await {
+            assert!(
+                std::time::Instant::now() < end,
+                "the late grant was never given back"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// A hand-off whose reply was lost may still run after its waiter gave up on it:
