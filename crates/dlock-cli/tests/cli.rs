@@ -1065,8 +1065,17 @@ fn bench_primitives_against_their_floors() {
         "ratio_to_floor",
         "limit_cycles_per_sec",
         "ratio_to_limit",
+        "layout_limit_cycles_per_sec",
+        "ratio_to_layout_limit",
     ] {
         assert!(v["parallel"][k].as_f64().expect(k) > 0.0, "{k}: {v}");
+    }
+    // What each side's cycle cost the server, by its own statistics: a cycle runs two
+    // commands, each well over 0.1 µs of the server's time and, on loopback, well
+    // under 10 ms.
+    for k in ["dlock_us", "floor_us", "limit_us", "layout_limit_us"] {
+        let us = v["parallel"]["server_us_per_cycle"][k].as_f64().expect(k);
+        assert!(us > 0.2 && us < 10_000.0, "{k}: {us}: {v}");
     }
     let out = env.run(&[
         "bench",

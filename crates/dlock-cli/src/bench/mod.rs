@@ -557,6 +557,22 @@ fn print_report(r: &Report) {
             },
             p.skipped.suffix()
         );
+        if let (Some(l), Some(ratio)) = (p.layout_limit_cycles_per_sec, p.ratio_to_layout_limit) {
+            outln!(
+                "  vs the least fenced lock in Redisson's layout (dlock's default) from as many \
+                 tasks: {l:.0}/s -> {ratio:.2}x"
+            );
+        }
+        if let Some(t) = p.server_us_per_cycle {
+            outln!(
+                "  server time per cycle (INFO commandstats): dlock {:.1} us, the floor {:.1} us, \
+                 the limit {:.1} us, the layout limit {:.1} us",
+                t.dlock_us,
+                t.floor_us,
+                t.limit_us,
+                t.layout_limit_us
+            );
+        }
     }
     if let Some(c) = &r.contended {
         outln!(

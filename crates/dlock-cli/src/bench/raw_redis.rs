@@ -103,6 +103,68 @@ pub async fn fenced_cycle(
     Ok(())
 }
 
+/// The least fenced lock in Redisson's layout, dlock's default (for interop): the same
+/// grant as [`fenced_cycle`]'s, but the hold count under the owner and the token in a
+/// hash with a lease; the release checks both, deletes the hash and publishes
+/// Redisson's unlock message, which Redisson's waiters need.
+static HASH_FENCED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('exists', KEYS[1]) == 1 then return 0 end \
+         local token = redis.call('incr', KEYS[2]) \
+         redis.call('hset', KEYS[1], ARGV[1], '1', 'dlock:fence', token) \
+         redis.call('pexpire', KEYS[1], ARGV[2]) \
+         return token",
+    )
+});
+
+static HASH_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local held = redis.call('hmget', KEYS[1], ARGV[1], 'dlock:fence') \
+         if not held[1] or held[2] ~= ARGV[2] then return 0 end \
+         redis.call('del', KEYS[1]) \
+         redis.call('publish', KEYS[2], '0') \
+         return 1",
+    )
+});
+
+/// One cycle of the least fenced lock in Redisson's layout (above); `channel` is where
+/// its release publishes.
+pub async fn hash_fenced_cycle(
+    conn: &mut ConnectionManager,
+    key: &str,
+    counter: &str,
+    channel: &str,
+    owner: &str,
+) -> redis::RedisResult<()> {
+    let token: i64 = HASH_FENCED_ACQUIRE
+        .key(key)
+        .key(counter)
+        .arg(owner)
+        .arg("30000")
+        .invoke_async(conn)
+        .await?;
+    if token == 0 {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "the layout limit's key was taken",
+        )));
+    }
+    let released: i64 = HASH_RELEASE
+        .key(key)
+        .key(channel)
+        .arg(owner)
+        .arg(token)
+        .invoke_async(conn)
+        .await?;
+    if released != 1 {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "the layout limit's release found another hold",
+        )));
+    }
+    Ok(())
+}
+
 /// A counted grant in one script, the shape of the npm `redis-semaphore` package's
 /// acquire: drop members whose lease ran out, add this one while fewer than the limit
 /// are there.
@@ -190,24 +252,70 @@ pub async fn client_commands_during<T>(
 /// prefix, e.g. `evalsha`) since the server started.
 pub async fn command_calls(url: &str, commands: &[&str]) -> Result<u64, Failure> {
     let mut conn = connect(url).await?;
+    Ok(command_stats(&mut conn, commands).await?.calls)
+}
+
+/// What the server counted for some commands (`INFO commandstats`), summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counted {
+    pub calls: u64,
+    /// Microseconds the server spent running them (a script's: with the calls it makes).
+    pub usec: u64,
+}
+
+impl std::ops::Add for Counted {
+    type Output = Counted;
+
+    fn add(self, more: Counted) -> Counted {
+        Counted {
+            calls: self.calls + more.calls,
+            usec: self.usec + more.usec,
+        }
+    }
+}
+
+impl std::ops::Sub for Counted {
+    type Output = Counted;
+
+    fn sub(self, earlier: Counted) -> Counted {
+        Counted {
+            calls: self.calls.saturating_sub(earlier.calls),
+            usec: self.usec.saturating_sub(earlier.usec),
+        }
+    }
+}
+
+/// [`Counted`] for the given commands (`INFO commandstats` names without the
+/// `cmdstat_` prefix, e.g. `evalsha`) since the server started.
+pub async fn command_stats(
+    conn: &mut ConnectionManager,
+    commands: &[&str],
+) -> Result<Counted, Failure> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
         .map_err(err)?;
-    Ok(info
-        .lines()
+    Ok(counted_in(&info, commands))
+}
+
+fn counted_in(info: &str, commands: &[&str]) -> Counted {
+    let field = |stats: &str, key: &str| {
+        stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    info.lines()
         .filter_map(|line| {
             let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
             commands.contains(&name).then_some(stats)
         })
-        .filter_map(|stats| {
-            stats
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
+        .fold(Counted::default(), |sum, stats| Counted {
+            calls: sum.calls + field(stats, "calls="),
+            usec: sum.usec + field(stats, "usec="),
         })
-        .sum())
 }
 
 #[cfg(test)]
@@ -221,5 +329,28 @@ mod tests {
             Some("redis://h:1/0")
         );
         assert_eq!(bare_url("sqlite:///x.db"), None);
+    }
+
+    #[test]
+    fn command_stats_are_read_and_summed() {
+        let info = "# Commandstats\r\n\
+            cmdstat_set:calls=4,usec=10,usec_per_call=2.50,rejected_calls=0,failed_calls=0\r\n\
+            cmdstat_evalsha:calls=6,usec=90,usec_per_call=15.00,rejected_calls=0,failed_calls=0\r\n\
+            cmdstat_hset:calls=6,usec=12,usec_per_call=2.00\r\n";
+        let both = counted_in(info, &["set", "evalsha", "eval"]);
+        assert_eq!(
+            both,
+            Counted {
+                calls: 10,
+                usec: 100
+            }
+        );
+        assert_eq!(counted_in(info, &["evalsha"]).usec, 90);
+        assert_eq!(counted_in(info, &["info"]), Counted::default());
+        let later = Counted {
+            calls: 12,
+            usec: 130,
+        };
+        assert_eq!(later - both, Counted { calls: 2, usec: 30 });
     }
 }

@@ -718,15 +718,49 @@ fn main() {
     // The least fenced lock (the one-task limit's script) from as many tasks on the
     // same shared connection, in the same run.
     let l64 = Spread::over(&redis_runs, |r| r["parallel"]["ratio_to_limit"].as_f64());
+    // The least fenced lock in Redisson's layout (dlock's default, for interop), from as
+    // many tasks in the same run: the honest limit of the default layout.
+    let h64 = Spread::over(&redis_runs, |r| {
+        r["parallel"]["ratio_to_layout_limit"].as_f64()
+    });
+    // What a cycle costs the server, by its own statistics (`server_us_per_cycle`): with
+    // many tasks the server's time per cycle weighs in full.
+    let server = |k: &str| {
+        Spread::over(&redis_runs, |r| {
+            r["parallel"]["server_us_per_cycle"][k].as_f64()
+        })
+    };
+    let server_time = match (
+        server("dlock_us"),
+        server("limit_us"),
+        server("layout_limit_us"),
+    ) {
+        (Some(d), Some(l), Some(h)) => format!(
+            "; the server's time per cycle (`INFO commandstats`, same runs): dlock {}, \
+             the limit {}, the layout limit {}",
+            d.show(1, " µs"),
+            l.show(1, " µs"),
+            h.show(1, " µs"),
+        ),
+        _ => String::new(),
+    };
     target(
         "Redis uncontended, 64 tasks: ≥ 0.90× the shared-connection floor, or ≥ 0.95× the \
-         limit: the least fenced lock from as many tasks",
+         limit: the least fenced lock from as many tasks, or ≥ 0.95× the layout limit: \
+         the least fenced lock in Redisson's layout (dlock's default, for interop: hold \
+         count and token in a hash with a lease; the release deletes it and publishes \
+         the unlock message)",
         r64.map_or("–".into(), |r| {
             let limit = l64.map_or(String::new(), |l| format!("; {} the limit", l.ratio()));
-            format!("{} the floor{limit}", r.ratio())
+            let layout = h64.map_or(String::new(), |l| {
+                format!("; {} the layout limit", l.ratio())
+            });
+            format!("{} the floor{limit}{layout}{server_time}", r.ratio())
         }),
         Spread::judge(r64, |r| {
-            r >= 0.90 || l64.is_some_and(|l| l.complete() && l.median >= 0.95)
+            r >= 0.90
+                || l64.is_some_and(|l| l.complete() && l.median >= 0.95)
+                || h64.is_some_and(|l| l.complete() && l.median >= 0.95)
         }),
     );
     // Each run's own ratio of dlock's hand-off latency to the floor's (a run without a
@@ -1000,7 +1034,9 @@ fn main() {
          `uncontended-1-task` (acquire + release, one lock, one task); \
          `uncontended-64-tasks` (64 tasks each cycling its own lock; floor: the same \
          client's bare cycles from 64 tasks; on Redis also a limit, the least fenced lock \
-         from 64 tasks; the sides take turns over three rounds of 1 s); \
+         from 64 tasks, and a layout limit, the least fenced lock in Redisson's layout; \
+         the sides take turns over three rounds of 1 s, and the server's own statistics \
+         give each side's server time per cycle); \
          `contended-8-processes` (8 processes on one \
          lock; percentiles = wait); `handoff-50-waiters` (50 tasks on one lock: real hand-offs \
          to a different waiter per second, percentiles release → next grant; floor where \
