@@ -340,25 +340,29 @@ async fn renewals_of_many_locks_are_batched() {
     eprintln!("{n} locks held {hold:?}: {calls} renew commands for ~{renewals} renewals");
 }
 
-/// The connection dies after the server ran the acquire script but before its reply
-/// arrived: the retry finds that grant (same nonce) instead of orphaning it or taking
-/// a second hold, so one release frees the lock.
-#[tokio::test]
-async fn reply_lost_mid_acquire_leaves_no_orphan() {
-    use dlock_testkit::{Fault, FaultProxy};
-    for layout in ["", "?layout=redis-py"] {
-        let Some(server) = RedisServer::start() else {
-            return;
-        };
-        let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
-        let url = format!("redis://{}{layout}", proxy.addr());
-        let locker = Locker::connect(&url)
+/// A Redis server, a fault proxy in front of it, a locker through the proxy and one
+/// straight to the server (both with the URL options `query`). The scripts are loaded
+/// through the proxy first: an EVALSHA answered NOSCRIPT while replies are dropped
+/// would never run.
+struct Proxied {
+    _server: RedisServer,
+    proxy: dlock_testkit::FaultProxy,
+    locker: Locker,
+    direct: Locker,
+}
+
+impl Proxied {
+    async fn start(query: &str) -> Option<Proxied> {
+        let server = RedisServer::start()?;
+        let proxy = dlock_testkit::FaultProxy::start(server.addr())
+            .await
+            .expect("proxy");
+        let locker = Locker::connect(&format!("redis://{}?{query}", proxy.addr()))
             .await
             .expect("connect through the proxy");
-        let direct = Locker::connect(&format!("{}{layout}", server.url()))
+        let direct = Locker::connect(&format!("{}?{query}", server.url()))
             .await
             .expect("connect");
-        // Load the scripts first (an EVALSHA answered NOSCRIPT would never run).
         locker
             .lock("warm-up")
             .await
@@ -366,6 +370,38 @@ async fn reply_lost_mid_acquire_leaves_no_orphan() {
             .release()
             .await
             .expect("release");
+        Some(Proxied {
+            _server: server,
+            proxy,
+            locker,
+            direct,
+        })
+    }
+}
+
+/// Wait until `name` is held, as `direct` sees it (at most 5 s).
+async fn until_held(direct: &Locker, name: &str, layout: &str) {
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while direct.inspect(name).await.expect("inspect").is_none() {
+        assert!(
+            std::time::Instant::now() < end,
+            "{layout}: the acquisition never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The connection dies after the server ran the acquire script but before its reply
+/// arrived: the retry finds that grant (same nonce) instead of orphaning it or taking
+/// a second hold, so one release frees the lock.
+#[tokio::test]
+async fn reply_lost_mid_acquire_leaves_no_orphan() {
+    use dlock_testkit::Fault;
+    for layout in ["redisson", "redis-py"] {
+        let Some(t) = Proxied::start(&format!("layout={layout}")).await else {
+            return;
+        };
+        let (proxy, locker, direct) = (&t.proxy, &t.locker, &t.direct);
         proxy.set(Fault::DropReplies);
         let acquiring = tokio::spawn({
             let locker = locker.clone();
@@ -376,19 +412,7 @@ async fn reply_lost_mid_acquire_leaves_no_orphan() {
             }
         });
         // Wait until the server has granted (the reply is being dropped).
-        let end = std::time::Instant::now() + Duration::from_secs(5);
-        while direct
-            .inspect("lost-reply")
-            .await
-            .expect("inspect")
-            .is_none()
-        {
-            assert!(
-                std::time::Instant::now() < end,
-                "{layout}: the acquire never reached the server"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_held(direct, "lost-reply", layout).await;
         proxy.set(Fault::None);
         proxy.reset_all();
         let guard = tokio::time::timeout(Duration::from_secs(10), acquiring)
@@ -420,26 +444,12 @@ async fn reply_lost_mid_acquire_leaves_no_orphan() {
 #[tokio::test]
 async fn an_attempt_that_fails_after_lost_replies_leaves_no_orphan() {
     use dlock::LockOptions;
-    use dlock_testkit::{Fault, FaultProxy};
+    use dlock_testkit::Fault;
     for layout in ["redisson", "redis-py"] {
-        let Some(server) = RedisServer::start() else {
+        let Some(t) = Proxied::start(&format!("timeout=1s&layout={layout}")).await else {
             return;
         };
-        let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
-        let url = format!("redis://{}?timeout=1s&layout={layout}", proxy.addr());
-        let locker = Locker::connect(&url)
-            .await
-            .expect("connect through the proxy");
-        let direct = Locker::connect(&format!("{}?layout={layout}", server.url()))
-            .await
-            .expect("connect");
-        locker
-            .lock("warm-up")
-            .await
-            .expect("lock")
-            .release()
-            .await
-            .expect("release");
+        let (proxy, locker, direct) = (&t.proxy, &t.locker, &t.direct);
         proxy.set(Fault::DropReplies);
         let attempt = tokio::spawn({
             let locker = locker.clone();
@@ -447,19 +457,7 @@ async fn an_attempt_that_fails_after_lost_replies_leaves_no_orphan() {
             async move { locker.try_lock_with("lost-replies", &ttl).await }
         });
         // The first try is granted (its reply is dropped).
-        let end = std::time::Instant::now() + Duration::from_secs(5);
-        while direct
-            .inspect("lost-replies")
-            .await
-            .expect("inspect")
-            .is_none()
-        {
-            assert!(
-                std::time::Instant::now() < end,
-                "{layout}: the first try never reached the server"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_held(direct, "lost-replies", layout).await;
         let failed = tokio::time::timeout(Duration::from_secs(20), attempt)
             .await
             .expect("the attempt hung")
