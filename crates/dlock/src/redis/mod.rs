@@ -831,19 +831,20 @@ impl Inner {
         crate::finish::release_later(never, within, attempt);
     }
 
-    /// After a grant: wait for replicas, or give the grant back and fail.
+    /// After a grant: wait for replicas, or give the grant back and fail; with `true`
+    /// when that release failed too (the grant may still be there).
     async fn await_replicas(
         &self,
         keys: &Keys,
         owner: &str,
         fence: u64,
         nonce: &str,
-    ) -> Result<()> {
-        let waited = self.wait_replicas().await;
-        if waited.is_err() {
-            let _ = self.release(keys, owner, fence, nonce).await;
-        }
-        waited
+    ) -> std::result::Result<(), (Error, bool)> {
+        let Err(e) = self.wait_replicas().await else {
+            return Ok(());
+        };
+        let released = self.release(keys, owner, fence, nonce).await;
+        Err((e, released.is_err()))
     }
 
     /// With `min_replicas`: wait until that many replicas have every write so far
@@ -1071,11 +1072,14 @@ impl Backend for RedisBackend {
         };
         if inner.min_replicas.is_some() {
             let waited = Box::pin(inner.await_replicas(&keys, req.owner.as_str(), fence, &nonce));
-            if let Err(e) = waited.await {
-                // Its release of the grant may have failed too (the connection may be
-                // down): look again in the background.
-                let what = Orphan::Failed(recovering);
-                inner.abandon_later(keys, req.owner.clone(), nonce.into_owned(), what, req.ttl);
+            if let Err((e, maybe_left)) = waited.await {
+                // Its release of the grant failed too (the connection may be down), or
+                // an earlier try may still land: look again in the background.
+                if maybe_left || in_doubt {
+                    let what = Orphan::Failed(recovering);
+                    let nonce = nonce.into_owned();
+                    inner.abandon_later(keys, req.owner.clone(), nonce, what, req.ttl);
+                }
                 return Err(e);
             }
         }
@@ -1900,9 +1904,15 @@ mod tests {
             let req = req("l");
             async move { backend.try_acquire(&req).await }
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        proxy.set(Fault::None);
-        proxy.reset_all();
+        // The connection is reset while replies are still dropped (a reply the proxy
+        // had not read yet must not slip through), then replies flow again.
+        let reset = || async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            proxy.reset_all();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            proxy.set(Fault::None);
+        };
+        reset().await;
         let answer = attempt.await.expect("join").expect("the retry is answered");
         assert!(matches!(answer, Attempt::Busy { .. }), "X holds the lock");
         let inner = &backend.inner;
@@ -1928,9 +1938,7 @@ mod tests {
             let req = req("m");
             async move { backend.try_acquire(&req).await }
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        proxy.set(Fault::None);
-        proxy.reset_all();
+        reset().await;
         let answer = attempt.await.expect("join").expect("the retry is answered");
         let Attempt::Acquired(held) = answer else {
             panic!("the lost reply's grant is recovered");
