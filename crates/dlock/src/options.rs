@@ -134,8 +134,19 @@ impl Metadata {
     /// [`Metadata::this_process`], made once and shared (the default of every
     /// acquisition: no copy of the host name per lock).
     pub(crate) fn this_process_shared() -> Arc<Metadata> {
-        static OWN: std::sync::OnceLock<Arc<Metadata>> = std::sync::OnceLock::new();
-        Arc::clone(OWN.get_or_init(|| Arc::new(Metadata::this_process())))
+        Arc::clone(&own_metadata().0)
+    }
+
+    /// The metadata as the backends store it (JSON). This process's own, the default
+    /// of every acquisition, was serialized once and is borrowed: nothing is
+    /// serialized or allocated per acquisition.
+    pub(crate) fn to_json(&self) -> std::borrow::Cow<'static, str> {
+        let (own, json) = own_metadata();
+        if std::ptr::eq(self, &**own) || self == &**own {
+            std::borrow::Cow::Borrowed(json.as_str())
+        } else {
+            std::borrow::Cow::Owned(serde_json::to_string(self).unwrap_or_else(|_| "{}".into()))
+        }
     }
 
     /// The same with a note.
@@ -144,6 +155,16 @@ impl Metadata {
         self.note = Some(note.into());
         self
     }
+}
+
+/// This process's metadata and its JSON, made once.
+fn own_metadata() -> &'static (Arc<Metadata>, String) {
+    static OWN: std::sync::OnceLock<(Arc<Metadata>, String)> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| {
+        let own = Metadata::this_process();
+        let json = serde_json::to_string(&own).unwrap_or_else(|_| "{}".into());
+        (Arc::new(own), json)
+    })
 }
 
 fn host_name() -> Option<String> {
@@ -401,6 +422,23 @@ pub fn parse_duration(what: &str, text: &str) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_metadata_is_what_serde_writes_and_this_processs_is_never_built_again() {
+        let own = Metadata::this_process();
+        let shared = Metadata::this_process_shared();
+        let noted = Metadata::this_process().with_note("a \"quoted\" note");
+        let empty = Metadata::default();
+        for metadata in [&own, &*shared, &noted, &empty] {
+            let json = metadata.to_json();
+            assert_eq!(*json, serde_json::to_string(metadata).expect("json"));
+            let back: Metadata = serde_json::from_str(&json).expect("valid JSON");
+            assert_eq!(&back, metadata);
+        }
+        assert!(matches!(shared.to_json(), std::borrow::Cow::Borrowed(_)));
+        assert!(matches!(own.to_json(), std::borrow::Cow::Borrowed(_)));
+        assert!(matches!(noted.to_json(), std::borrow::Cow::Owned(_)));
+    }
 
     #[test]
     fn durations() {

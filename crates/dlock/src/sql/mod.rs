@@ -249,7 +249,7 @@ pub(crate) fn foreign_holder(name: &LockName, session: String) -> crate::LockInf
 
 /// Metadata as stored (JSON text).
 pub(crate) fn metadata_json(m: &crate::Metadata) -> String {
-    serde_json::to_string(m).unwrap_or_else(|_| "{}".into())
+    m.to_json().into_owned()
 }
 
 /// Metadata as read back; a foreign value reads as empty.

@@ -574,7 +574,7 @@ impl Backend for SqliteBackend {
                 });
             }
         }
-        let metadata = serde_json::to_string(&*req.metadata).unwrap_or_else(|_| "{}".into());
+        let metadata = req.metadata.to_json().into_owned();
         let done = inner
             .run(Op::Acquire {
                 req,
@@ -763,7 +763,7 @@ impl HeldLock for SqliteHeld {
 impl SqliteBackend {
     /// An attempt at a permit, read or write ([`shared`]).
     async fn try_shared(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let metadata = serde_json::to_string(&*req.metadata).unwrap_or_else(|_| "{}".into());
+        let metadata = req.metadata.to_json().into_owned();
         let done = self
             .inner
             .run(Op::AcquireShared {

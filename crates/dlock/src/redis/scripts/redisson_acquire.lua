@@ -1,8 +1,10 @@
 -- dlock acquire, Redisson RLock/RFencedLock layout.
 -- KEYS[1] the lock hash (the name itself), KEYS[2] the token counter.
 -- ARGV[1] lease in ms, ARGV[2] owner field, ARGV[3] metadata (JSON),
--- ARGV[4] this attempt's nonce, ARGV[5] '1' when retrying after a lost reply, '2' when
--- recovering an in-process hand-off whose reply was lost (the nonce is the hand-off's).
+-- ARGV[4] this attempt's grant field, 'dlock:g:' .. its nonce (sent whole: building it
+-- here costs the server a string per call), ARGV[5] '1' when retrying after a lost
+-- reply, '2' when recovering an in-process hand-off whose reply was lost (the nonce is
+-- the hand-off's).
 -- Each hold has a field of its own, 'dlock:g:' .. the nonce of the attempt (or hand-off)
 -- that took it, until that hold's release: a retry after a lost reply finds its own
 -- grant there even when another task sharing the owner re-entered in between (one field
@@ -13,13 +15,14 @@
 -- costs the server more, as does a number argument to redis.call (converted with
 -- "%.17g"), so leases and hold counts go as strings.
 local lock, counter = KEYS[1], KEYS[2]
-local lease, owner, nonce = tonumber(ARGV[1]), ARGV[2], ARGV[4]
-local grant = 'dlock:g:' .. nonce
+local owner, grant = ARGV[2], ARGV[4]
 if ARGV[5] ~= '0' then
   -- Recovering ('2'): an in-process hand-off to this acquisition whose reply was lost,
-  -- never picked up since: claim its hold (a retry's own nonce, '1', never marks one) (the marker goes, so a leaving waiter cannot undo it later;
-  -- the hand-off wrote the hold's own field).
-  if redis.call('hget', lock, 'dlock:handoff') == nonce then
+  -- never picked up since: claim its hold (a retry's own nonce, '1', never marks one).
+  -- The marker goes, so a leaving waiter cannot undo it later; the hand-off wrote the
+  -- hold's own field.
+  local marker = redis.call('hget', lock, 'dlock:handoff')
+  if marker and 'dlock:g:' .. marker == grant then
     redis.call('hdel', lock, 'dlock:handoff')
     return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
   end
@@ -40,7 +43,7 @@ if redis.call('hexists', lock, owner) == 1 then
   end
   redis.call('hincrby', lock, owner, '1')
   redis.call('hset', lock, grant, '1')
-  if redis.call('pttl', lock) < lease then
+  if redis.call('pttl', lock) < tonumber(ARGV[1]) then
     redis.call('pexpire', lock, ARGV[1])
   end
   local token = redis.call('hget', lock, 'dlock:fence') or redis.call('get', counter) or '0'
@@ -50,6 +53,6 @@ if ARGV[5] == '2' then
   -- The hand-off has not run, and the lock is another's: the waiter stops counting on
   -- it. Void it, so that if it still runs (sent again, or late) it releases to
   -- everyone instead of leaving this owner a hold that no guard owns.
-  redis.call('hset', lock, 'dlock:void:' .. nonce, '1')
+  redis.call('hset', lock, 'dlock:void:' .. string.sub(grant, 9), '1')
 end
 return -3 - redis.call('pttl', lock)

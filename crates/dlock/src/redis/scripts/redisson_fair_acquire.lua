@@ -1,17 +1,17 @@
 -- dlock fair acquire, Redisson layout plus a FIFO queue of waiters.
 -- KEYS[1] lock hash, KEYS[2] token counter, KEYS[3] queue list, KEYS[4] waiter
 -- deadlines (sorted set, ms on the server's clock).
--- ARGV[1] lease ms, ARGV[2] owner, ARGV[3] metadata, ARGV[4] nonce, ARGV[5] '1' when
+-- ARGV[1] lease ms, ARGV[2] owner, ARGV[3] metadata, ARGV[4] this attempt's grant field
+-- ('dlock:g:' .. its nonce, as redisson_acquire.lua takes it), ARGV[5] '1' when
 -- retrying after a lost reply, ARGV[6] queue entry lifetime in ms ('0': do not queue),
 -- ARGV[7] this acquisition's queue entry (owner and acquisition: two waiters of one
 -- owner each have a place of their own).
 -- Answers as redisson_acquire.lua does: the fencing token (>= 0) when granted, else
 -- -3 - the lock's PTTL (always < 0).
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local lease, owner, nonce, entry = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[7]
+local lease, owner, grant, entry = tonumber(ARGV[1]), ARGV[2], ARGV[4], ARGV[7]
 -- Each hold's own field, as in redisson_acquire.lua: a retry finds its grant in the
 -- re-entry branch below.
-local grant = 'dlock:g:' .. nonce
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Drop waiters whose deadline passed (they died or gave up without leaving).
