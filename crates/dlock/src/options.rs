@@ -141,12 +141,18 @@ impl Metadata {
     /// of every acquisition, was serialized once and is borrowed: nothing is
     /// serialized or allocated per acquisition.
     pub(crate) fn to_json(&self) -> std::borrow::Cow<'static, str> {
-        let (own, json) = own_metadata();
-        if std::ptr::eq(self, &**own) || self == &**own {
-            std::borrow::Cow::Borrowed(json.as_str())
-        } else {
-            std::borrow::Cow::Owned(serde_json::to_string(self).unwrap_or_else(|_| "{}".into()))
+        match self.own_json() {
+            Some(json) => std::borrow::Cow::Borrowed(json),
+            None => {
+                std::borrow::Cow::Owned(serde_json::to_string(self).unwrap_or_else(|_| "{}".into()))
+            }
         }
+    }
+
+    /// The JSON of this process's own metadata, when this is it.
+    pub(crate) fn own_json(&self) -> Option<&'static str> {
+        let (own, json) = own_metadata();
+        (std::ptr::eq(self, &**own) || self == &**own).then_some(json.as_str())
     }
 
     /// The same with a note.

@@ -626,7 +626,7 @@ impl StoredMetadata<'_> {
     /// each attempt then only appends its nonce.
     pub(crate) fn to_json(&self) -> String {
         let plain = |b: u8| b.is_ascii_alphanumeric() || b == b':';
-        if let Cow::Borrowed(own) = self.metadata.to_json()
+        if let Some(own) = self.metadata.own_json()
             && self.nonce.bytes().all(plain)
             && let Some(fields) = own.strip_suffix('}')
         {
