@@ -111,6 +111,7 @@ async fn run<D: Dialect>(dialect: &D, batch: Vec<Request>) {
 
 /// How many different holds `holds` names (the same grant twice — two reentrant holds
 /// of one owner — counts once: one row answers for both).
+#[cfg(feature = "mysql")]
 pub(crate) fn distinct(holds: &[Arc<Hold>]) -> usize {
     let mut seen: Vec<(&[u8; 32], &str, u64)> = holds
         .iter()
