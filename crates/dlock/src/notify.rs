@@ -75,14 +75,14 @@ pub(crate) async fn wait_change(rx: &mut watch::Receiver<u64>, max: Duration) {
 /// fall back to asking at that interval times their number). A thousand waiters of one
 /// name in one process (one backend) then cost the server one poll per interval, not a
 /// thousand.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[derive(Debug)]
 pub(crate) struct WakeOne<K> {
     map: Mutex<HashMap<K, KeyWaiters>>,
 }
 
 /// The waiters of one key.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[derive(Debug, Default)]
 struct KeyWaiters {
     notify: std::sync::Arc<tokio::sync::Notify>,
@@ -92,7 +92,7 @@ struct KeyWaiters {
     polled: u8,
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 impl<K> Default for WakeOne<K> {
     fn default() -> Self {
         WakeOne {
@@ -101,7 +101,7 @@ impl<K> Default for WakeOne<K> {
     }
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<K, KeyWaiters>> {
         self.map
@@ -157,7 +157,7 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
 }
 
 /// One registered waiter of a [`WakeOne`] key.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[derive(Debug)]
 pub(crate) struct WakeWatch<K: std::hash::Hash + Eq + Clone> {
     hub: std::sync::Arc<WakeOne<K>>,
@@ -169,7 +169,7 @@ pub(crate) struct WakeWatch<K: std::hash::Hash + Eq + Clone> {
     polls: bool,
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 impl<K: std::hash::Hash + Eq + Clone> WakeWatch<K> {
     /// Until this waiter's wake-up, or `max`.
     pub(crate) async fn wait(&self, max: Duration) {
@@ -192,7 +192,7 @@ impl<K: std::hash::Hash + Eq + Clone> WakeWatch<K> {
     }
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 impl<K: std::hash::Hash + Eq + Clone> Drop for WakeWatch<K> {
     fn drop(&mut self) {
         let mut map = self.hub.map();

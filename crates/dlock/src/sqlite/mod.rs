@@ -54,8 +54,14 @@
 //! back-off.
 //!
 //! # Waiting
-//! Waiters in the same process are woken at once by a release from that process; other
-//! processes are noticed by polling every `poll` (default 10 ms, jittered 50–100 %).
+//! A release from this process wakes one of its waiters of that name at once (one
+//! attempt, not a stampede of every waiter on one row); releases by other processes
+//! are noticed by polling every `poll` (default 10 ms, jittered 50–100 %), by one
+//! waiter per name and kind of hold in this process, while the others wait `poll`
+//! times their number (see `notify::WakeOne`). A thousand waiters of one name then
+//! cost one poll per interval, not a thousand. Fair-mode waiters, writers (who queue)
+//! and readers are all woken by a release, and each polls: the queue's head, or every
+//! reader, may go.
 //!
 //! # URL
 //! `sqlite:///abs/path.db`, `sqlite://rel/path.db`, `sqlite::memory:` (one process).
@@ -90,7 +96,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::notify::{ChangeHub, wait_change};
+use crate::notify::{ChangeHub, WakeOne, WakeWatch, wait_change};
 use crate::options::{Metadata, Owner};
 use crate::url::ConnectUrl;
 
@@ -264,7 +270,10 @@ struct Inner {
     renewer: Renewer,
     reader: SqlitePool,
     boot_id: Arc<str>,
+    /// Fair-mode waiters, writers and readers: every one is woken by a release.
     changes: ChangeHub,
+    /// The other waiters: one is woken by a release.
+    waiters: Arc<WakeOne<LockName>>,
     poll: Duration,
     durable: bool,
     cross_process: bool,
@@ -358,6 +367,7 @@ impl SqliteBackend {
             reader,
             boot_id,
             changes: ChangeHub::default(),
+            waiters: Arc::new(WakeOne::default()),
             poll,
             durable,
             cross_process: !in_memory,
@@ -451,6 +461,13 @@ async fn no_checkpoint_on_close(conn: &mut SqliteConnection) -> sqlx::Result<()>
 }
 
 impl Inner {
+    /// Tell this process's waiters of `name` that a hold of it went: one of those
+    /// woken one at a time, and every fair-mode waiter, writer and reader.
+    fn released(&self, name: &LockName) {
+        self.changes.notify(name);
+        self.waiters.wake(name);
+    }
+
     fn now(&self) -> Now {
         Now::read(&self.boot_id)
     }
@@ -524,7 +541,7 @@ impl Inner {
         }
         match self.run(op).await {
             Ok(_) => {
-                self.changes.notify(name);
+                self.released(name);
                 Ok(())
             }
             Err(e) => {
@@ -601,8 +618,19 @@ impl Backend for SqliteBackend {
     }
 
     async fn subscribe(&self, req: &AcquireRequest) -> Result<Box<dyn Waiter>> {
+        let wake = match req.primitive {
+            Primitive::Lock if req.enqueue.is_none() => {
+                Wake::One(self.inner.waiters.watch(&req.name, 0))
+            }
+            Primitive::Permit { .. } if req.enqueue.is_none() => {
+                Wake::One(self.inner.waiters.watch(&req.name, 1))
+            }
+            // A queue's head must go, whichever waiter it is (fair mode; a waiting
+            // writer always queues), and every reader may go.
+            _ => Wake::Every(self.inner.changes.subscribe(&req.name)),
+        };
         Ok(Box::new(SqliteWaiter {
-            rx: self.inner.changes.subscribe(&req.name),
+            wake,
             poll: self.inner.poll,
         }))
     }
@@ -613,7 +641,7 @@ impl Backend for SqliteBackend {
         }
         if req.primitive != Primitive::Lock {
             self.inner.run(Op::LeaveShared { req }).await?;
-            self.inner.changes.notify(&req.name);
+            self.inner.released(&req.name);
             return Ok(());
         }
         let entry = statements::queue_entry(req);
@@ -623,7 +651,7 @@ impl Backend for SqliteBackend {
                 entry: &entry,
             })
             .await?;
-        self.inner.changes.notify(&req.name);
+        self.inner.released(&req.name);
         Ok(())
     }
 
@@ -634,7 +662,7 @@ impl Backend for SqliteBackend {
             .await
             .map_err(|e| db_err(&e))?;
         if broke {
-            self.inner.changes.notify(name);
+            self.inner.released(name);
         }
         Ok(broke)
     }
@@ -698,16 +726,38 @@ impl Backend for SqliteBackend {
 
 #[derive(Debug)]
 struct SqliteWaiter {
-    rx: watch::Receiver<u64>,
+    wake: Wake,
     poll: Duration,
+}
+
+/// How a waiter learns of a release in this process.
+#[derive(Debug)]
+enum Wake {
+    /// Woken with every other such waiter of the name; polls every `poll`.
+    Every(watch::Receiver<u64>),
+    /// One waiter per release; polls every `poll` when it is the name's poller, else
+    /// every `poll` times the name's waiters.
+    One(WakeWatch<LockName>),
 }
 
 #[async_trait]
 impl Waiter for SqliteWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
-        let cap = u64::try_from(self.poll.min(max).as_micros()).unwrap_or(u64::MAX);
+        let every = match &mut self.wake {
+            Wake::Every(_) => self.poll,
+            Wake::One(watch) => match watch.poller() {
+                (true, _) => self.poll,
+                (false, waiters) => self
+                    .poll
+                    .saturating_mul(u32::try_from(waiters).unwrap_or(u32::MAX)),
+            },
+        };
+        let cap = u64::try_from(every.min(max).as_micros()).unwrap_or(u64::MAX);
         let sleep = Duration::from_micros(cap / 2 + fastrand::u64(0..=cap / 2));
-        wait_change(&mut self.rx, sleep).await;
+        match &mut self.wake {
+            Wake::Every(rx) => wait_change(rx, sleep).await,
+            Wake::One(watch) => watch.wait(sleep).await,
+        }
         Ok(())
     }
 }
