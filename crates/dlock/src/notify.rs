@@ -176,9 +176,19 @@ impl<K: std::hash::Hash + Eq + Clone> WakeWatch<K> {
         let _ = tokio::time::timeout(max, self.notify.notified()).await;
     }
 
+    /// How long this waiter may wait before asking the server again: `poll` for its
+    /// key's poller (taking the role if no waiter holds it), else `poll` times the
+    /// key's waiters in this process.
+    pub(crate) fn poll_every(&mut self, poll: Duration) -> Duration {
+        match self.poller() {
+            (true, _) => poll,
+            (false, waiters) => poll.saturating_mul(u32::try_from(waiters).unwrap_or(u32::MAX)),
+        }
+    }
+
     /// Whether this waiter is its key's poller (taking the role if no waiter holds
     /// it), and how many waiters the key has in this process.
-    pub(crate) fn poller(&mut self) -> (bool, usize) {
+    fn poller(&mut self) -> (bool, usize) {
         let mut map = self.hub.map();
         let Some(entry) = map.get_mut(&self.key) else {
             // Not reachable while this watch lives (it is counted); poll, to be safe.

@@ -375,14 +375,7 @@ pub(crate) struct SqlWaiter {
 #[async_trait::async_trait]
 impl Waiter for SqlWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
-        let (polls, waiters) = self.watch.poller();
-        let every = if polls {
-            self.poll
-        } else {
-            self.poll
-                .saturating_mul(u32::try_from(waiters).unwrap_or(u32::MAX))
-        };
-        let mut wait = every.min(max);
+        let mut wait = self.watch.poll_every(self.poll).min(max);
         if self.jitter {
             let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
             wait = Duration::from_nanos(nanos / 2 + fastrand::u64(0..=nanos / 2));

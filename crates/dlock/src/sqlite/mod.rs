@@ -745,12 +745,7 @@ impl Waiter for SqliteWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
         let every = match &mut self.wake {
             Wake::Every(_) => self.poll,
-            Wake::One(watch) => match watch.poller() {
-                (true, _) => self.poll,
-                (false, waiters) => self
-                    .poll
-                    .saturating_mul(u32::try_from(waiters).unwrap_or(u32::MAX)),
-            },
+            Wake::One(watch) => watch.poll_every(self.poll),
         };
         let cap = u64::try_from(every.min(max).as_micros()).unwrap_or(u64::MAX);
         let sleep = Duration::from_micros(cap / 2 + fastrand::u64(0..=cap / 2));
