@@ -7,7 +7,9 @@
 //! the row's token counts on: every grant gets the previous token + 1, in the same
 //! statement that grants it, committed before the grant is reported. Rows dead for a
 //! day are collected after folding their tokens into a floor row in `dlock_counters`
-//! that new rows start above. `dlock_queue` holds fair-mode waiters, each entry
+//! that new rows start above; an open collects when the file's last collection (row
+//! `collected` there) is an hour old, so opening costs the same however many names
+//! the file has seen. `dlock_queue` holds fair-mode waiters, each entry
 //! expiring [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after
 //! its waiter's last refresh: a waiter that dies holds up the queue at most that long.
 //!
@@ -218,7 +220,7 @@ impl Op<'_> {
     ) -> sqlx::Result<Done> {
         Ok(match self {
             Op::Schema => {
-                statements::create_schema(conn).await?;
+                statements::create_schema(conn, now).await?;
                 Done::Nothing
             }
             Op::Collect => {
@@ -1095,8 +1097,19 @@ mod tests {
         .execute(&b.inner.writer)
         .await
         .expect("age");
+        // Dead rows are looked for at most once an hour: the new file's stamp is recent.
+        assert_eq!(b.inner.upkeep_due().await.expect("check"), Upkeep::Nothing);
+        sqlx::query("UPDATE dlock_counters SET value = value - 3600000 WHERE name = 'collected'")
+            .execute(&b.inner.writer)
+            .await
+            .expect("age the stamp");
         assert_eq!(b.inner.upkeep_due().await.expect("check"), Upkeep::Collect);
         b.inner.run(Op::Collect).await.expect("collect");
+        assert_eq!(
+            b.inner.upkeep_due().await.expect("check"),
+            Upkeep::Nothing,
+            "a collection did not stamp itself"
+        );
         let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_locks")
             .fetch_one(&b.inner.reader)
             .await

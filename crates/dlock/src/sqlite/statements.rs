@@ -59,6 +59,16 @@ CREATE TABLE IF NOT EXISTS dlock_shared (
 /// Rows dead (expired or released) for this long are collected.
 const COLLECT_AFTER: Duration = Duration::from_secs(24 * 3600);
 
+/// An open looks for dead rows only when the database's last collection (its
+/// `dlock_counters` row `collected`, wall-clock ms) is this old: finding them scans the
+/// tables, which must not cost every short-lived process (`dlock run`) time that grows
+/// with the names the database has seen.
+const COLLECT_EVERY: Duration = Duration::from_secs(3600);
+
+/// Stamp a collection (or a new schema, which has nothing to collect). Binds: 1 now (wall ms).
+const STAMP_COLLECTED: &str = "INSERT INTO dlock_counters (name, value) VALUES ('collected', ?1) \
+     ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+
 /// Grant (new grant or reentrant hold) in one statement; returns the fence, or no row
 /// when someone else holds the lock (or its lease ran out without a release less than
 /// the lock-delay ago).
@@ -211,10 +221,19 @@ async fn schema_present(conn: &mut SqliteConnection) -> sqlx::Result<bool> {
     Ok(present == 4)
 }
 
-pub(super) async fn create_schema(conn: &mut SqliteConnection) -> sqlx::Result<()> {
+pub(super) async fn create_schema(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<()> {
     if !schema_present(conn).await? {
         conn.execute(sqlx::raw_sql(SCHEMA)).await?;
+        stamp_collected(conn, now).await?;
     }
+    Ok(())
+}
+
+async fn stamp_collected(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<()> {
+    sqlx::query(STAMP_COLLECTED)
+        .bind(now.wall_ms)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -227,15 +246,32 @@ pub(super) enum Upkeep {
 }
 
 /// Find out, with reads only, whether the schema must be created or dead rows
-/// collected: the common case (neither) then takes no write lock.
+/// collected: the common case (neither) then takes no write lock, and costs two
+/// lookups whatever the number of rows (the tables are scanned for dead rows at most
+/// once per [`COLLECT_EVERY`], by [`collect`]).
 pub(super) async fn upkeep_due(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<Upkeep> {
     if !schema_present(conn).await? {
         return Ok(Upkeep::CreateSchema);
     }
-    Ok(if anything_to_collect(conn, now).await? {
+    let collected: Option<i64> =
+        sqlx::query_scalar("SELECT value FROM dlock_counters WHERE name = 'collected'")
+            .fetch_optional(&mut *conn)
+            .await?;
+    // Due, it is a write (the stamp) even when nothing has died.
+    Ok(if collection_due(collected, now.wall_ms) {
         Upkeep::Collect
     } else {
         Upkeep::Nothing
+    })
+}
+
+/// Whether a collection stamped at `collected` (wall ms; none: a database from before
+/// the stamp) is due at `now_wall`: [`COLLECT_EVERY`] after it, or at once when the
+/// stamp lies that far ahead (the wall clock was set back).
+fn collection_due(collected: Option<i64>, now_wall: i64) -> bool {
+    let every = i64::try_from(COLLECT_EVERY.as_millis()).unwrap_or(i64::MAX);
+    collected.is_none_or(|at| {
+        now_wall.saturating_sub(at) >= every || at.saturating_sub(now_wall) >= every
     })
 }
 
@@ -266,23 +302,8 @@ pub(super) async fn collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Res
         .bind(cut_wall)
         .execute(&mut *conn)
         .await?;
+    stamp_collected(conn, now).await?;
     Ok(done.rows_affected())
-}
-
-/// Whether any row is due for collection (a read, so opening stays cheap).
-async fn anything_to_collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<bool> {
-    let (cut_boot, cut_wall) = now.before(COLLECT_AFTER);
-    let sql = format!(
-        "SELECT EXISTS (SELECT 1 FROM dlock_locks WHERE {DEAD}) \
-         OR EXISTS (SELECT 1 FROM dlock_shared WHERE {DEAD})"
-    );
-    let found: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(&*now.boot_id)
-        .bind(cut_boot)
-        .bind(cut_wall)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(found)
 }
 
 pub(super) async fn read_lock(
@@ -547,4 +568,29 @@ pub(super) struct Hold<'a> {
     pub name: &'a str,
     pub owner: &'a str,
     pub fence: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collection_is_due_an_hour_after_the_last_or_when_the_clock_went_back() {
+        let hour = 3_600_000;
+        let now = 1_800_000_000_000;
+        assert!(collection_due(None, now), "a file from before the stamp");
+        assert!(!collection_due(Some(now), now));
+        assert!(!collection_due(Some(now - hour + 1), now));
+        assert!(collection_due(Some(now - hour), now));
+        assert!(
+            !collection_due(Some(now + hour - 1), now),
+            "a clock a little behind"
+        );
+        assert!(
+            collection_due(Some(now + hour), now),
+            "the clock was set back"
+        );
+        assert!(collection_due(Some(i64::MIN), now));
+        assert!(collection_due(Some(i64::MAX), now));
+    }
 }
