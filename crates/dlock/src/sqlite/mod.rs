@@ -7,8 +7,9 @@
 //! the row's token counts on: every grant gets the previous token + 1, in the same
 //! statement that grants it, committed before the grant is reported. Rows dead for a
 //! day are collected after folding their tokens into a floor row in `dlock_counters`
-//! that new rows start above; an open collects when the file's last collection (row
-//! `collected` there) is an hour old, so opening costs the same however many names
+//! that new rows start above. Only an open whose file was last collected an hour ago
+//! or more (row `collected` there) collects, and only if it can take the write lock at
+//! once (else a later open does): every other open costs the same however many names
 //! the file has seen. `dlock_queue` holds fair-mode waiters, each entry
 //! expiring [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after
 //! its waiter's last refresh: a waiter that dies holds up the queue at most that long.
@@ -381,7 +382,12 @@ impl SqliteBackend {
                 inner.run(Op::Schema).await?;
             }
             Upkeep::Collect => {
-                inner.run(Op::Collect).await?;
+                // Best effort: a busy file (a long write elsewhere), a read-only one or
+                // a full disk must not keep this process from its locks; the stamp
+                // stays old, so a later open tries again.
+                if let Err(e) = inner.run_once(Op::Collect).await {
+                    tracing::debug!(error = %e, "sqlite: collecting dead rows deferred");
+                }
             }
         }
         Ok(Arc::new(SqliteBackend { inner }))
@@ -490,22 +496,29 @@ impl Inner {
         let mut conn = self.writer.acquire().await.map_err(|e| db_err(&e))?;
         let mut backoff = BusyBackoff::new(Duration::from_micros(50), Duration::from_micros(500));
         loop {
-            let outcome = if op.needs_transaction() {
-                async {
-                    let mut tx = conn.begin_with(self.grant_level().begin()).await?;
-                    let done = op.run(&mut tx, &self.now(), self.grant_level()).await?;
-                    tx.commit().await?;
-                    Ok::<Done, sqlx::Error>(done)
-                }
-                .await
-            } else {
-                op.run(&mut conn, &self.now(), self.grant_level()).await
-            };
-            match outcome {
+            match self.attempt(&mut conn, &op).await {
                 Ok(done) => return Ok(done),
                 Err(e) if backoff.retry(&e).await => {}
                 Err(e) => return Err(db_err(&e)),
             }
+        }
+    }
+
+    /// Run `op` once: a busy database is an error, not waited for.
+    async fn run_once(&self, op: Op<'_>) -> Result<Done> {
+        let mut conn = self.writer.acquire().await.map_err(|e| db_err(&e))?;
+        self.attempt(&mut conn, &op).await.map_err(|e| db_err(&e))
+    }
+
+    /// One try of `op` (in a `BEGIN IMMEDIATE` transaction when it needs one).
+    async fn attempt(&self, conn: &mut SqliteConnection, op: &Op<'_>) -> sqlx::Result<Done> {
+        if op.needs_transaction() {
+            let mut tx = conn.begin_with(self.grant_level().begin()).await?;
+            let done = op.run(&mut tx, &self.now(), self.grant_level()).await?;
+            tx.commit().await?;
+            Ok(done)
+        } else {
+            op.run(conn, &self.now(), self.grant_level()).await
         }
     }
 
@@ -1122,6 +1135,21 @@ mod tests {
             h.fencing_token()
         );
         h.release().await.expect("release");
+        // A collection found due by an open that another process's collection then
+        // stamped (the two took the write lock in turn) does nothing.
+        sqlx::query(
+            "UPDATE dlock_locks SET expires_boot_ms = expires_boot_ms - 172800000, \
+             expires_wall_ms = expires_wall_ms - 172800000",
+        )
+        .execute(&b.inner.writer)
+        .await
+        .expect("age");
+        b.inner.run(Op::Collect).await.expect("collect");
+        let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_locks")
+            .fetch_one(&b.inner.reader)
+            .await
+            .expect("count");
+        assert_eq!(rows, 1, "collected again within the hour");
     }
 
     /// Renewals waiting together are one batch, and each answers for its own lease:
@@ -1198,9 +1226,109 @@ mod tests {
         }
     }
 
-    /// Opening a database whose schema exists takes no write lock and opens no reader:
-    /// a process can start while another holds a long write transaction, and `dlock run`
-    /// pays for one connection only.
+    /// An open collects when the stamp is due, never waits for a busy file to do it
+    /// (a later open does), and a file without a stamp (from an older dlock) is
+    /// collected at its next open.
+    #[tokio::test]
+    async fn an_open_collects_when_due_and_never_waits_to() {
+        let dir = tempfile::tempdir().expect("dir");
+        let url = format!("sqlite://{}/o.db", dir.path().display());
+        let raw = |sql: &'static str| {
+            let url = url.clone();
+            async move {
+                let mut c = SqliteConnection::connect(&url)
+                    .await
+                    .expect("raw connection");
+                sqlx::query(sql).execute(&mut c).await.expect(sql);
+            }
+        };
+        let rows = |b: Arc<SqliteBackend>| async move {
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_locks")
+                .fetch_one(&b.inner.writer)
+                .await
+                .expect("count");
+            n
+        };
+        let age_rows = "UPDATE dlock_locks SET expires_boot_ms = expires_boot_ms - 172800000, \
+                        expires_wall_ms = expires_wall_ms - 172800000";
+        let age_stamp =
+            "UPDATE dlock_counters SET value = value - 3600000 WHERE name = 'collected'";
+        let first = open_in(&dir, "o.db").await;
+        let h = grant(&first, "x").await;
+        let mut last = h.fencing_token();
+        h.release().await.expect("release");
+        drop(first);
+        raw(age_rows).await;
+        raw(age_stamp).await;
+
+        // Due, but another connection holds the write lock: the open goes on at once
+        // and leaves the row and the stamp for later.
+        let mut writer = SqliteConnection::connect(&url)
+            .await
+            .expect("raw connection");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut writer)
+            .await
+            .expect("write lock");
+        let busy = tokio::time::timeout(Duration::from_secs(2), open_in(&dir, "o.db"))
+            .await
+            .expect("the open waited for the write lock");
+        sqlx::query("ROLLBACK")
+            .execute(&mut writer)
+            .await
+            .expect("rollback");
+        assert_eq!(
+            rows(Arc::clone(&busy)).await,
+            1,
+            "collected through a write lock"
+        );
+        assert_eq!(
+            busy.inner.upkeep_due().await.expect("check"),
+            Upkeep::Collect
+        );
+        drop(busy);
+
+        // The next open collects; the name's tokens go on above the collected row's.
+        let next = open_in(&dir, "o.db").await;
+        assert_eq!(
+            rows(Arc::clone(&next)).await,
+            0,
+            "the dead row was not collected"
+        );
+        assert_eq!(
+            next.inner.upkeep_due().await.expect("check"),
+            Upkeep::Nothing
+        );
+        let h = grant(&next, "x").await;
+        assert!(
+            h.fencing_token() > last,
+            "token {} after {last}",
+            h.fencing_token()
+        );
+        last = h.fencing_token();
+        h.release().await.expect("release");
+        drop(next);
+
+        // A file an older dlock kept has no stamp: its next open collects.
+        raw(age_rows).await;
+        raw("DELETE FROM dlock_counters WHERE name = 'collected'").await;
+        let old = open_in(&dir, "o.db").await;
+        assert_eq!(
+            rows(Arc::clone(&old)).await,
+            0,
+            "the unstamped file was not collected"
+        );
+        let h = grant(&old, "x").await;
+        assert!(
+            h.fencing_token() > last,
+            "token {} after {last}",
+            h.fencing_token()
+        );
+    }
+
+    /// Opening a database whose schema exists (and that was collected within the hour)
+    /// takes no write lock and opens no reader: a process can start while another holds
+    /// a long write transaction, and `dlock run` pays for one connection only.
     #[tokio::test]
     async fn opening_an_existing_database_needs_no_write_lock() {
         let dir = tempfile::tempdir().expect("dir");

@@ -223,10 +223,26 @@ async fn schema_present(conn: &mut SqliteConnection) -> sqlx::Result<bool> {
 
 pub(super) async fn create_schema(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<()> {
     if !schema_present(conn).await? {
+        // A new file has nothing to collect for an hour; one whose older schema lacks
+        // a table may well have, and stays unstamped (due).
+        let new_file: bool = sqlx::query_scalar(
+            "SELECT NOT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dlock_locks')",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
         conn.execute(sqlx::raw_sql(SCHEMA)).await?;
-        stamp_collected(conn, now).await?;
+        if new_file {
+            stamp_collected(conn, now).await?;
+        }
     }
     Ok(())
+}
+
+/// The last collection's stamp (wall ms), if the file has one.
+async fn collected_at(conn: &mut SqliteConnection) -> sqlx::Result<Option<i64>> {
+    sqlx::query_scalar("SELECT value FROM dlock_counters WHERE name = 'collected'")
+        .fetch_optional(&mut *conn)
+        .await
 }
 
 async fn stamp_collected(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<()> {
@@ -253,12 +269,8 @@ pub(super) async fn upkeep_due(conn: &mut SqliteConnection, now: &Now) -> sqlx::
     if !schema_present(conn).await? {
         return Ok(Upkeep::CreateSchema);
     }
-    let collected: Option<i64> =
-        sqlx::query_scalar("SELECT value FROM dlock_counters WHERE name = 'collected'")
-            .fetch_optional(&mut *conn)
-            .await?;
     // Due, it is a write (the stamp) even when nothing has died.
-    Ok(if collection_due(collected, now.wall_ms) {
+    Ok(if collection_due(collected_at(conn).await?, now.wall_ms) {
         Upkeep::Collect
     } else {
         Upkeep::Nothing
@@ -275,8 +287,18 @@ fn collection_due(collected: Option<i64>, now_wall: i64) -> bool {
     })
 }
 
-/// Collect rows dead for a day, folding their fences into the floor first.
+/// Collect rows dead for a day, folding their fences into the floor first, and stamp
+/// the collection — unless another process collected since this one found it due
+/// (opens that found it due at once then collect once). In a `BEGIN IMMEDIATE`
+/// transaction.
 pub(super) async fn collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<u64> {
+    if !collection_due(collected_at(conn).await?, now.wall_ms) {
+        return Ok(0);
+    }
+    if !anything_to_collect(conn, now).await? {
+        stamp_collected(conn, now).await?;
+        return Ok(0);
+    }
     let (cut_boot, cut_wall) = now.before(COLLECT_AFTER);
     let fold = format!(
         "UPDATE dlock_counters SET value = MAX(value, COALESCE((SELECT MAX(fence) FROM dlock_locks WHERE {DEAD}), 0)) \
@@ -304,6 +326,22 @@ pub(super) async fn collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Res
         .await?;
     stamp_collected(conn, now).await?;
     Ok(done.rows_affected())
+}
+
+/// Whether any row is due for collection (a read: most hours, a collection that is
+/// due finds nothing and only stamps itself).
+async fn anything_to_collect(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<bool> {
+    let (cut_boot, cut_wall) = now.before(COLLECT_AFTER);
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM dlock_locks WHERE {DEAD}) \
+         OR EXISTS (SELECT 1 FROM dlock_shared WHERE {DEAD})"
+    );
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(&*now.boot_id)
+        .bind(cut_boot)
+        .bind(cut_wall)
+        .fetch_one(&mut *conn)
+        .await
 }
 
 pub(super) async fn read_lock(
