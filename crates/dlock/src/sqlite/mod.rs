@@ -7,10 +7,11 @@
 //! the row's token counts on: every grant gets the previous token + 1, in the same
 //! statement that grants it, committed before the grant is reported. Rows dead for a
 //! day are collected after folding their tokens into a floor row in `dlock_counters`
-//! that new rows start above. Only an open whose file was last collected an hour ago
-//! or more (row `collected` there) collects, and only if it can take the write lock at
-//! once (else a later open does): every other open costs the same however many names
-//! the file has seen. `dlock_queue` holds fair-mode waiters, each entry
+//! that new rows start above. Only an open that finds the file's last collection (row
+//! `collected` there) an hour old, missing or an hour ahead (the clock went back)
+//! collects, and only if it can take the write lock at once (else a later open does);
+//! its scan for dead rows holds other writers off meanwhile. Every other open costs the
+//! same however many names the file has seen. `dlock_queue` holds fair-mode waiters, each entry
 //! expiring [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after
 //! its waiter's last refresh: a waiter that dies holds up the queue at most that long.
 //!
@@ -87,10 +88,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Connection, SqlitePool};
+use sqlx::{Connection, Sqlite, SqlitePool};
 use tokio::sync::watch;
 
 use crate::backend::{
@@ -385,8 +387,15 @@ impl SqliteBackend {
                 // Best effort: a busy file (a long write elsewhere), a read-only one or
                 // a full disk must not keep this process from its locks; the stamp
                 // stays old, so a later open tries again.
-                if let Err(e) = inner.run_once(Op::Collect).await {
-                    tracing::debug!(error = %e, "sqlite: collecting dead rows deferred");
+                match inner.run_once(Op::Collect).await {
+                    Ok(_) => {}
+                    Err(e) if is_busy(&e) => {
+                        tracing::debug!("sqlite: collecting dead rows deferred: the file is busy");
+                    }
+                    Err(e) => {
+                        let e = db_err(&e);
+                        tracing::warn!(error = %e, "sqlite: cannot collect dead rows (a later open tries again)");
+                    }
                 }
             }
         }
@@ -441,6 +450,17 @@ impl SqliteBackend {
                 }
             }
         }
+    }
+}
+
+/// `op` failed for good on `conn`. A failed transaction's connection is closed rather
+/// than reused: SQLite rolls back a whole transaction itself on some errors (a full
+/// disk, an I/O error), after which sqlx still counts the transaction as open (its
+/// `ROLLBACK` fails) and would refuse every later `BEGIN` on this — the process's
+/// only — writing connection.
+fn after_failure(conn: &mut PoolConnection<Sqlite>, op: &Op<'_>) {
+    if op.needs_transaction() {
+        conn.close_on_drop();
     }
 }
 
@@ -499,15 +519,22 @@ impl Inner {
             match self.attempt(&mut conn, &op).await {
                 Ok(done) => return Ok(done),
                 Err(e) if backoff.retry(&e).await => {}
-                Err(e) => return Err(db_err(&e)),
+                Err(e) => {
+                    after_failure(&mut conn, &op);
+                    return Err(db_err(&e));
+                }
             }
         }
     }
 
     /// Run `op` once: a busy database is an error, not waited for.
-    async fn run_once(&self, op: Op<'_>) -> Result<Done> {
-        let mut conn = self.writer.acquire().await.map_err(|e| db_err(&e))?;
-        self.attempt(&mut conn, &op).await.map_err(|e| db_err(&e))
+    async fn run_once(&self, op: Op<'_>) -> sqlx::Result<Done> {
+        let mut conn = self.writer.acquire().await?;
+        let done = self.attempt(&mut conn, &op).await;
+        if done.is_err() {
+            after_failure(&mut conn, &op);
+        }
+        done
     }
 
     /// One try of `op` (in a `BEGIN IMMEDIATE` transaction when it needs one).
@@ -1224,6 +1251,52 @@ mod tests {
                 h.release().await.expect("release");
             }
         }
+    }
+
+    /// A transaction SQLite rolled back itself leaves the process's writing connection
+    /// usable: sqlx would still count it as open and refuse every later `BEGIN` on it
+    /// (fair locks, semaphores, read-write locks, renewal batches, collection). Here a
+    /// permit's grant meets a full disk (the file's pages capped), which rolls its
+    /// whole transaction back.
+    #[tokio::test]
+    async fn a_transaction_the_disk_refused_leaves_the_writer_usable() {
+        let dir = tempfile::tempdir().expect("dir");
+        let b = open_in(&dir, "f.db").await;
+        let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+            .fetch_one(&b.inner.writer)
+            .await
+            .expect("pages");
+        // The writer pool's one connection: the cap is this connection's.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "PRAGMA max_page_count = {pages}"
+        )))
+        .execute(&b.inner.writer)
+        .await
+        .expect("cap");
+        let mut big = request("big");
+        big.primitive = Primitive::Permit { permits: 3 };
+        big.metadata = Arc::new(Metadata::this_process().with_note("x".repeat(200_000)));
+        let refused = b.try_acquire(&big).await;
+        assert!(
+            matches!(&refused, Err(Error::Backend { message, .. }) if message.contains("full")),
+            "{:?}",
+            refused.map(|_| ())
+        );
+        // Room again (on a connection that kept the cap; a fresh one has none).
+        sqlx::query("PRAGMA max_page_count = 1073741823")
+            .execute(&b.inner.writer)
+            .await
+            .expect("uncap");
+        let mut fair = request("small");
+        fair.fair = true;
+        let Attempt::Acquired(h) = b
+            .try_acquire(&fair)
+            .await
+            .expect("a fair grant after the full disk")
+        else {
+            panic!("small busy");
+        };
+        h.release().await.expect("release");
     }
 
     /// An open collects when the stamp is due, never waits for a busy file to do it

@@ -148,6 +148,10 @@ impl Renewer {
                                 .map_err(|e| db_err(&e));
                             let _ = r.reply.send(one);
                         }
+                        // SQLite may have rolled the batch back itself (a full disk),
+                        // leaving sqlx counting a transaction that is gone: a fresh
+                        // connection next time (`Inner::run`'s `after_failure`).
+                        conn.close_on_drop();
                     }
                     Err(e) => {
                         for r in batch {
