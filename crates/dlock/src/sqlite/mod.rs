@@ -1300,8 +1300,8 @@ mod tests {
     }
 
     /// An open collects when the stamp is due, never waits for a busy file to do it
-    /// (a later open does), and a file without a stamp (from an older dlock) is
-    /// collected at its next open.
+    /// (a later open does), and a file without a stamp (from an older dlock, maybe
+    /// with a table missing) is collected at its next open.
     #[tokio::test]
     async fn an_open_collects_when_due_and_never_waits_to() {
         let dir = tempfile::tempdir().expect("dir");
@@ -1382,9 +1382,20 @@ mod tests {
         h.release().await.expect("release");
         drop(next);
 
-        // A file an older dlock kept has no stamp: its next open collects.
+        // A file an older dlock kept has no stamp, and the oldest lack a table: the
+        // open that completes the schema does not stamp it as collected, so the next
+        // open collects.
         raw(age_rows).await;
         raw("DELETE FROM dlock_counters WHERE name = 'collected'").await;
+        raw("DROP TABLE dlock_shared").await;
+        let upgraded = open_in(&dir, "o.db").await;
+        assert_eq!(rows(Arc::clone(&upgraded)).await, 1);
+        assert_eq!(
+            upgraded.inner.upkeep_due().await.expect("check"),
+            Upkeep::Collect,
+            "an upgraded schema was stamped as collected"
+        );
+        drop(upgraded);
         let old = open_in(&dir, "o.db").await;
         assert_eq!(
             rows(Arc::clone(&old)).await,
