@@ -367,7 +367,7 @@ impl SqliteBackend {
         };
         let boot_id = read_boot_id();
         let inner = Arc::new(Inner {
-            renewer: Renewer::start(writer.clone(), boot_id.clone()),
+            renewer: Renewer::start(writer.clone(), boot_id.clone(), !in_memory),
             writer,
             reader,
             boot_id,
@@ -453,13 +453,14 @@ impl SqliteBackend {
     }
 }
 
-/// `op` failed for good on `conn`. A failed transaction's connection is closed rather
-/// than reused: SQLite rolls back a whole transaction itself on some errors (a full
-/// disk, an I/O error), after which sqlx still counts the transaction as open (its
-/// `ROLLBACK` fails) and would refuse every later `BEGIN` on this — the process's
-/// only — writing connection.
-fn after_failure(conn: &mut PoolConnection<Sqlite>, op: &Op<'_>) {
-    if op.needs_transaction() {
+/// `op` failed for good on `conn`. A failed transaction's connection to a file is
+/// closed rather than reused: SQLite rolls back a whole transaction itself on some
+/// errors (a full disk, an I/O error), after which sqlx still counts the transaction as
+/// open (its `ROLLBACK` fails) and would refuse every later `BEGIN` on this — the
+/// process's only — writing connection. An in-memory database is kept: it lives and
+/// dies with its one connection, and every hold in it with it.
+fn after_failure(conn: &mut PoolConnection<Sqlite>, op: &Op<'_>, file: bool) {
+    if file && op.needs_transaction() {
         conn.close_on_drop();
     }
 }
@@ -520,7 +521,7 @@ impl Inner {
                 Ok(done) => return Ok(done),
                 Err(e) if backoff.retry(&e).await => {}
                 Err(e) => {
-                    after_failure(&mut conn, &op);
+                    after_failure(&mut conn, &op, self.cross_process);
                     return Err(db_err(&e));
                 }
             }
@@ -532,7 +533,7 @@ impl Inner {
         let mut conn = self.writer.acquire().await?;
         let done = self.attempt(&mut conn, &op).await;
         if done.is_err() {
-            after_failure(&mut conn, &op);
+            after_failure(&mut conn, &op, self.cross_process);
         }
         done
     }
@@ -1257,46 +1258,63 @@ mod tests {
     /// usable: sqlx would still count it as open and refuse every later `BEGIN` on it
     /// (fair locks, semaphores, read-write locks, renewal batches, collection). Here a
     /// permit's grant meets a full disk (the file's pages capped), which rolls its
-    /// whole transaction back.
+    /// whole transaction back. An in-memory database keeps its connection (closing it
+    /// would drop every hold with the database): its holds stand.
     #[tokio::test]
     async fn a_transaction_the_disk_refused_leaves_the_writer_usable() {
         let dir = tempfile::tempdir().expect("dir");
-        let b = open_in(&dir, "f.db").await;
-        let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
-            .fetch_one(&b.inner.writer)
-            .await
-            .expect("pages");
-        // The writer pool's one connection: the cap is this connection's.
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "PRAGMA max_page_count = {pages}"
-        )))
-        .execute(&b.inner.writer)
-        .await
-        .expect("cap");
-        let mut big = request("big");
-        big.primitive = Primitive::Permit { permits: 3 };
-        big.metadata = Arc::new(Metadata::this_process().with_note("x".repeat(200_000)));
-        let refused = b.try_acquire(&big).await;
-        assert!(
-            matches!(&refused, Err(Error::Backend { message, .. }) if message.contains("full")),
-            "{:?}",
-            refused.map(|_| ())
-        );
-        // Room again (on a connection that kept the cap; a fresh one has none).
-        sqlx::query("PRAGMA max_page_count = 1073741823")
+        let file = format!("sqlite://{}/f.db", dir.path().display());
+        for url in [file.as_str(), "sqlite::memory:"] {
+            let b = SqliteBackend::open(ConnectUrl::parse(url).expect("url"))
+                .await
+                .expect("open");
+            let held = grant(&b, "held").await;
+            let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+                .fetch_one(&b.inner.writer)
+                .await
+                .expect("pages");
+            // The writer pool's one connection: the cap is this connection's.
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "PRAGMA max_page_count = {pages}"
+            )))
             .execute(&b.inner.writer)
             .await
-            .expect("uncap");
-        let mut fair = request("small");
-        fair.fair = true;
-        let Attempt::Acquired(h) = b
-            .try_acquire(&fair)
-            .await
-            .expect("a fair grant after the full disk")
-        else {
-            panic!("small busy");
-        };
-        h.release().await.expect("release");
+            .expect("cap");
+            let mut big = request("big");
+            big.primitive = Primitive::Permit { permits: 3 };
+            big.metadata = Arc::new(Metadata::this_process().with_note("x".repeat(200_000)));
+            let refused = b.try_acquire(&big).await;
+            assert!(
+                matches!(&refused, Err(Error::Backend { message, .. }) if message.contains("full")),
+                "{url}: {:?}",
+                refused.map(|_| ())
+            );
+            // Room again (on a connection that kept the cap; a fresh one has none).
+            sqlx::query("PRAGMA max_page_count = 1073741823")
+                .execute(&b.inner.writer)
+                .await
+                .expect("uncap");
+            assert!(
+                matches!(
+                    b.try_acquire(&request("held")).await,
+                    Ok(Attempt::Busy { .. })
+                ),
+                "{url}: the hold taken before the failure is gone"
+            );
+            if url == file {
+                let mut fair = request("small");
+                fair.fair = true;
+                let Attempt::Acquired(h) = b
+                    .try_acquire(&fair)
+                    .await
+                    .expect("a fair grant after the full disk")
+                else {
+                    panic!("small busy");
+                };
+                h.release().await.expect("release");
+            }
+            held.release().await.expect("release");
+        }
     }
 
     /// An open collects when the stamp is due, never waits for a busy file to do it

@@ -109,7 +109,9 @@ pub(super) struct Renewer {
 
 impl Renewer {
     /// Start the batching task on `writer`, the backend's one writing connection.
-    pub(super) fn start(writer: SqlitePool, boot_id: Arc<str>) -> Self {
+    /// `file`: the database is a file (a connection to it may be closed and opened
+    /// again; an in-memory one would be lost with it).
+    pub(super) fn start(writer: SqlitePool, boot_id: Arc<str>, file: bool) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
         let batches = Arc::new(AtomicU64::new(0));
         let counted = batches.clone();
@@ -150,8 +152,10 @@ impl Renewer {
                         }
                         // SQLite may have rolled the batch back itself (a full disk),
                         // leaving sqlx counting a transaction that is gone: a fresh
-                        // connection next time (`Inner::run`'s `after_failure`).
-                        conn.close_on_drop();
+                        // connection next time (`after_failure` in the module).
+                        if file {
+                            conn.close_on_drop();
+                        }
                     }
                     Err(e) => {
                         for r in batch {
