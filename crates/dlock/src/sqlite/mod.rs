@@ -453,16 +453,34 @@ impl SqliteBackend {
     }
 }
 
-/// `op` failed for good on `conn`. A failed transaction's connection to a file is
-/// closed rather than reused: SQLite rolls back a whole transaction itself on some
-/// errors (a full disk, an I/O error), after which sqlx still counts the transaction as
-/// open (its `ROLLBACK` fails) and would refuse every later `BEGIN` on this — the
-/// process's only — writing connection. An in-memory database is kept: it lives and
-/// dies with its one connection, and every hold in it with it.
-fn after_failure(conn: &mut PoolConnection<Sqlite>, op: &Op<'_>, file: bool) {
-    if file && op.needs_transaction() {
-        conn.close_on_drop();
-    }
+/// After a transaction failed for good on `conn`. SQLite rolls a whole transaction back
+/// itself on some errors (a full disk, an I/O error); sqlx's `ROLLBACK` then fails, and
+/// it goes on counting a transaction that is gone, refusing every later `BEGIN` on this
+/// — the process's only — writing connection. The count is mended in a task of its own
+/// (a caller that gives up cannot leave it half done), which holds the connection until
+/// then: the next operation waits for it. Should mending fail, a file's connection is
+/// closed (the pool opens another); an in-memory database's is kept, since the
+/// database and every hold in it live only as long as it.
+pub(super) fn mend_after_failure(mut conn: PoolConnection<Sqlite>, file: bool) {
+    tokio::spawn(async move {
+        // Queued behind the rollback the failed transaction left: that has run now.
+        if conn.ping().await.is_err() || !conn.is_in_transaction() {
+            return;
+        }
+        // sqlx counts a transaction SQLite no longer has: give SQLite one for sqlx to
+        // roll back.
+        let mended = async {
+            sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
+            <<Sqlite as sqlx::Database>::TransactionManager as sqlx_core::transaction::TransactionManager>::rollback(&mut conn).await
+        }
+        .await;
+        if let Err(e) = mended {
+            tracing::warn!(error = %e, "sqlite: cannot mend the writing connection after a failed transaction");
+            if file {
+                conn.close_on_drop();
+            }
+        }
+    });
 }
 
 /// Keep `conn`'s close from checkpointing the WAL (module docs, # Writes).
@@ -521,7 +539,9 @@ impl Inner {
                 Ok(done) => return Ok(done),
                 Err(e) if backoff.retry(&e).await => {}
                 Err(e) => {
-                    after_failure(&mut conn, &op, self.cross_process);
+                    if op.needs_transaction() {
+                        mend_after_failure(conn, self.cross_process);
+                    }
                     return Err(db_err(&e));
                 }
             }
@@ -532,8 +552,8 @@ impl Inner {
     async fn run_once(&self, op: Op<'_>) -> sqlx::Result<Done> {
         let mut conn = self.writer.acquire().await?;
         let done = self.attempt(&mut conn, &op).await;
-        if done.is_err() {
-            after_failure(&mut conn, &op, self.cross_process);
+        if done.is_err() && op.needs_transaction() {
+            mend_after_failure(conn, self.cross_process);
         }
         done
     }
@@ -1258,8 +1278,8 @@ mod tests {
     /// usable: sqlx would still count it as open and refuse every later `BEGIN` on it
     /// (fair locks, semaphores, read-write locks, renewal batches, collection). Here a
     /// permit's grant meets a full disk (the file's pages capped), which rolls its
-    /// whole transaction back. An in-memory database keeps its connection (closing it
-    /// would drop every hold with the database): its holds stand.
+    /// whole transaction back. In memory too, where the connection is the database:
+    /// the hold taken before the failure still stands.
     #[tokio::test]
     async fn a_transaction_the_disk_refused_leaves_the_writer_usable() {
         let dir = tempfile::tempdir().expect("dir");
@@ -1301,18 +1321,16 @@ mod tests {
                 ),
                 "{url}: the hold taken before the failure is gone"
             );
-            if url == file {
-                let mut fair = request("small");
-                fair.fair = true;
-                let Attempt::Acquired(h) = b
-                    .try_acquire(&fair)
-                    .await
-                    .expect("a fair grant after the full disk")
-                else {
-                    panic!("small busy");
-                };
-                h.release().await.expect("release");
-            }
+            let mut fair = request("small");
+            fair.fair = true;
+            let Attempt::Acquired(h) = b
+                .try_acquire(&fair)
+                .await
+                .unwrap_or_else(|e| panic!("{url}: a fair grant after the full disk: {e}"))
+            else {
+                panic!("small busy");
+            };
+            h.release().await.expect("release");
             held.release().await.expect("release");
         }
     }

@@ -151,11 +151,8 @@ impl Renewer {
                             let _ = r.reply.send(one);
                         }
                         // SQLite may have rolled the batch back itself (a full disk),
-                        // leaving sqlx counting a transaction that is gone: a fresh
-                        // connection next time (`after_failure` in the module).
-                        if file {
-                            conn.close_on_drop();
-                        }
+                        // leaving sqlx counting a transaction that is gone.
+                        super::mend_after_failure(conn, file);
                     }
                     Err(e) => {
                         for r in batch {
