@@ -456,21 +456,24 @@ impl SqliteBackend {
 /// After a transaction failed for good on `conn`. SQLite rolls a whole transaction back
 /// itself on some errors (a full disk, an I/O error); sqlx's `ROLLBACK` then fails, and
 /// it goes on counting a transaction that is gone, refusing every later `BEGIN` on this
-/// — the process's only — writing connection. The count is mended in a task of its own
-/// (a caller that gives up cannot leave it half done), which holds the connection until
-/// then: the next operation waits for it. Should mending fail, a file's connection is
-/// closed (the pool opens another); an in-memory database's is kept, since the
-/// database and every hold in it live only as long as it.
+/// — the process's only — writing connection. The count is mended in a task of its own,
+/// which holds the connection until then (the next operation waits for it) and which a
+/// caller that gives up cannot cancel. (A caller cancelled inside such a transaction
+/// spawns no mend: the next transaction then fails once, and mends.) Should mending
+/// fail, a file's connection is closed (the pool opens another); an in-memory
+/// database's is kept, since the database and every hold in it live only as long as it.
 pub(super) fn mend_after_failure(mut conn: PoolConnection<Sqlite>, file: bool) {
     tokio::spawn(async move {
         // Queued behind the rollback the failed transaction left: that has run now.
         if conn.ping().await.is_err() || !conn.is_in_transaction() {
             return;
         }
-        // sqlx counts a transaction SQLite no longer has: give SQLite one for sqlx to
-        // roll back.
         let mended = async {
-            sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
+            // sqlx counts a transaction: when SQLite has none, give it one, so that
+            // sqlx's rollback succeeds and its count comes back to 0.
+            if in_autocommit(&mut conn).await? {
+                sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
+            }
             <<Sqlite as sqlx::Database>::TransactionManager as sqlx_core::transaction::TransactionManager>::rollback(&mut conn).await
         }
         .await;
@@ -481,6 +484,14 @@ pub(super) fn mend_after_failure(mut conn: PoolConnection<Sqlite>, file: bool) {
             }
         }
     });
+}
+
+/// Whether SQLite has no transaction open on `conn`.
+async fn in_autocommit(conn: &mut SqliteConnection) -> sqlx::Result<bool> {
+    let mut handle = conn.lock_handle().await?;
+    let db = handle.as_raw_handle().as_ptr();
+    // SAFETY: `db` is this connection's open handle, held locked for the call.
+    Ok(unsafe { libsqlite3_sys::sqlite3_get_autocommit(db) } != 0)
 }
 
 /// Keep `conn`'s close from checkpointing the WAL (module docs, # Writes).
@@ -1309,7 +1320,17 @@ mod tests {
                 "{url}: {:?}",
                 refused.map(|_| ())
             );
-            // Room again (on a connection that kept the cap; a fresh one has none).
+            let shared: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dlock_shared")
+                .fetch_one(&b.inner.writer)
+                .await
+                .expect("count");
+            assert_eq!(shared, 0, "{url}: the refused permit was kept");
+            // The same connection, mended (a fresh one would have no cap).
+            let cap: i64 = sqlx::query_scalar("PRAGMA max_page_count")
+                .fetch_one(&b.inner.writer)
+                .await
+                .expect("cap");
+            assert_eq!(cap, pages, "{url}: the writer's connection was replaced");
             sqlx::query("PRAGMA max_page_count = 1073741823")
                 .execute(&b.inner.writer)
                 .await
