@@ -11,9 +11,10 @@
 //! `collected` there) an hour old, missing or an hour ahead (the clock went back)
 //! collects, and only if it can take the write lock at once (else a later open does);
 //! its scan for dead rows holds other writers off meanwhile. Every other open costs the
-//! same however many names the file has seen. `dlock_queue` holds fair-mode waiters, each entry
-//! expiring [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after
-//! its waiter's last refresh: a waiter that dies holds up the queue at most that long.
+//! same however many names the file has seen. `dlock_queue` holds fair-mode waiters,
+//! each entry expiring
+//! [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after its
+//! waiter's last refresh: a waiter that dies holds up the queue at most that long.
 //!
 //! # Semaphores and read-write locks
 //! `dlock_shared` keeps one row per held permit, read or write — and per waiting writer
@@ -93,6 +94,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Connection, Sqlite, SqlitePool};
+// Its `rollback`, for `mend_after_failure` (sqlx does not re-export the trait).
+use sqlx_core::transaction::TransactionManager as _;
 use tokio::sync::watch;
 
 use crate::backend::{
@@ -462,7 +465,7 @@ impl SqliteBackend {
 /// spawns no mend: the next transaction then fails once, and mends.) Should mending
 /// fail, a file's connection is closed (the pool opens another); an in-memory
 /// database's is kept, since the database and every hold in it live only as long as it.
-pub(super) fn mend_after_failure(mut conn: PoolConnection<Sqlite>, file: bool) {
+fn mend_after_failure(mut conn: PoolConnection<Sqlite>, file: bool) {
     tokio::spawn(async move {
         // Queued behind the rollback the failed transaction left: that has run now.
         if conn.ping().await.is_err() || !conn.is_in_transaction() {
@@ -474,7 +477,7 @@ pub(super) fn mend_after_failure(mut conn: PoolConnection<Sqlite>, file: bool) {
             if in_autocommit(&mut conn).await? {
                 sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
             }
-            <<Sqlite as sqlx::Database>::TransactionManager as sqlx_core::transaction::TransactionManager>::rollback(&mut conn).await
+            <Sqlite as sqlx::Database>::TransactionManager::rollback(&mut conn).await
         }
         .await;
         if let Err(e) = mended {
