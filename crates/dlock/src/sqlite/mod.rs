@@ -10,9 +10,9 @@
 //! that new rows start above. Only an open that finds the file's last collection (row
 //! `collected` there) an hour old, missing or an hour ahead (the clock went back)
 //! collects, and only if it can take the write lock at once (else a later open does);
-//! its scan for dead rows holds other writers off meanwhile. Every other open costs the
-//! same however many names the file has seen. `dlock_queue` holds fair-mode waiters,
-//! each entry expiring
+//! its scan for dead rows holds other writers off meanwhile. Every other open makes two
+//! reads, its tables in `sqlite_master` and the stamp, and none of dlock's tables is
+//! scanned. `dlock_queue` holds fair-mode waiters, each entry expiring
 //! [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after its
 //! waiter's last refresh: a waiter that dies holds up the queue at most that long.
 //!
