@@ -530,6 +530,64 @@ async fn postgres_row_inspect_ignores_a_reused_pid() {
     drop(gone);
 }
 
+/// PostgreSQL advisory mode: a hold's record names its session by pid and start
+/// (`backend_start`, which a session connection keeps in a setting from when it is
+/// made), on a new connection and on one kept idle from an earlier hold. `inspect`
+/// shows the record only with its own session: a record whose start is another's (a
+/// session that had the same pid before) is not the holder's, and the key shows as
+/// held outside dlock.
+#[tokio::test]
+async fn postgres_advisory_record_names_its_session_by_its_start() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let url = format!("{}?mode=advisory", pg.url());
+    let locker = Locker::connect(&url).await.expect("connect");
+    let name = unique("advisory-start");
+    let same_session = format!(
+        "SELECT count(*) FROM dlock_holders h JOIN pg_stat_activity a
+           ON a.pid = h.pid AND a.backend_start = h.backend_start
+         WHERE h.name = '{name}'"
+    );
+    let mut pids = Vec::new();
+    for round in 0..2 {
+        let g = locker.lock(&name).await.expect("lock");
+        assert_eq!(
+            pg.psql(&same_session).trim(),
+            "1",
+            "round {round}: the record's start is not its session's"
+        );
+        pids.push(pg.psql(&format!(
+            "SELECT pid FROM dlock_holders WHERE name = '{name}'"
+        )));
+        let info = locker.inspect(&name).await.expect("inspect");
+        assert_eq!(
+            info.map(|i| i.fencing_token),
+            Some(g.fencing_token()),
+            "round {round}: the holder is not shown"
+        );
+        g.release().await.expect("release");
+    }
+    assert_eq!(
+        pids[0], pids[1],
+        "the second hold did not reuse the idle session connection"
+    );
+    let g = locker.lock(&name).await.expect("lock");
+    let rewritten = pg.psql(&format!(
+        "WITH u AS (UPDATE dlock_holders SET backend_start = backend_start - interval '1 day'
+                    WHERE name = '{name}' AND backend_start IS NOT NULL RETURNING 1)
+         SELECT count(*) FROM u"
+    ));
+    assert_eq!(rewritten.trim(), "1", "the record was not rewritten");
+    let info = locker.inspect(&name).await.expect("inspect");
+    let info = info.expect("a held key is reported free");
+    assert_eq!(
+        info.fencing_token, 0,
+        "a record of another session shown as the holder: {info:?}"
+    );
+    g.release().await.expect("release");
+}
+
 /// A MariaDB server whose default is `autocommit=0`: dlock's connections commit each
 /// statement anyway. (Otherwise the row probe of `inspect` left its shared lock on an
 /// idle pool connection, and the row could be taken by nobody after the first look.)

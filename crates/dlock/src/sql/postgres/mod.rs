@@ -315,7 +315,8 @@ struct Postgres {
     connect: PgConnectOptions,
     sql: Statements,
     advisory_key: AdvisoryKey,
-    /// Row mode: session connections prepare its statements when made.
+    /// Row mode: session connections prepare its statements when made (advisory
+    /// mode's keep their `backend_start` instead).
     row_mode: bool,
     timeout: Duration,
     listener: tokio::task::JoinHandle<()>,
@@ -504,10 +505,12 @@ impl Dialect for Postgres {
     async fn connect_session(&self) -> Result<PgConnection> {
         timed(BACKEND, self.timeout, async {
             let mut conn = PgConnection::connect_with(&self.connect).await?;
-            if self.row_mode {
-                conn.execute(sqlx::raw_sql(AssertSqlSafe(&*self.sql.row_prepare)))
-                    .await?;
-            }
+            let setup = if self.row_mode {
+                &self.sql.row_prepare
+            } else {
+                &self.sql.advisory_session
+            };
+            conn.execute(sqlx::raw_sql(AssertSqlSafe(&**setup))).await?;
             Ok(conn)
         })
         .await
