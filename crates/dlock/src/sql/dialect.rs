@@ -107,11 +107,12 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
 
     /// A new connection for a session mode, set up for it.
     async fn connect_session(&self) -> Result<Self::Conn>;
-    /// The server-side name of `name`'s session lock, checked before any I/O.
+    /// The server-side name of `name`'s session lock, checked before any I/O; `key`
+    /// is the name's [`super::lock_key`].
     ///
     /// # Errors
     /// [`crate::Error::InvalidName`] when the name cannot be one.
-    fn session_key(&self, name: &LockName) -> Result<Self::SessionKey>;
+    fn session_key(&self, name: &LockName, key: &[u8; 32]) -> Result<Self::SessionKey>;
     /// Session lock (advisory, named) on `conn`, recording the holder: the token when
     /// granted, `None` when busy. No timeout: a statement cut off mid-flight could
     /// leave the lock taken on a connection nobody tracks (on error the connection is

@@ -77,12 +77,13 @@ impl<D: Dialect> SqlBackend<D> {
         }
     }
 
-    fn session(&self, conn: D::Conn, name: &LockName) -> Session<D::Conn> {
+    /// The session side of a hold of `name`, whose [`lock_key`] is `key`.
+    fn session(&self, conn: D::Conn, name: &LockName, key: [u8; 32]) -> Session<D::Conn> {
         Session {
             pinned: Pinned::new(conn, self.opts.heartbeat),
             idle: Arc::clone(&self.idle),
             hub: Arc::clone(&self.hub),
-            key: lock_key(name),
+            key,
             name: name.as_str().to_owned(),
             timeout: self.opts.timeout,
             backend: D::BACKEND,
@@ -113,8 +114,8 @@ impl<D: Dialect> SqlBackend<D> {
     }
 
     async fn acquire_session(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let skey = self.dialect.session_key(&req.name)?;
         let key = lock_key(&req.name);
+        let skey = self.dialect.session_key(&req.name, &key)?;
         let mut conn = self.session_conn().await?;
         match self
             .dialect
@@ -124,7 +125,7 @@ impl<D: Dialect> SqlBackend<D> {
             Some(fence) => Ok(Attempt::Acquired(Box::new(SessionHeld {
                 dialect: Arc::clone(&self.dialect),
                 hold: self.hold(req, key, fence),
-                session: self.session(conn, &req.name),
+                session: self.session(conn, &req.name, key),
                 unlock: Unlock::Session(skey),
             }))),
             None => {
@@ -170,7 +171,7 @@ impl<D: Dialect> SqlBackend<D> {
                     return Ok(Attempt::Acquired(Box::new(SessionHeld {
                         dialect: Arc::clone(&self.dialect),
                         hold: self.hold(req, key, fence),
-                        session: self.session(conn, &req.name),
+                        session: self.session(conn, &req.name, key),
                         unlock: Unlock::Row,
                     })));
                 }

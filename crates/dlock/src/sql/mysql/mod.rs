@@ -560,8 +560,8 @@ impl Dialect for Mysql {
         Ok(conn)
     }
 
-    fn session_key(&self, name: &LockName) -> Result<String> {
-        Ok(hex(&super::lock_key(name)))
+    fn session_key(&self, _name: &LockName, key: &[u8; 32]) -> Result<String> {
+        Ok(hex(key))
     }
 
     async fn session_lock(

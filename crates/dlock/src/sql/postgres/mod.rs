@@ -139,10 +139,19 @@ impl AdvisoryKey {
     /// [`Error::InvalidName`] when `Number` is asked for and the name is not an int8.
     pub fn key(self, name: &LockName) -> Result<i64> {
         match self {
+            AdvisoryKey::Sha256 => self.key_of(name, &lock_key(name)),
+            AdvisoryKey::Number => self.key_of(name, &[0; 32]),
+        }
+    }
+
+    /// [`AdvisoryKey::key`], given the name's [`lock_key`] (`digest`), which an
+    /// acquisition has computed already: SHA-256 costs a few thousand instructions
+    /// where the CPU has no SHA extensions.
+    pub(crate) fn key_of(self, name: &LockName, digest: &[u8; 32]) -> Result<i64> {
+        match self {
             AdvisoryKey::Sha256 => {
-                let k = lock_key(name);
                 let mut b = [0u8; 8];
-                b.copy_from_slice(&k[..8]);
+                b.copy_from_slice(&digest[..8]);
                 Ok(i64::from_be_bytes(b))
             }
             // Only the canonical spelling: "042" and "+42" would be other names for
@@ -516,8 +525,8 @@ impl Dialect for Postgres {
         .await
     }
 
-    fn session_key(&self, name: &LockName) -> Result<i64> {
-        self.advisory_key.key(name)
+    fn session_key(&self, name: &LockName, key: &[u8; 32]) -> Result<i64> {
+        self.advisory_key.key_of(name, key)
     }
 
     async fn session_lock(
@@ -840,7 +849,7 @@ impl Dialect for Postgres {
             }
             Mode::Advisory => sqlx::query(AssertSqlSafe(&*self.sql.inspect_advisory))
                 .bind(&key[..])
-                .bind(self.advisory_key.key(name)?),
+                .bind(self.advisory_key.key_of(name, key)?),
             _ => sqlx::query(AssertSqlSafe(&*self.sql.inspect_row)).bind(&key[..]),
         };
         let row = timed(BACKEND, t, query.fetch_optional(&self.pool)).await?;
