@@ -11,12 +11,23 @@ fn digits(b: u8) -> [u8; 2] {
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 /// `bytes` as lower-case hex, two digits per byte.
 pub(crate) fn encode(bytes: &[u8]) -> String {
-    let mut out = Vec::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.extend_from_slice(&digits(*b));
+    let mut out = String::with_capacity(bytes.len() * 2);
+    push(&mut out, bytes);
+    out
+}
+
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+/// Appends `bytes` as lower-case hex to `out`: statement text with a key inlined is
+/// built in one allocation, not around a hex string of its own.
+pub(crate) fn push(out: &mut String, bytes: &[u8]) {
+    for chunk in bytes.chunks(32) {
+        let mut digits_of = [0u8; 64];
+        for (pair, b) in digits_of.chunks_exact_mut(2).zip(chunk) {
+            pair.copy_from_slice(&digits(*b));
+        }
+        // Never a shared fallback: two names' keys must not become one.
+        out.push_str(&ascii(&digits_of[..chunk.len() * 2]));
     }
-    // Never a shared fallback: two names' keys must not become one.
-    ascii(&out).into_owned()
 }
 
 /// 16 bytes as 32 lower-case hex digits (ASCII), without allocating.
@@ -54,6 +65,13 @@ mod tests {
             assert_eq!(u128_32(n), format!("{n:032x}"));
         }
         assert_eq!(encode(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        // Longer than one chunk of `push`.
+        let long: Vec<u8> = (0..=255).collect();
+        let expected: String = long.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(encode(&long), expected);
+        let mut text = String::from("x'");
+        push(&mut text, &[0xab; 33]);
+        assert_eq!(text, format!("x'{}", "ab".repeat(33)));
         let n = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210_u128;
         assert_eq!(
             std::str::from_utf8(&encode_16(&n.to_be_bytes())).expect("ASCII"),

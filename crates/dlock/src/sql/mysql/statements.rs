@@ -201,11 +201,12 @@ impl Statements {
     /// transaction and locks the row, answering the connection id (no row: the row
     /// is missing; error 3572 or 1205: it is locked). The key is inlined as hex digits.
     pub(super) fn row_lock_batch(&self, key: &[u8; 32]) -> String {
-        format!(
-            "{}{}' FOR UPDATE NOWAIT",
-            self.row_lock,
-            crate::hex::encode(key)
-        )
+        const TAIL: &str = "' FOR UPDATE NOWAIT";
+        let mut text = String::with_capacity(self.row_lock.len() + 64 + TAIL.len());
+        text.push_str(&self.row_lock);
+        crate::hex::push(&mut text, key);
+        text.push_str(TAIL);
+        text
     }
 
     /// Row mode's release, on the pinned connection in one round trip: the record
@@ -213,11 +214,13 @@ impl Statements {
     /// unlocks the row. The key is inlined as hex digits and the token as a number:
     /// no quoting needed.
     pub(super) fn row_release_batch(&self, key: &[u8; 32], fence: u64) -> String {
-        format!(
-            "{}{}' AND fence = {fence}; COMMIT",
-            self.row_release,
-            crate::hex::encode(key)
-        )
+        use std::fmt::Write as _;
+        let mut text = String::with_capacity(self.row_release.len() + 64 + 48);
+        text.push_str(&self.row_release);
+        crate::hex::push(&mut text, key);
+        // Writing to a String cannot fail.
+        let _ = write!(text, "' AND fence = {fence}; COMMIT");
+        text
     }
 
     /// `lock_delay`: how long a lease that ran out without a release still blocks

@@ -164,6 +164,16 @@ impl SharedStatements {
 const OWN_BACKEND_START: &str =
     "NULLIF(current_setting('dlock.backend_start', true), '')::timestamptz";
 
+/// `head`, `key` as hex digits, `between` and `tail`, in one allocation.
+fn inline_key(head: &str, key: &[u8; 32], between: &str, tail: &str) -> String {
+    let mut text = String::with_capacity(head.len() + 64 + between.len() + tail.len());
+    text.push_str(head);
+    crate::hex::push(&mut text, key);
+    text.push_str(between);
+    text.push_str(tail);
+    text
+}
+
 /// Remaining lease of row `l` in whole milliseconds (negative: expired).
 const REMAINING_MS: &str =
     "(EXTRACT(EPOCH FROM (l.expires_at - statement_timestamp())) * 1000)::bigint";
@@ -172,14 +182,13 @@ impl Statements {
     /// Row mode's locking batch for a key (inlined as hex digits: no quoting needed).
     pub(super) fn row_lock_batch(&self, key: &[u8; 32]) -> String {
         let (head, tail) = &self.row_lock;
-        format!("{head}{}{tail}", crate::hex::encode(key))
+        inline_key(head, key, "", tail)
     }
 
     /// Row mode's release batch for a key (inlined as hex digits).
     pub(super) fn row_release_batch(&self, key: &[u8; 32]) -> String {
         let (head, tail) = &self.row_release;
-        let hex = crate::hex::encode(key);
-        format!("{head}{hex}', 'hex'){tail}")
+        inline_key(head, key, "', 'hex')", tail)
     }
 
     /// `lock_delay`: how long a lease that ran out without a release still blocks
