@@ -17,7 +17,9 @@
 //! - `mode=advisory`: a session `pg_try_advisory_lock(key)` on a pinned connection;
 //!   `key` is the first 8 bytes of SHA-256 of the name (`advisory_key=sha256`, default)
 //!   or the name itself read as a decimal int8 (`advisory_key=number`, to share locks
-//!   with code that calls `pg_advisory_lock(42)`).
+//!   with code that calls `pg_advisory_lock(42)`). A session connection reads its
+//!   own `backend_start` once, when it is made, for the holder record (one more round
+//!   trip then).
 //! - `mode=row`: `SELECT … FOR UPDATE NOWAIT` on the name's row in `<prefix>_rows`, in a
 //!   READ COMMITTED transaction held open on a pinned connection; the lock ends at
 //!   commit or when the connection dies. The token is taken on another connection, by a
@@ -140,6 +142,7 @@ impl AdvisoryKey {
     pub fn key(self, name: &LockName) -> Result<i64> {
         match self {
             AdvisoryKey::Sha256 => self.key_of(name, &lock_key(name)),
+            // The name itself: no digest.
             AdvisoryKey::Number => self.key_of(name, &[0; 32]),
         }
     }
@@ -148,6 +151,10 @@ impl AdvisoryKey {
     /// acquisition has computed already: SHA-256 costs a few thousand instructions
     /// where the CPU has no SHA extensions.
     pub(crate) fn key_of(self, name: &LockName, digest: &[u8; 32]) -> Result<i64> {
+        debug_assert!(
+            self == AdvisoryKey::Number || *digest == lock_key(name),
+            "a digest that is not the name's key"
+        );
         match self {
             AdvisoryKey::Sha256 => {
                 let mut b = [0u8; 8];

@@ -157,10 +157,11 @@ impl SharedStatements {
 
 /// This session's `backend_start`, as the session setting `dlock.backend_start` holds
 /// it ([`Statements::advisory_session`] writes it when the connection is made). Read
-/// from `pg_stat_activity` in the acquisition itself, even only on its first run, it
-/// cost every acquisition about 8 µs of server time: the view's subplan is set up on
-/// each run, whether it runs or not (pgbench, server CPU per cycle). An empty or
-/// missing setting gives NULL, which `inspect` takes as a match (the pid alone).
+/// from `pg_stat_activity` inside the acquisition (lazily, under a `CASE`), it still
+/// cost every acquisition about 8 µs of server time: the server sets the view's
+/// subplan up on each run, whether it runs or not (pgbench, server CPU per cycle). An
+/// empty or missing setting gives NULL, which `inspect` takes as a match (the pid
+/// alone).
 const OWN_BACKEND_START: &str =
     "NULLIF(current_setting('dlock.backend_start', true), '')::timestamptz";
 
