@@ -141,9 +141,8 @@ impl AdvisoryKey {
     /// [`Error::InvalidName`] when `Number` is asked for and the name is not an int8.
     pub fn key(self, name: &LockName) -> Result<i64> {
         match self {
-            AdvisoryKey::Sha256 => self.key_of(name, &lock_key(name)),
-            // The name itself: no digest.
-            AdvisoryKey::Number => self.key_of(name, &[0; 32]),
+            AdvisoryKey::Sha256 => Ok(digest_key(&lock_key(name))),
+            AdvisoryKey::Number => number_key(name),
         }
     }
 
@@ -151,31 +150,37 @@ impl AdvisoryKey {
     /// acquisition has computed already: SHA-256 costs a few thousand instructions
     /// where the CPU has no SHA extensions.
     pub(crate) fn key_of(self, name: &LockName, digest: &[u8; 32]) -> Result<i64> {
-        debug_assert!(
-            self == AdvisoryKey::Number || *digest == lock_key(name),
-            "a digest that is not the name's key"
-        );
         match self {
             AdvisoryKey::Sha256 => {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&digest[..8]);
-                Ok(i64::from_be_bytes(b))
+                debug_assert!(*digest == lock_key(name), "not the name's digest");
+                Ok(digest_key(digest))
             }
-            // Only the canonical spelling: "042" and "+42" would be other names for
-            // the lock "42", and two names of one lock defeat every ordering (lock_all)
-            // and every per-name bookkeeping.
-            AdvisoryKey::Number => match name.as_str().parse::<i64>() {
-                Ok(n) if n.to_string() == name.as_str() => Ok(n),
-                Ok(n) => Err(Error::InvalidName {
-                    name: name.as_str().to_owned(),
-                    reason: format!("advisory_key=number takes the key as {n}"),
-                }),
-                Err(_) => Err(Error::InvalidName {
-                    name: name.as_str().to_owned(),
-                    reason: "advisory_key=number needs a decimal int8 name".into(),
-                }),
-            },
+            AdvisoryKey::Number => number_key(name),
         }
+    }
+}
+
+/// `advisory_key=sha256`: the digest's first 8 bytes, big-endian.
+fn digest_key(digest: &[u8; 32]) -> i64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(b)
+}
+
+/// `advisory_key=number`: only the canonical spelling. "042" and "+42" would be other
+/// names for the lock "42", and two names of one lock defeat every ordering
+/// (lock_all) and every per-name bookkeeping.
+fn number_key(name: &LockName) -> Result<i64> {
+    match name.as_str().parse::<i64>() {
+        Ok(n) if n.to_string() == name.as_str() => Ok(n),
+        Ok(n) => Err(Error::InvalidName {
+            name: name.as_str().to_owned(),
+            reason: format!("advisory_key=number takes the key as {n}"),
+        }),
+        Err(_) => Err(Error::InvalidName {
+            name: name.as_str().to_owned(),
+            reason: "advisory_key=number needs a decimal int8 name".into(),
+        }),
     }
 }
 
