@@ -458,12 +458,37 @@ pub struct Reaper {
 impl Reaper {
     /// Fork the reaper now: call it early, while dlock is still one thread and its
     /// memory small (a fork copies the page tables, and each page dlock writes
-    /// afterwards while the child lives is copied once more).
+    /// afterwards while the child lives is copied once more): see [`Reaper::early`].
     ///
     /// # Errors
     /// The pipe or the fork failed (`errno`): the command must not start without it.
     pub fn start() -> io::Result<Self> {
         Self::fork(None)
+    }
+
+    /// The reaper of a `dlock run` or `dlock elect` off a terminal, forked first thing
+    /// in `main`, before the arguments are parsed, the runtime built or anything
+    /// allocated: the fewer pages dlock has when it forks, the fewer the fork copies
+    /// the tables of and the fewer dlock faults on afterwards, copying them while the
+    /// reaper lives. `None` when the raw arguments (`args`, without the program's name)
+    /// do not start one of those commands, standard input is a terminal, or the fork
+    /// failed: `run` then forks its own, and reports a failure. A guess wrong the other
+    /// way only forks a reaper that is never told a group: dropped, it exits.
+    pub fn early(args: impl IntoIterator<Item = OsString>) -> Option<Self> {
+        let mut args = args.into_iter();
+        let command = loop {
+            let arg = args.next()?;
+            if arg == "--log" {
+                args.next()?;
+            } else if !arg.as_bytes().starts_with(b"--log=") {
+                break arg;
+            }
+        };
+        let runs = command == "run" || command == "elect";
+        if !runs || nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
+            return None;
+        }
+        Self::start().ok()
     }
 
     /// A new reaper for `group`, which already runs (the previous reaper is gone).

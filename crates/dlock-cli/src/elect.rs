@@ -6,13 +6,14 @@ use std::time::Duration;
 use dlock::{Leader, Locker, Metadata};
 
 use crate::args::{ElectArgs, LeaderArgs, RunArgs, UrlArg};
+use crate::child::Reaper;
 use crate::exit::{self, Failure};
 use crate::output::outln;
 
 /// How often `dlock leader --watch` looks.
 const WATCH_EVERY: Duration = Duration::from_millis(100);
 
-pub async fn elect(args: ElectArgs) -> Result<i32, Failure> {
+pub async fn elect(args: ElectArgs, reaper: Option<Reaper>) -> Result<i32, Failure> {
     let value = args.value.unwrap_or_else(|| {
         let me = Metadata::this_process();
         format!(
@@ -21,25 +22,28 @@ pub async fn elect(args: ElectArgs) -> Result<i32, Failure> {
             me.pid.unwrap_or(0)
         )
     });
-    crate::run::run(RunArgs {
-        url: args.url,
-        ttl: args.ttl,
-        wait: args.wait,
-        no_wait: false,
-        fair: false,
-        queue_entry_ttl: Duration::from_secs(5),
-        owner: None,
-        grace: args.grace,
-        note: Some(value.clone()),
-        also: Vec::new(),
-        permits: None,
-        read: false,
-        write: false,
-        campaign: Some(value),
-        shell: args.shell,
-        name: args.name,
-        command: args.command,
-    })
+    crate::run::run(
+        RunArgs {
+            url: args.url,
+            ttl: args.ttl,
+            wait: args.wait,
+            no_wait: false,
+            fair: false,
+            queue_entry_ttl: Duration::from_secs(5),
+            owner: None,
+            grace: args.grace,
+            note: Some(value.clone()),
+            also: Vec::new(),
+            permits: None,
+            read: false,
+            write: false,
+            campaign: Some(value),
+            shell: args.shell,
+            name: args.name,
+            command: args.command,
+        },
+        reaper,
+    )
     .await
 }
 

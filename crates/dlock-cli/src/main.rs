@@ -18,6 +18,8 @@ use crate::args::{Cli, Command, DemoCommand};
 use crate::exit::Failure;
 
 fn main() {
+    // Before anything else, while dlock is smallest (see `Reaper::early`).
+    let reaper = child::Reaper::early(std::env::args_os().skip(1));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => exit::usage_error(&e),
@@ -32,21 +34,23 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => exit::fail(&Failure::internal(format!("cannot start the runtime: {e}"))),
     };
+    // Each command's future boxed: this one would otherwise be as large as the largest
+    // (`check`, `bench`), on the stack of every short `dlock run`.
     let code = runtime.block_on(async move {
         match cli.command {
-            Command::Run(a) => run::run(a).await,
-            Command::Elect(a) => elect::elect(a).await,
-            Command::Leader(a) => elect::leader(a).await,
-            Command::Status(a) => status::status(a).await,
-            Command::List(a) => status::list(a).await,
-            Command::Break(a) => status::break_lock(a).await,
+            Command::Run(a) => Box::pin(run::run(a, reaper)).await,
+            Command::Elect(a) => Box::pin(elect::elect(a, reaper)).await,
+            Command::Leader(a) => Box::pin(elect::leader(a)).await,
+            Command::Status(a) => Box::pin(status::status(a)).await,
+            Command::List(a) => Box::pin(status::list(a)).await,
+            Command::Break(a) => Box::pin(status::break_lock(a)).await,
             Command::Backends(a) => status::backends(&a),
-            Command::Demo(DemoCommand::FlashSale(a)) => demo::flash_sale(a).await,
-            Command::Bench(a) => bench::bench(a).await,
-            Command::DemoWorker(a) => demo::worker(a).await,
-            Command::BenchWorker(a) => bench::worker(a).await,
-            Command::Check(a) => check::check(a).await,
-            Command::CheckWorker(a) => check::worker(a).await,
+            Command::Demo(DemoCommand::FlashSale(a)) => Box::pin(demo::flash_sale(a)).await,
+            Command::Bench(a) => Box::pin(bench::bench(a)).await,
+            Command::DemoWorker(a) => Box::pin(demo::worker(a)).await,
+            Command::BenchWorker(a) => Box::pin(bench::worker(a)).await,
+            Command::Check(a) => Box::pin(check::check(a)).await,
+            Command::CheckWorker(a) => Box::pin(check::worker(a)).await,
             Command::Completions(a) => output::completions(a.shell),
             Command::Manpage => output::manpage(),
         }

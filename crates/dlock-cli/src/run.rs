@@ -40,7 +40,8 @@ const CLEANUP_GRACE: Duration = Duration::from_millis(300);
 /// renewals (the lease frees it anyway).
 const STOPPED_RELEASE_LIMIT: Duration = Duration::from_secs(1);
 
-pub async fn run(args: RunArgs) -> Result<i32, Failure> {
+/// `early`: the reaper `main` forked before anything else, if it did ([`Reaper::early`]).
+pub async fn run(args: RunArgs, early: Option<Reaper>) -> Result<i32, Failure> {
     let url = exit::resolve_url(args.url.url.as_deref())?;
     let owner = match &args.owner {
         Some(o) => o.parse::<Owner>()?,
@@ -66,11 +67,12 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
         .metadata(Metadata::this_process().with_note(note));
 
     // Off a terminal the command gets a process group of its own, which a reaper
-    // kills if dlock dies; it is forked now, while dlock is one thread and small.
+    // kills if dlock dies; `main` forked it first thing, or it is forked now, while
+    // dlock is still one thread and small.
     let own_group = !nix::unistd::isatty(std::io::stdin()).unwrap_or(false);
     let mut reaper = if own_group {
         // Nothing would end what the command starts if dlock died: nothing runs.
-        Some(Reaper::start().map_err(|e| {
+        Some(early.map_or_else(Reaper::start, Ok).map_err(|e| {
             Failure::new(
                 exit::CANNOT_EXECUTE,
                 format!(
@@ -79,6 +81,10 @@ pub async fn run(args: RunArgs) -> Result<i32, Failure> {
             )
         })?)
     } else {
+        // (Standard input became a terminal since `main` looked: nothing to watch.)
+        if let Some(r) = early {
+            r.done();
+        }
         None
     };
 

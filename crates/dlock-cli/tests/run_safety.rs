@@ -142,6 +142,47 @@ fn a_killed_dlock_takes_its_command_and_its_children_along() {
     }
 }
 
+/// The reaper is forked before the arguments are parsed, on a guess made from the raw
+/// arguments: whatever comes before or after the command (`--log` with its value, in
+/// either spelling) and for `elect` as for `run`, a SIGKILLed dlock still takes its command's
+/// children along — and a command that is not one of those two runs no reaper at all.
+#[test]
+fn the_early_reaper_covers_every_spelling_of_run_and_elect() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/locks.db", dir.path().display());
+    let spellings: [&[&str]; 5] = [
+        &["run", "--url", &url, "a"],
+        &["--log", "warn", "run", "--url", &url, "b"],
+        &["--log=warn", "run", "--url", &url, "c"],
+        &["run", "--log", "warn", "--url", &url, "d"],
+        &["elect", "--url", &url, "e"],
+    ];
+    for (i, args) in spellings.iter().enumerate() {
+        let (mut run, command, grandchild) = run_with_a_child(args, dir.path(), &i.to_string());
+        run.kill().expect("SIGKILL dlock");
+        let _ = run.wait();
+        assert!(
+            wait_gone(command, Duration::from_secs(2)),
+            "{args:?}: the command outlived dlock"
+        );
+        assert!(
+            wait_gone(grandchild, Duration::from_secs(2)),
+            "{args:?}: the command's child outlived dlock (no reaper covered it)"
+        );
+    }
+    // `dlock leader --watch` (not a command that runs anything) forks no reaper: its
+    // only child would be one.
+    let mut watcher = spawn(&["leader", "--url", &url, "--watch", "e"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let children = children_of(watcher.id());
+    watcher.kill().expect("kill dlock leader");
+    let _ = watcher.wait();
+    assert!(
+        children.is_empty(),
+        "dlock leader forked a child: {children:?}"
+    );
+}
+
 fn wall_ns() -> u128 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)

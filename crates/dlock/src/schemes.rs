@@ -223,25 +223,28 @@ pub(crate) async fn open(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     })
 }
 
+/// Each backend's opening is boxed: unboxed, this future (and every caller's) would be
+/// as large as the largest of them, on the stack of whoever opens a `Locker` — pages a
+/// short-lived process (`dlock run`) touches for nothing.
 async fn open_scheme(url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     match url.scheme() {
         "memory" => Ok(crate::memory::MemoryBackend::open(url)?),
         #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(crate::sqlite::SqliteBackend::open(url).await?),
+        "sqlite" => Ok(Box::pin(crate::sqlite::SqliteBackend::open(url)).await?),
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => {
-            Ok(crate::redis::RedisBackend::open(url).await?)
+            Ok(Box::pin(crate::redis::RedisBackend::open(url)).await?)
         }
         #[cfg(feature = "redis")]
-        "redlock" => Ok(crate::redlock::RedlockBackend::open(url).await?),
+        "redlock" => Ok(Box::pin(crate::redlock::RedlockBackend::open(url)).await?),
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => Ok(crate::etcd::EtcdBackend::open(url).await?),
+        "etcd" | "etcds" => Ok(Box::pin(crate::etcd::EtcdBackend::open(url)).await?),
         #[cfg(feature = "zookeeper")]
-        "zk" => Ok(crate::zookeeper::ZkBackend::open(url).await?),
+        "zk" => Ok(Box::pin(crate::zookeeper::ZkBackend::open(url)).await?),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => crate::sql::postgres::open(url).await,
+        "postgres" | "postgresql" => Box::pin(crate::sql::postgres::open(url)).await,
         #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => crate::sql::mysql::open(url).await,
+        "mysql" | "mariadb" => Box::pin(crate::sql::mysql::open(url)).await,
         other => match rows().into_iter().find(|r| r.0 == other) {
             Some((scheme, Some(feature), ..)) => Err(Error::BackendNotEnabled {
                 scheme: scheme.to_owned(),
