@@ -1288,6 +1288,92 @@ mod tests {
         }
     }
 
+    /// A renewal batch whose transaction SQLite rolled back itself (here a trigger's
+    /// `RAISE(ROLLBACK)`, as a full disk or an I/O error can) answers each of its
+    /// requests with an error, and the writing connection is mended: the same
+    /// connection (its temporary trigger still there) takes the next batch, which a
+    /// connection still counting the lost transaction would refuse at its `BEGIN`.
+    #[tokio::test]
+    async fn a_renewal_batch_sqlite_rolled_back_leaves_the_writer_usable() {
+        let dir = tempfile::tempdir().expect("dir");
+        let b = open_in(&dir, "m.db").await;
+        let held: Vec<Arc<Box<dyn HeldLock>>> = vec![
+            Arc::new(grant(&b, "m1").await),
+            Arc::new(grant(&b, "m2").await),
+        ];
+        let refuse = |on: bool| {
+            let b = b.clone();
+            async move {
+                let mut c = b.inner.writer.acquire().await.expect("writer");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "CREATE TEMP TABLE IF NOT EXISTS refuse (on_ INTEGER); \
+                     CREATE TEMP TRIGGER IF NOT EXISTS refuse_renewals \
+                       BEFORE UPDATE ON main.dlock_locks WHEN (SELECT on_ FROM refuse) = 1 \
+                       BEGIN SELECT RAISE(ROLLBACK, 'refused by the test'); END; \
+                     DELETE FROM refuse; INSERT INTO refuse VALUES ({})",
+                    i32::from(on)
+                )))
+                .execute(&mut *c)
+                .await
+                .expect("trigger");
+                c
+            }
+        };
+        // Both renewals queue behind the writer held here: one batch.
+        let batch = |busy: sqlx::pool::PoolConnection<Sqlite>| {
+            let (b, held) = (b.clone(), held.clone());
+            async move {
+                let before = b.inner.renewer.batches();
+                let tasks: Vec<_> = held
+                    .iter()
+                    .map(|h| {
+                        let h = h.clone();
+                        tokio::spawn(async move { h.renew(Duration::from_secs(90)).await })
+                    })
+                    .collect();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                drop(busy);
+                let mut outcomes = Vec::new();
+                for t in tasks {
+                    outcomes.push(t.await.expect("task"));
+                }
+                assert_eq!(b.inner.renewer.batches() - before, 1, "not one batch");
+                outcomes
+            }
+        };
+        let refused = batch(refuse(true).await).await;
+        for (i, outcome) in refused.iter().enumerate() {
+            assert!(
+                matches!(outcome, Err(Error::Backend { message, .. }) if message.contains("refused by the test")),
+                "m{}: {outcome:?}",
+                i + 1
+            );
+        }
+        // Waits for the mend, which holds the connection until it is done. A batch
+        // refused at its `BEGIN` would still answer, one request at a time: ask the
+        // connection itself.
+        let mut writer = refuse(false).await;
+        let tx = sqlx::Connection::begin_with(&mut *writer, "BEGIN IMMEDIATE")
+            .await
+            .expect("a transaction on the mended connection");
+        tx.rollback().await.expect("rollback");
+        // The trigger is there only on the same connection.
+        let renewed = batch(writer).await;
+        for (i, outcome) in renewed.iter().enumerate() {
+            assert!(outcome.is_ok(), "m{} after the mend: {outcome:?}", i + 1);
+        }
+        let triggers: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sqlite_temp_master WHERE name = 'refuse_renewals'",
+        )
+        .fetch_one(&b.inner.writer)
+        .await
+        .expect("temp schema");
+        assert_eq!(triggers, 1, "the writer's connection was replaced");
+        for h in &held {
+            h.release().await.expect("release");
+        }
+    }
+
     /// A transaction SQLite rolled back itself leaves the process's writing connection
     /// usable: sqlx would still count it as open and refuse every later `BEGIN` on it
     /// (fair locks, semaphores, read-write locks, renewal batches, collection). Here a
