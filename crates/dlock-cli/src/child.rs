@@ -475,17 +475,7 @@ impl Reaper {
     /// failed: `run` then forks its own, and reports a failure. A guess wrong the other
     /// way only forks a reaper that is never told a group: dropped, it exits.
     pub fn early(args: impl IntoIterator<Item = OsString>) -> Option<Self> {
-        let mut args = args.into_iter();
-        let command = loop {
-            let arg = args.next()?;
-            if arg == "--log" {
-                args.next()?;
-            } else if !arg.as_bytes().starts_with(b"--log=") {
-                break arg;
-            }
-        };
-        let runs = command == "run" || command == "elect";
-        if !runs || nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
+        if !runs_a_command(args) || nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
             return None;
         }
         Self::start().ok()
@@ -539,6 +529,25 @@ impl Reaper {
     }
 }
 
+/// Whether raw arguments (without the program's name) start `run` or `elect`: the
+/// subcommand is the first argument but the global `--log` and its value (either
+/// spelling). A guess: clap has the last word ([`Reaper::early`]).
+fn runs_a_command(args: impl IntoIterator<Item = OsString>) -> bool {
+    let mut args = args.into_iter();
+    loop {
+        let Some(arg) = args.next() else {
+            return false;
+        };
+        if arg == "--log" {
+            if args.next().is_none() {
+                return false;
+            }
+        } else if !arg.as_bytes().starts_with(b"--log=") {
+            return arg == "run" || arg == "elect";
+        }
+    }
+}
+
 /// The reaper's life (in the forked child).
 ///
 /// # Safety
@@ -589,4 +598,44 @@ unsafe fn read_exact(fd: i32, buf: &mut [u8]) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guess(args: &[&str]) -> bool {
+        runs_a_command(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn the_early_guess_finds_run_and_elect_behind_the_global_option() {
+        for yes in [
+            &["run", "n", "--", "true"][..],
+            &["elect", "n", "true"],
+            &["--log", "debug", "run", "n"],
+            &["--log=warn", "elect", "n"],
+            &["--log", "run", "run"],
+            &["--log=", "run"],
+        ] {
+            assert!(guess(yes), "{yes:?}");
+        }
+        for no in [
+            &[][..],
+            &["--log"],
+            &["--log", "run"],
+            &["leader", "run"],
+            &["status", "--log", "run"],
+            &["-h", "run"],
+            &["-V"],
+            &["--", "run"],
+            &["help", "run"],
+            &["ru"],
+            &["Run"],
+            &["runx"],
+            &["bench-worker"],
+        ] {
+            assert!(!guess(no), "{no:?}");
+        }
+    }
 }

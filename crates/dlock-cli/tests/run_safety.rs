@@ -175,6 +175,10 @@ fn the_early_reaper_covers_every_spelling_of_run_and_elect() {
     let mut watcher = spawn(&["leader", "--url", &url, "--watch", "e"]);
     std::thread::sleep(Duration::from_millis(500));
     let children = children_of(watcher.id());
+    assert!(
+        watcher.try_wait().expect("try_wait").is_none(),
+        "dlock leader --watch exited"
+    );
     watcher.kill().expect("kill dlock leader");
     let _ = watcher.wait();
     assert!(

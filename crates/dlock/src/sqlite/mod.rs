@@ -1301,24 +1301,16 @@ mod tests {
             Arc::new(grant(&b, "m1").await),
             Arc::new(grant(&b, "m2").await),
         ];
-        let refuse = |on: bool| {
-            let b = b.clone();
-            async move {
-                let mut c = b.inner.writer.acquire().await.expect("writer");
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "CREATE TEMP TABLE IF NOT EXISTS refuse (on_ INTEGER); \
-                     CREATE TEMP TRIGGER IF NOT EXISTS refuse_renewals \
-                       BEFORE UPDATE ON main.dlock_locks WHEN (SELECT on_ FROM refuse) = 1 \
-                       BEGIN SELECT RAISE(ROLLBACK, 'refused by the test'); END; \
-                     DELETE FROM refuse; INSERT INTO refuse VALUES ({})",
-                    i32::from(on)
-                )))
-                .execute(&mut *c)
-                .await
-                .expect("trigger");
-                c
-            }
-        };
+        let mut refusing = b.inner.writer.acquire().await.expect("writer");
+        sqlx::raw_sql(
+            "CREATE TEMP TABLE refuse (on_ INTEGER); INSERT INTO refuse VALUES (1); \
+             CREATE TEMP TRIGGER refuse_renewals \
+               BEFORE UPDATE ON main.dlock_locks WHEN (SELECT on_ FROM refuse) = 1 \
+               BEGIN SELECT RAISE(ROLLBACK, 'refused by the test'); END",
+        )
+        .execute(&mut *refusing)
+        .await
+        .expect("trigger");
         // Both renewals queue behind the writer held here: one batch.
         let batch = |busy: sqlx::pool::PoolConnection<Sqlite>| {
             let (b, held) = (b.clone(), held.clone());
@@ -1341,7 +1333,7 @@ mod tests {
                 outcomes
             }
         };
-        let refused = batch(refuse(true).await).await;
+        let refused = batch(refusing).await;
         for (i, outcome) in refused.iter().enumerate() {
             assert!(
                 matches!(outcome, Err(Error::Backend { message, .. }) if message.contains("refused by the test")),
@@ -1349,26 +1341,30 @@ mod tests {
                 i + 1
             );
         }
-        // Waits for the mend, which holds the connection until it is done. A batch
-        // refused at its `BEGIN` would still answer, one request at a time: ask the
-        // connection itself.
-        let mut writer = refuse(false).await;
+        // Waits for the mend, which holds the connection until it is done. The same
+        // connection, not a new one the pool opened: its temporary trigger is there.
+        let mut writer = b.inner.writer.acquire().await.expect("writer");
+        let triggers: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sqlite_temp_master WHERE name = 'refuse_renewals'",
+        )
+        .fetch_one(&mut *writer)
+        .await
+        .expect("temp schema");
+        assert_eq!(triggers, 1, "the writer's connection was replaced");
+        sqlx::query("UPDATE temp.refuse SET on_ = 0")
+            .execute(&mut *writer)
+            .await
+            .expect("stop refusing");
+        // A batch refused at its `BEGIN` would still answer, one request at a time:
+        // ask the connection itself.
         let tx = sqlx::Connection::begin_with(&mut *writer, "BEGIN IMMEDIATE")
             .await
             .expect("a transaction on the mended connection");
         tx.rollback().await.expect("rollback");
-        // The trigger is there only on the same connection.
         let renewed = batch(writer).await;
         for (i, outcome) in renewed.iter().enumerate() {
             assert!(outcome.is_ok(), "m{} after the mend: {outcome:?}", i + 1);
         }
-        let triggers: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM sqlite_temp_master WHERE name = 'refuse_renewals'",
-        )
-        .fetch_one(&b.inner.writer)
-        .await
-        .expect("temp schema");
-        assert_eq!(triggers, 1, "the writer's connection was replaced");
         for h in &held {
             h.release().await.expect("release");
         }
