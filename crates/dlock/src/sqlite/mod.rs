@@ -1214,6 +1214,28 @@ mod tests {
         assert_eq!(rows, 1, "collected again within the hour");
     }
 
+    /// Renews every hold of `held` (for 90 s) while `busy`, the writer's connection,
+    /// keeps them all waiting, then lets them run: their outcomes, in order.
+    async fn renew_behind(
+        busy: sqlx::pool::PoolConnection<Sqlite>,
+        held: &[Arc<Box<dyn HeldLock>>],
+    ) -> Vec<Result<()>> {
+        let tasks: Vec<_> = held
+            .iter()
+            .map(|h| {
+                let h = h.clone();
+                tokio::spawn(async move { h.renew(Duration::from_secs(90)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(busy);
+        let mut outcomes = Vec::new();
+        for t in tasks {
+            outcomes.push(t.await.expect("task"));
+        }
+        outcomes
+    }
+
     /// Renewals waiting together are one batch, and each answers for its own lease:
     /// one no longer held is refused while the others in its batch are extended.
     #[tokio::test]
@@ -1243,17 +1265,7 @@ mod tests {
         let batches = b.inner.renewer.batches();
         // With the writer connection busy, every renewal queues behind it.
         let busy = b.inner.writer.acquire().await.expect("writer");
-        let tasks: Vec<_> = held
-            .iter()
-            .map(|h| {
-                let h = h.clone();
-                tokio::spawn(async move { h.renew(Duration::from_secs(90)).await })
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        drop(busy);
-        for (i, t) in tasks.into_iter().enumerate() {
-            let outcome = t.await.expect("task");
+        for (i, outcome) in renew_behind(busy, &held).await.into_iter().enumerate() {
             if i == 7 {
                 assert!(
                     matches!(outcome, Err(Error::NotOwner { .. })),
@@ -1316,19 +1328,7 @@ mod tests {
             let (b, held) = (b.clone(), held.clone());
             async move {
                 let before = b.inner.renewer.batches();
-                let tasks: Vec<_> = held
-                    .iter()
-                    .map(|h| {
-                        let h = h.clone();
-                        tokio::spawn(async move { h.renew(Duration::from_secs(90)).await })
-                    })
-                    .collect();
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                drop(busy);
-                let mut outcomes = Vec::new();
-                for t in tasks {
-                    outcomes.push(t.await.expect("task"));
-                }
+                let outcomes = renew_behind(busy, &held).await;
                 assert_eq!(b.inner.renewer.batches() - before, 1, "not one batch");
                 outcomes
             }
