@@ -29,9 +29,23 @@ pub(crate) fn encode(bytes: &[u8]) -> String {
 }
 
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-/// Appends `bytes` as lower-case hex to `out`: statement text with a key inlined is
-/// built in one allocation, not around a hex string of its own.
-pub(crate) fn push(out: &mut String, bytes: &[u8]) {
+/// `head`, `bytes` as lower-case hex, then each of `tails`: statement text with a key
+/// inlined, built in one allocation (with room for a number written after it), not
+/// around a hex string of its own.
+pub(crate) fn inlined(head: &str, bytes: &[u8], tails: &[&str]) -> String {
+    let tails_len: usize = tails.iter().map(|t| t.len()).sum();
+    let mut text = String::with_capacity(head.len() + bytes.len() * 2 + tails_len + 24);
+    text.push_str(head);
+    push(&mut text, bytes);
+    for tail in tails {
+        text.push_str(tail);
+    }
+    text
+}
+
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+/// Appends `bytes` as lower-case hex to `out`, through a buffer on the stack.
+fn push(out: &mut String, bytes: &[u8]) {
     for chunk in bytes.chunks(32) {
         let mut digits_of = [0u8; 64];
         for (pair, b) in digits_of.chunks_exact_mut(2).zip(chunk) {
@@ -83,9 +97,10 @@ mod tests {
         let long: Vec<u8> = (0..=255).collect();
         let expected: String = long.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(encode(&long), expected);
-        let mut text = String::from("x'");
-        push(&mut text, &[0xab; 33]);
-        assert_eq!(text, format!("x'{}", "ab".repeat(33)));
+        assert_eq!(
+            inlined("x'", &[0xab; 33], &["'", " END"]),
+            format!("x'{}' END", "ab".repeat(33))
+        );
         let n = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210_u128;
         assert_eq!(
             std::str::from_utf8(&encode_16(&n.to_be_bytes())).expect("ASCII"),

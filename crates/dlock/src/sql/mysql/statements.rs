@@ -201,12 +201,7 @@ impl Statements {
     /// transaction and locks the row, answering the connection id (no row: the row
     /// is missing; error 3572 or 1205: it is locked). The key is inlined as hex digits.
     pub(super) fn row_lock_batch(&self, key: &[u8; 32]) -> String {
-        const TAIL: &str = "' FOR UPDATE NOWAIT";
-        let mut text = String::with_capacity(self.row_lock.len() + 64 + TAIL.len());
-        text.push_str(&self.row_lock);
-        crate::hex::push(&mut text, key);
-        text.push_str(TAIL);
-        text
+        crate::hex::inlined(&self.row_lock, key, &["' FOR UPDATE NOWAIT"])
     }
 
     /// Row mode's release, on the pinned connection in one round trip: the record
@@ -215,11 +210,9 @@ impl Statements {
     /// no quoting needed.
     pub(super) fn row_release_batch(&self, key: &[u8; 32], fence: u64) -> String {
         use std::fmt::Write as _;
-        let mut text = String::with_capacity(self.row_release.len() + 64 + 48);
-        text.push_str(&self.row_release);
-        crate::hex::push(&mut text, key);
+        let mut text = crate::hex::inlined(&self.row_release, key, &["' AND fence = "]);
         // Writing to a String cannot fail.
-        let _ = write!(text, "' AND fence = {fence}; COMMIT");
+        let _ = write!(text, "{fence}; COMMIT");
         text
     }
 
@@ -412,5 +405,30 @@ impl Statements {
                  LEFT JOIN {p}_holders h ON h.lock_key = ? AND h.conn_id <> 0"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The row batches inline the key exactly where the statement text expects it.
+    #[test]
+    fn row_batches_inline_the_key_as_hex() {
+        let sql = Statements::new(
+            "dlock",
+            std::time::Duration::ZERO,
+            std::time::Duration::from_secs(5),
+        );
+        let key = [0x0fu8; 32];
+        let hex = "0f".repeat(32);
+        assert_eq!(
+            sql.row_lock_batch(&key),
+            format!("{}{hex}' FOR UPDATE NOWAIT", sql.row_lock)
+        );
+        assert_eq!(
+            sql.row_release_batch(&key, 42),
+            format!("{}{hex}' AND fence = 42; COMMIT", sql.row_release)
+        );
     }
 }
