@@ -17,6 +17,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
+use std::time::Duration;
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -74,17 +75,29 @@ const SH: &std::ffi::CStr = c"/bin/sh";
 /// The command was not found or could not be executed (`errno` of the last try, as
 /// `execvp` reports it), or the child could not be created, could not reach the
 /// reaper (gone), or died before its exec. The reaper may have been told the child's
-/// group: tell it [`Reaper::done`].
+/// group, whose pid the child keeps taken until [`NotStarted::release`] tells the
+/// reaper to leave it and only then collects it.
 pub fn spawn(
     program: &OsStr,
     args: &[OsString],
     env: &[(&str, String)],
     own_group: bool,
     reaper: Option<&Reaper>,
-) -> io::Result<Child> {
+) -> Result<Child, NotStarted> {
+    start(program, args, env, own_group, reaper)
+}
+
+/// [`spawn`]'s work, with the errors before the child exists made [`NotStarted`] by `?`.
+fn start(
+    program: &OsStr,
+    args: &[OsString],
+    env: &[(&str, String)],
+    own_group: bool,
+    reaper: Option<&Reaper>,
+) -> Result<Child, NotStarted> {
     if program.is_empty() {
         // execvp("") fails with ENOENT (each PATH directory would be tried as is).
-        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        return Err(io::Error::from_raw_os_error(libc::ENOENT).into());
     }
     // Listening before the child exists: its exit cannot be missed.
     let sigchld = signal(SignalKind::child())?;
@@ -151,7 +164,7 @@ pub fn spawn(
         let clone_error = io::Error::last_os_error();
         libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
         if pid < 0 {
-            return Err(clone_error);
+            return Err(clone_error.into());
         }
         pid
     };
@@ -164,20 +177,53 @@ pub fn spawn(
         status: None,
     };
     if error != 0 {
-        // The child ended without exec'ing: collect it, report why.
-        let _ = child.wait_blocking();
-        if error == NOT_REACHED {
-            return Err(io::Error::other("the child ended before it could exec"));
-        }
-        if error == NO_REAPER {
-            return Err(io::Error::other(
+        // The child ended without exec'ing: why. It stays uncollected (its pid, which
+        // the reaper may know as a group, stays taken) until the reaper is told.
+        let _ = child.exited(0);
+        let error = if error == NOT_REACHED {
+            io::Error::other("the child ended before it could exec")
+        } else if error == NO_REAPER {
+            io::Error::other(
                 "dlock's reaper process (which ends the command's process group if \
                  dlock dies) is gone: not started without it",
-            ));
-        }
-        return Err(io::Error::from_raw_os_error(error));
+            )
+        } else {
+            io::Error::from_raw_os_error(error)
+        };
+        return Err(NotStarted {
+            error,
+            child: Some(child),
+        });
     }
     Ok(child)
+}
+
+/// Why [`spawn`] started no command; the child that failed, if there was one, is
+/// collected by [`NotStarted::release`].
+#[derive(Debug)]
+pub struct NotStarted {
+    error: io::Error,
+    child: Option<Child>,
+}
+
+impl From<io::Error> for NotStarted {
+    fn from(error: io::Error) -> Self {
+        NotStarted { error, child: None }
+    }
+}
+
+impl NotStarted {
+    /// Tell the reaper (if any) to leave the child's group be, then collect the child:
+    /// the cause.
+    pub fn release(self, reaper: Option<Reaper>) -> io::Error {
+        if let Some(r) = reaper {
+            r.done();
+        }
+        if let Some(c) = self.child {
+            c.collect();
+        }
+        self.error
+    }
 }
 
 impl Child {
@@ -187,15 +233,19 @@ impl Child {
     }
 
     /// Wait for the command to exit (its status is kept: a second wait returns it).
+    /// The command is not collected: it stays a zombie, its pid (and so its process
+    /// group's id) taken, until [`Child::release`] or [`Child::kill_group`] has dealt
+    /// with the reaper. A pid collected earlier could go to a new process that makes
+    /// it a group before the reaper's kill, or a signal forwarded here, lands.
     ///
     /// # Errors
-    /// `waitpid` failed.
+    /// `waitid` failed.
     ///
     /// # Cancel safety
     /// Cancel-safe: the status is read only once the command has exited, and kept.
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         loop {
-            if let Some(status) = self.try_wait()? {
+            if let Some(status) = self.exited(libc::WNOHANG)? {
                 return Ok(status);
             }
             if self.sigchld.recv().await.is_none() {
@@ -204,25 +254,59 @@ impl Child {
         }
     }
 
-    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        self.reap(libc::WNOHANG)
+    /// The command is done with: tell the reaper (if any) to leave its group be, then
+    /// collect it. Call once [`Child::wait`] has returned.
+    pub fn release(self, reaper: Option<Reaper>) {
+        if let Some(r) = reaper {
+            r.done();
+        }
+        self.collect();
     }
 
-    fn wait_blocking(&mut self) -> io::Result<Option<ExitStatus>> {
-        self.reap(0)
+    /// The lock is gone: have the reaper (if any) kill the command's group, wait for it
+    /// to have done so (see [`Reaper::kill_now`]), then collect the command. Call once
+    /// [`Child::wait`] has returned.
+    pub async fn kill_group(self, reaper: Option<Reaper>) {
+        if let Some(r) = reaper {
+            r.kill_now().await;
+        }
+        self.collect();
     }
 
-    fn reap(&mut self, flags: c_int) -> io::Result<Option<ExitStatus>> {
+    /// Collect the exited command (its pid may then go to another process).
+    fn collect(self) {
+        if self.status.is_none() {
+            // Not seen to exit: a blocking wait could hang; leave it to the end of dlock.
+            return;
+        }
+        loop {
+            let mut raw = 0;
+            // SAFETY: waitpid on our own child, which has exited, with a valid pointer.
+            let r = unsafe { libc::waitpid(self.pid, &raw mut raw, 0) };
+            if r >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return;
+            }
+        }
+    }
+
+    /// The command's status once it has exited (`flags`: `WNOHANG` not to block),
+    /// without collecting it (`WNOWAIT`).
+    fn exited(&mut self, flags: c_int) -> io::Result<Option<ExitStatus>> {
         if let Some(s) = self.status {
             return Ok(Some(s));
         }
-        let mut raw = 0;
         loop {
-            // SAFETY: waitpid on our own child with a valid status pointer.
-            let r = unsafe { libc::waitpid(self.pid, &raw mut raw, flags) };
-            if r == 0 {
-                return Ok(None);
-            }
+            // SAFETY: an all-zero siginfo_t is valid; waitid on our own child with a
+            // valid pointer.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let r = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    libc::id_t::try_from(self.pid).unwrap_or(0),
+                    &raw mut info,
+                    libc::WEXITED | libc::WNOWAIT | flags,
+                )
+            };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -230,10 +314,25 @@ impl Child {
                 }
                 return Err(e);
             }
-            let status = ExitStatus::from_raw(raw);
+            // SAFETY: waitid filled `info` (or left it zero: no child has exited).
+            let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+            if pid == 0 {
+                return Ok(None);
+            }
+            let status = ExitStatus::from_raw(wait_status(info.si_code, status));
             self.status = Some(status);
             return Ok(Some(status));
         }
+    }
+}
+
+/// The `wait` status word of a child `waitid` reports ended with `code` (`CLD_*`) and
+/// `status` (the exit code or the signal).
+fn wait_status(code: c_int, status: c_int) -> c_int {
+    match code {
+        libc::CLD_KILLED => status & 0x7f,
+        libc::CLD_DUMPED => (status & 0x7f) | 0x80,
+        _ => (status & 0xff) << 8,
     }
 }
 
@@ -444,6 +543,11 @@ impl Drop for Stack {
     }
 }
 
+/// How long [`Reaper::kill_now`] waits for the reaper's kill: it takes microseconds;
+/// a reaper that has not made it by then was stopped by someone (then the command is
+/// collected all the same).
+const KILL_WAIT: Duration = Duration::from_secs(1);
+
 /// A process that kills the command's process group if dlock dies: forked (no exec),
 /// it waits on a pipe whose other end only dlock holds. It is told the group first
 /// (4 bytes, by the command's child itself before its exec: [`spawn`]); then a byte
@@ -523,9 +627,26 @@ impl Reaper {
         let _ = nix::unistd::write(&self.pipe, b"d");
     }
 
-    /// The lock was lost: kill the watched group now (the reaper's end does it).
-    pub fn kill_now(self) {
-        drop(self.pipe);
+    /// Kill the watched group now (the reaper's end does it), and wait up to
+    /// [`KILL_WAIT`] for the reaper to have done it and exited: the command, kept
+    /// uncollected meanwhile, holds the group's id, so the kill cannot reach a new
+    /// group that reused it. Only through [`Child::kill_group`].
+    async fn kill_now(self) {
+        let Reaper { pipe, pid } = self;
+        drop(pipe);
+        let until = tokio::time::Instant::now() + KILL_WAIT;
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid on our own child, with a valid status pointer.
+            let r = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+            if r == pid
+                || (r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted)
+                || tokio::time::Instant::now() >= until
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 }
 
@@ -606,6 +727,124 @@ mod tests {
 
     fn guess(args: &[&str]) -> bool {
         runs_a_command(args.iter().map(OsString::from))
+    }
+
+    /// The state letter of `pid` in `/proc` (`None`: no such process).
+    fn state(pid: libc::pid_t) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.chars().next()
+    }
+
+    /// Whether `pid` is still this process's child (exited or not, not collected).
+    fn uncollected(pid: libc::pid_t) -> bool {
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid siginfo pointer; WNOWAIT | WNOHANG only looks.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                libc::id_t::try_from(pid).unwrap_or(0),
+                &raw mut info,
+                libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
+            )
+        };
+        r == 0
+    }
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[tokio::test]
+    async fn an_exited_command_keeps_its_pid_until_it_is_released() {
+        let mut child =
+            spawn(OsStr::new("sh"), &os(&["-c", "exit 3"]), &[], false, None).expect("spawn");
+        let pid = child.id();
+        let status = child.wait().await.expect("wait");
+        assert_eq!(status.code(), Some(3));
+        // Waited for, yet still a zombie: its pid cannot go to another process.
+        assert_eq!(
+            state(pid),
+            Some('Z'),
+            "the command was collected by its wait"
+        );
+        assert_eq!(child.wait().await.expect("again").code(), Some(3));
+        assert!(uncollected(pid));
+        child.release(None);
+        assert!(!uncollected(pid), "released, yet not collected");
+    }
+
+    #[tokio::test]
+    async fn the_group_is_killed_before_its_leader_is_collected() {
+        let reaper = Reaper::start().expect("reaper");
+        let reaper_pid = reaper.pid;
+        // The leader exits at once and leaves a member behind, as a daemonizing
+        // command does.
+        let mut child = spawn(
+            OsStr::new("sh"),
+            &os(&["-c", "sleep 30 & exit 0"]),
+            &[],
+            true,
+            Some(&reaper),
+        )
+        .expect("spawn");
+        let group = child.id();
+        assert_eq!(child.wait().await.expect("wait").code(), Some(0));
+        assert_eq!(state(group), Some('Z'));
+        child.kill_group(Some(reaper)).await;
+        // The reaper has made its kill and is gone before the leader's pid is let go.
+        assert!(
+            !uncollected(reaper_pid),
+            "kill_group did not wait for the reaper"
+        );
+        assert!(!uncollected(group), "the leader was not collected");
+        // And the member left behind dies of it.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let alive = std::fs::read_dir("/proc")
+                .expect("/proc")
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+                .filter(|&p| {
+                    std::fs::read_to_string(format!("/proc/{p}/stat"))
+                        .ok()
+                        .and_then(|st| {
+                            let rest = st.rsplit_once(") ")?.1.to_owned();
+                            let mut f = rest.split(' ');
+                            let state = f.next()?.to_owned();
+                            let pgrp = f.nth(1)?.parse::<libc::pid_t>().ok()?;
+                            Some(pgrp == group && state != "Z")
+                        })
+                        .unwrap_or(false)
+                })
+                .count();
+            if alive == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "{alive} process(es) of the group still run"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_command_that_cannot_start_is_collected_after_the_reaper_is_told() {
+        let reaper = Reaper::start().expect("reaper");
+        let failed = spawn(
+            OsStr::new("/nonexistent/dlock-no-such-program"),
+            &[],
+            &[],
+            true,
+            Some(&reaper),
+        )
+        .expect_err("no such program");
+        let pid = failed.child.as_ref().expect("a child was made").id();
+        // The child told the reaper its group before its exec failed: its pid stays
+        // taken until the reaper has been told to leave it.
+        assert_eq!(state(pid), Some('Z'));
+        let e = failed.release(Some(reaper));
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(!uncollected(pid));
     }
 
     #[test]

@@ -170,11 +170,9 @@ pub async fn run(args: RunArgs, early: Option<Reaper>) -> Result<i32, Failure> {
     let mut children = signal(SignalKind::child()).map_err(sig_err)?;
     let mut child = match child::spawn(&program_os, &rest, &env, own_group, reaper.as_ref()) {
         Ok(c) => c,
-        Err(e) => {
+        Err(failed) => {
             // The child that failed may have announced its group: nothing to kill.
-            if let Some(r) = reaper {
-                r.done();
-            }
+            let e = failed.release(reaper);
             let _ = guard.release().await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
@@ -243,10 +241,8 @@ pub async fn run(args: RunArgs, early: Option<Reaper>) -> Result<i32, Failure> {
     };
     let code = match outcome {
         Outcome::Lost => {
-            if let Some(r) = reaper {
-                // What the command left behind ran without the lock too.
-                r.kill_now();
-            }
+            // What the command left behind ran without the lock too.
+            child.kill_group(reaper).await;
             // The set's other locks go back now, not at the end of their leases.
             let _ = tokio::time::timeout(STOPPED_RELEASE_LIMIT, guard.release()).await;
             return Ok(exit::LOCK_LOST);
@@ -258,25 +254,19 @@ pub async fn run(args: RunArgs, early: Option<Reaper>) -> Result<i32, Failure> {
     if stopping.is_some() {
         // Stopped for failing renewals: the lock is as good as lost, and whatever the
         // command left running must stop too (its group, by the reaper).
-        if let Some(r) = reaper {
-            r.kill_now();
-        }
+        child.kill_group(reaper).await;
         let _ = tokio::time::timeout(STOPPED_RELEASE_LIMIT, guard.release()).await;
         errln!("dlock: {program:?} was stopped: the lock {label} could not be kept");
         return Ok(exit::LOCK_LOST);
     }
     if let Some(reason) = guard.loss_reason() {
-        if let Some(r) = reaper {
-            // What the command left behind ran without the lock too.
-            r.kill_now();
-        }
+        // What the command left behind ran without the lock too.
+        child.kill_group(reaper).await;
         errln!("dlock: lock {label} was lost while {program:?} ran: {reason}");
         let _ = tokio::time::timeout(STOPPED_RELEASE_LIMIT, guard.release()).await;
         return Ok(exit::LOCK_LOST);
     }
-    if let Some(r) = reaper {
-        r.done();
-    }
+    child.release(reaper);
     if let Err(e) = guard.release().await {
         if matches!(e, dlock::Error::LockLost { .. }) {
             errln!("dlock: {e}");
