@@ -438,6 +438,80 @@ async fn reply_lost_mid_acquire_leaves_no_orphan() {
     }
 }
 
+/// The connection dies while a lock is held: the release's first copy fails on it.
+/// On the Redisson layout the release is sent again (it is keyed by the hold's own
+/// field, so a second copy can give back nothing else), and the lock is free at once
+/// rather than at the end of its 30 s lease; the same when the release's reply is lost
+/// after it ran (the copy after it answers "not held") and the same owner holds the
+/// lock again meanwhile (that hold stays).
+#[tokio::test]
+async fn a_release_cut_off_by_a_dropped_connection_is_sent_again() {
+    use dlock::LockOptions;
+    use dlock_testkit::Fault;
+    let Some(t) = Proxied::start("layout=redisson").await else {
+        return;
+    };
+    let (proxy, locker, direct) = (&t.proxy, &t.locker, &t.direct);
+    let ttl = LockOptions::new().ttl(Duration::from_secs(30));
+    for round in 0..3 {
+        let guard = locker.lock_with("cut-release", &ttl).await.expect("lock");
+        proxy.reset_all();
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the release was not sent again: {e}"));
+        let again = direct
+            .try_lock("cut-release")
+            .await
+            .expect("try")
+            .unwrap_or_else(|| panic!("round {round}: still held after its release"));
+        again.release().await.expect("release");
+    }
+    // The reply of a release that ran is lost; meanwhile a second hold of the same
+    // owner (re-entered) stays: the copy sent again must not give it back.
+    let owner = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .owner("cut-release-owner".parse().expect("owner"));
+    let first = locker.lock_with("cut-twice", &owner).await.expect("lock");
+    let second = locker
+        .lock_with("cut-twice", &owner)
+        .await
+        .expect("re-enter");
+    proxy.set(Fault::DropReplies);
+    let releasing = tokio::spawn(async move { first.release().await });
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    while direct
+        .inspect("cut-twice")
+        .await
+        .expect("inspect")
+        .map(|i| i.holds)
+        != Some(1)
+    {
+        assert!(std::time::Instant::now() < end, "the release never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.set(Fault::None);
+    proxy.reset_all();
+    let _ = tokio::time::timeout(Duration::from_secs(10), releasing)
+        .await
+        .expect("the release hung");
+    let info = direct
+        .inspect("cut-twice")
+        .await
+        .expect("inspect")
+        .expect("the second hold was given back by a copy of the first's release");
+    assert_eq!(info.holds, 1);
+    assert!(second.is_held());
+    second.release().await.expect("release");
+    assert!(
+        direct
+            .inspect("cut-twice")
+            .await
+            .expect("inspect")
+            .is_none()
+    );
+}
+
 /// Every reply of an attempt is lost, its first try was granted, and the attempt gives
 /// up with an error: no guard owns that grant, so once the server answers again it is
 /// given back, long before its 30 s lease would have freed the lock.

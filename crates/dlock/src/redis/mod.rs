@@ -41,6 +41,11 @@
 //! the reply arrived, the retry finds that grant instead of orphaning it or taking a
 //! second hold; if the retries run out too, a task in the background gives back
 //! whatever grant the nonce got, looking again for a while in case a try lands late.
+//! On the Redisson layout a release cut off by a dropped connection or a timeout is
+//! sent again (3 tries in all): each hold has a field of its own, which the first copy
+//! to run deletes, so a later copy gives back nothing else. A plain-layout release is
+//! sent once (a foreign client sharing the owner may hold the key by then); after a
+//! release that failed, the lock is free when its lease ends.
 //! A renewal never shortens a lease (reentrant holds share it). Renewals
 //! due together go to Redis as one script over up to 512 keys.
 //!
@@ -1344,6 +1349,51 @@ struct RedisHeld {
     in_doubt: bool,
 }
 
+/// How many times in all a Redisson-layout release is sent when it fails on an error
+/// trying again may mend (see [`RedisHeld::give_back`]), and the pause after the first
+/// failure (doubled after each next one).
+const RELEASE_TRIES: u32 = 3;
+const RELEASE_PAUSE: Duration = Duration::from_millis(50);
+
+impl RedisHeld {
+    /// The release script for this hold. On the Redisson layout, a copy that failed on
+    /// an error trying again may mend (a dropped connection, a timeout: it may or may
+    /// not have run) is sent again, up to [`RELEASE_TRIES`] in all: every copy is keyed
+    /// by this hold's own grant field, which the first copy to run deletes, so a later
+    /// one answers "not held" and gives back nothing — not another hold of the same
+    /// owner, nor a later holder's. Plain layouts send it once: keyed by owner and
+    /// token, a copy arriving after a foreign client sharing the owner took the key
+    /// would free that client's lock.
+    async fn give_back(&self) -> Result<()> {
+        let tries = if self.keys.meta_key().is_none() {
+            RELEASE_TRIES
+        } else {
+            1
+        };
+        let (mut tried, mut pause) = (1, RELEASE_PAUSE);
+        loop {
+            match self
+                .inner
+                .release(
+                    &self.keys,
+                    self.owner.as_str(),
+                    self.fence,
+                    self.nonce.as_str(),
+                )
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if tried < tries && e.is_retryable() => {
+                    tracing::debug!(error = %e, "redis: release failed; sending it again");
+                    tokio::time::sleep(pause).await;
+                    (tried, pause) = (tried + 1, pause.saturating_mul(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 impl Drop for RedisHeld {
     fn drop(&mut self) {
         if self
@@ -1498,16 +1548,7 @@ impl HeldLock for RedisHeld {
         let released = match handed {
             Ok(true) => Ok(()),
             Err(e) => Err(e),
-            Ok(false) => self
-                .inner
-                .release(
-                    &self.keys,
-                    self.owner.as_str(),
-                    self.fence,
-                    self.nonce.as_str(),
-                )
-                .await
-                .map(|_| ()),
+            Ok(false) => self.give_back().await,
         };
         match released {
             Ok(()) => {
