@@ -512,6 +512,61 @@ async fn a_release_cut_off_by_a_dropped_connection_is_sent_again() {
     );
 }
 
+/// The same with a task of this process waiting: the release is an in-process hand-off,
+/// cut off by the dropped connection (it may or may not have run). The releasing
+/// hold's own release follows it, so the waiter gets the lock at once — handed over,
+/// or released to everyone — rather than when the 30 s lease ends.
+#[tokio::test]
+async fn a_hand_off_cut_off_by_a_dropped_connection_still_frees_the_lock() {
+    use dlock::LockOptions;
+    let Some(t) = Proxied::start("layout=redisson").await else {
+        return;
+    };
+    let (proxy, locker, direct) = (&t.proxy, &t.locker, &t.direct);
+    let ttl = LockOptions::new().ttl(Duration::from_secs(30));
+    for round in 0..3 {
+        let held = locker.lock_with("cut-hand-off", &ttl).await.expect("lock");
+        let waiter = tokio::spawn({
+            let (locker, ttl) = (locker.clone(), ttl.clone());
+            async move {
+                let opts = ttl.wait(dlock::Wait::Timeout(Duration::from_secs(20)));
+                let started = std::time::Instant::now();
+                let got = locker.lock_with("cut-hand-off", &opts).await;
+                (got, started.elapsed())
+            }
+        });
+        // The waiter has tried once and waits (subscribed) for the release.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.reset_all();
+        let _ = held.release().await;
+        let (got, waited) = tokio::time::timeout(Duration::from_secs(25), waiter)
+            .await
+            .expect("the waiter hung")
+            .expect("join");
+        let got = got.unwrap_or_else(|e| panic!("round {round}: the waiter failed: {e}"));
+        assert!(
+            waited < Duration::from_secs(10),
+            "round {round}: the waiter got the lock only after {waited:?} (at the lease's end)"
+        );
+        let info = direct
+            .inspect("cut-hand-off")
+            .await
+            .expect("inspect")
+            .expect("held by the waiter");
+        assert_eq!(info.holds, 1, "round {round}");
+        assert_eq!(info.fencing_token, got.fencing_token(), "round {round}");
+        got.release().await.expect("release");
+        assert!(
+            direct
+                .inspect("cut-hand-off")
+                .await
+                .expect("inspect")
+                .is_none(),
+            "round {round}: an orphan is left"
+        );
+    }
+}
+
 /// Every reply of an attempt is lost, its first try was granted, and the attempt gives
 /// up with an error: no guard owns that grant, so once the server answers again it is
 /// given back, long before its 30 s lease would have freed the lock.

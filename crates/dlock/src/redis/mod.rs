@@ -43,7 +43,9 @@
 //! whatever grant the nonce got, looking again for a while in case a try lands late.
 //! On the Redisson layout a release cut off by a dropped connection or a timeout is
 //! sent again (3 tries in all): each hold has a field of its own, which the first copy
-//! to run deletes, so a later copy gives back nothing else. A plain-layout release is
+//! to run deletes, so a later copy gives back nothing else; an in-process hand-off
+//! (below) cut off that way is followed by the same release, which does nothing if the
+//! hand-off ran and otherwise frees the lock for everyone. A plain-layout release is
 //! sent once (a foreign client sharing the owner may hold the key by then); after a
 //! release that failed, the lock is free when its lease ends.
 //! A renewal never shortens a lease (reentrant holds share it). Renewals
@@ -1547,6 +1549,12 @@ impl HeldLock for RedisHeld {
         };
         let released = match handed {
             Ok(true) => Ok(()),
+            // Cut off (it may or may not have run): this hold's own release follows. If
+            // the hand-off ran, this hold's field is gone and the release does nothing;
+            // if not, the lock goes to everyone, its waiter woken by the unlock message
+            // rather than at the end of the lease; a hand-off that runs after it finds
+            // this hold's field gone and hands over nothing.
+            Err(e) if e.is_retryable() => self.give_back().await,
             Err(e) => Err(e),
             Ok(false) => self.give_back().await,
         };
