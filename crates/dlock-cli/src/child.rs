@@ -29,6 +29,8 @@ const STACK: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct Child {
     pid: libc::pid_t,
+    /// It leads a process group of its own (id: its pid).
+    own_group: bool,
     sigchld: Signal,
     status: Option<ExitStatus>,
 }
@@ -173,6 +175,7 @@ fn start(
     let error = unsafe { std::ptr::read_volatile(&raw const plan.error) };
     let mut child = Child {
         pid,
+        own_group,
         sigchld,
         status: None,
     };
@@ -263,14 +266,27 @@ impl Child {
         self.collect();
     }
 
-    /// The lock is gone: have the reaper (if any) kill the command's group, wait for it
-    /// to have done so (see [`Reaper::kill_now`]), then collect the command. Call once
-    /// [`Child::wait`] has returned.
+    /// The lock is gone: kill what is left of the command's own process group (dlock
+    /// itself, while the uncollected command keeps the group's id taken; the reaper,
+    /// told at once, too), wait for the reaper to be gone (see [`Reaper::kill_now`]),
+    /// then collect the command — or, if the reaper could not be made to go, leave it
+    /// uncollected for as long as dlock lives, so a late kill of the reaper's still
+    /// reaches no other group. Call once [`Child::wait`] has returned.
     pub async fn kill_group(self, reaper: Option<Reaper>) {
-        if let Some(r) = reaper {
-            r.kill_now().await;
+        if self.own_group {
+            // SAFETY: kill has no memory effects; the group is the command's own (its
+            // leader, exited or not, is not collected: the id is not reused).
+            unsafe {
+                libc::kill(-self.pid, libc::SIGKILL);
+            }
         }
-        self.collect();
+        let reaper_gone = match reaper {
+            Some(r) => r.kill_now().await,
+            None => true,
+        };
+        if reaper_gone {
+            self.collect();
+        }
     }
 
     /// Collect the exited command (its pid may then go to another process).
@@ -544,8 +560,7 @@ impl Drop for Stack {
 }
 
 /// How long [`Reaper::kill_now`] waits for the reaper's kill: it takes microseconds;
-/// a reaper that has not made it by then was stopped by someone (then the command is
-/// collected all the same).
+/// a reaper that has not made it by then was stopped or starved (it is then killed).
 const KILL_WAIT: Duration = Duration::from_secs(1);
 
 /// A process that kills the command's process group if dlock dies: forked (no exec),
@@ -628,25 +643,39 @@ impl Reaper {
     }
 
     /// Kill the watched group now (the reaper's end does it), and wait up to
-    /// [`KILL_WAIT`] for the reaper to have done it and exited: the command, kept
-    /// uncollected meanwhile, holds the group's id, so the kill cannot reach a new
-    /// group that reused it. Only through [`Child::kill_group`].
-    async fn kill_now(self) {
+    /// [`KILL_WAIT`] for the reaper to have exited; one that has not by then (stopped,
+    /// starved) is killed and waited for as long again. Whether it is gone: until it
+    /// is, its kill may still come, so the command must stay uncollected (its pid, the
+    /// group's id, taken). Only through [`Child::kill_group`].
+    async fn kill_now(self) -> bool {
         let Reaper { pipe, pid } = self;
         drop(pipe);
-        let until = tokio::time::Instant::now() + KILL_WAIT;
-        loop {
-            let mut status = 0;
-            // SAFETY: waitpid on our own child, with a valid status pointer.
-            let r = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
-            if r == pid
-                || (r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted)
-                || tokio::time::Instant::now() >= until
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        if exits_within(pid, KILL_WAIT).await {
+            return true;
         }
+        // SAFETY: kill has no memory effects; `pid` is our uncollected child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        exits_within(pid, KILL_WAIT).await
+    }
+}
+
+/// Whether our child `pid` has exited (collected here) or is not ours to wait for,
+/// within `limit`.
+async fn exits_within(pid: libc::pid_t, limit: Duration) -> bool {
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, with a valid status pointer.
+        let r = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+        if r == pid || (r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
@@ -773,57 +802,77 @@ mod tests {
         assert!(!uncollected(pid), "released, yet not collected");
     }
 
+    /// Processes of process group `group` that have not exited.
+    fn running_in(group: libc::pid_t) -> usize {
+        std::fs::read_dir("/proc")
+            .expect("/proc")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+            .filter(|&p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .ok()
+                    .and_then(|st| {
+                        let rest = st.rsplit_once(") ")?.1.to_owned();
+                        let mut f = rest.split(' ');
+                        let state = f.next()?.to_owned();
+                        let pgrp = f.nth(1)?.parse::<libc::pid_t>().ok()?;
+                        Some(pgrp == group && state != "Z")
+                    })
+                    .unwrap_or(false)
+            })
+            .count()
+    }
+
+    /// `kill_group` with a reaper that works, one stopped (SIGSTOP) so it cannot kill,
+    /// and none (it could not be replaced): each time the group's member is killed, the
+    /// reaper (if any) is gone, and only then is the leader collected.
     #[tokio::test]
     async fn the_group_is_killed_before_its_leader_is_collected() {
-        let reaper = Reaper::start().expect("reaper");
-        let reaper_pid = reaper.pid;
-        // The leader exits at once and leaves a member behind, as a daemonizing
-        // command does.
-        let mut child = spawn(
-            OsStr::new("sh"),
-            &os(&["-c", "sleep 30 & exit 0"]),
-            &[],
-            true,
-            Some(&reaper),
-        )
-        .expect("spawn");
-        let group = child.id();
-        assert_eq!(child.wait().await.expect("wait").code(), Some(0));
-        assert_eq!(state(group), Some('Z'));
-        child.kill_group(Some(reaper)).await;
-        // The reaper has made its kill and is gone before the leader's pid is let go.
-        assert!(
-            !uncollected(reaper_pid),
-            "kill_group did not wait for the reaper"
-        );
-        assert!(!uncollected(group), "the leader was not collected");
-        // And the member left behind dies of it.
-        let until = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let alive = std::fs::read_dir("/proc")
-                .expect("/proc")
-                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
-                .filter(|&p| {
-                    std::fs::read_to_string(format!("/proc/{p}/stat"))
-                        .ok()
-                        .and_then(|st| {
-                            let rest = st.rsplit_once(") ")?.1.to_owned();
-                            let mut f = rest.split(' ');
-                            let state = f.next()?.to_owned();
-                            let pgrp = f.nth(1)?.parse::<libc::pid_t>().ok()?;
-                            Some(pgrp == group && state != "Z")
-                        })
-                        .unwrap_or(false)
-                })
-                .count();
-            if alive == 0 {
-                break;
+        for case in ["reaper", "stopped reaper", "no reaper"] {
+            let reaper = (case != "no reaper").then(|| Reaper::start().expect("reaper"));
+            let reaper_pid = reaper.as_ref().map(|r| r.pid);
+            // The leader exits at once and leaves a member behind, as a daemonizing
+            // command does.
+            let mut child = spawn(
+                OsStr::new("sh"),
+                &os(&["-c", "sleep 30 & exit 0"]),
+                &[],
+                true,
+                reaper.as_ref(),
+            )
+            .expect("spawn");
+            let group = child.id();
+            assert_eq!(child.wait().await.expect("wait").code(), Some(0), "{case}");
+            assert_eq!(state(group), Some('Z'), "{case}");
+            if case == "stopped reaper" {
+                let pid = reaper_pid.expect("a reaper");
+                // SAFETY: a signal to our own child.
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                let until = std::time::Instant::now() + Duration::from_secs(10);
+                while state(pid) != Some('T') {
+                    assert!(
+                        std::time::Instant::now() < until,
+                        "the reaper never stopped"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
             }
-            assert!(
-                std::time::Instant::now() < until,
-                "{alive} process(es) of the group still run"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            child.kill_group(reaper).await;
+            if let Some(pid) = reaper_pid {
+                assert!(!uncollected(pid), "{case}: the reaper is not gone");
+            }
+            assert!(!uncollected(group), "{case}: the leader was not collected");
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let alive = running_in(group);
+                if alive == 0 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < until,
+                    "{case}: {alive} process(es) of the group still run"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
 

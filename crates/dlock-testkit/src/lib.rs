@@ -28,8 +28,8 @@ pub use restart::{Restartable, SharedServer, lock_server};
 pub use scenarios::{SCENARIOS, Scenario, run_check};
 pub use server::{
     PortHolder, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ServerProcess,
-    find_binary, free_port, redis_command, redis_ping, servers_die_with_this_thread,
-    servers_required, skip,
+    find_binary, free_port, redis_command, redis_ping, redis_subscribers,
+    servers_die_with_this_thread, servers_required, skip,
 };
 pub use sql::{
     MariaDbServer, PG_PASSWORD, PgServer, sql_server_settings, sql_servers_at_default_sizes,

@@ -207,6 +207,20 @@ pub fn redis_command(
     Ok(buf)
 }
 
+/// Subscribers on `channel` of the Redis at `addr`, as the server counts them
+/// (`PUBSUB NUMSUB`).
+///
+/// # Errors
+/// Connection errors and timeouts, or a reply without a count.
+pub fn redis_subscribers(addr: SocketAddr, channel: &str) -> std::io::Result<u64> {
+    let reply = redis_command(addr, &["PUBSUB", "NUMSUB", channel], Duration::from_secs(2))?;
+    // *2 $len channel :count
+    String::from_utf8_lossy(&reply)
+        .lines()
+        .find_map(|l| l.strip_prefix(':')?.trim().parse().ok())
+        .ok_or_else(|| std::io::Error::other("PUBSUB NUMSUB: no count in the reply"))
+}
+
 /// Options for [`RedisServer::start_with`].
 #[derive(Debug, Clone, Default)]
 pub struct RedisOptions {

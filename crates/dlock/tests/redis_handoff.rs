@@ -192,15 +192,9 @@ async fn handoff_burst_is_validated() {
     }
 }
 
-/// Subscribers on the lock's unlock channel, as the server counts them.
+/// Subscribers on `channel`, as the server counts them.
 fn subscribers(server: &RedisServer, channel: &str) -> u64 {
-    let reply =
-        redis_command(server.addr(), &["PUBSUB", "NUMSUB", channel], T).expect("PUBSUB NUMSUB");
-    // *2 $len channel :count
-    String::from_utf8_lossy(&reply)
-        .lines()
-        .find_map(|l| l.strip_prefix(':')?.trim().parse().ok())
-        .expect("a count in the reply")
+    dlock_testkit::redis_subscribers(server.addr(), channel).expect("PUBSUB NUMSUB")
 }
 
 /// Many waiters of one Locker share one subscription to the unlock channel, and the

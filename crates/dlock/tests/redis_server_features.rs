@@ -345,7 +345,7 @@ async fn renewals_of_many_locks_are_batched() {
 /// through the proxy first: an EVALSHA answered NOSCRIPT while replies are dropped
 /// would never run.
 struct Proxied {
-    _server: RedisServer,
+    server: RedisServer,
     proxy: dlock_testkit::FaultProxy,
     locker: Locker,
     direct: Locker,
@@ -371,12 +371,17 @@ impl Proxied {
             .await
             .expect("release");
         Some(Proxied {
-            _server: server,
+            server,
             proxy,
             locker,
             direct,
         })
     }
+}
+
+/// Subscribers on `channel`, as the server counts them.
+fn subscribers(server: &RedisServer, channel: &str) -> u64 {
+    dlock_testkit::redis_subscribers(server.addr(), channel).expect("PUBSUB NUMSUB")
 }
 
 /// Wait until `name` is held, as `direct` sees it (at most 5 s).
@@ -492,9 +497,11 @@ async fn a_release_cut_off_by_a_dropped_connection_is_sent_again() {
     }
     proxy.set(Fault::None);
     proxy.reset_all();
-    let _ = tokio::time::timeout(Duration::from_secs(10), releasing)
+    tokio::time::timeout(Duration::from_secs(10), releasing)
         .await
-        .expect("the release hung");
+        .expect("the release hung")
+        .expect("join")
+        .expect("the release whose reply was lost was not sent again");
     let info = direct
         .inspect("cut-twice")
         .await
@@ -513,55 +520,95 @@ async fn a_release_cut_off_by_a_dropped_connection_is_sent_again() {
 }
 
 /// The same with a task of this process waiting: the release is an in-process hand-off,
-/// cut off by the dropped connection (it may or may not have run). The releasing
-/// hold's own release follows it, so the waiter gets the lock at once — handed over,
-/// or released to everyone — rather than when the 30 s lease ends.
+/// cut off by the dropped connection — before it reached the server, or after it ran
+/// (its reply lost). The releasing hold's own release follows it and answers, so the
+/// release succeeds and the waiter gets the lock soon — at once, or once the lost
+/// reply has timed out (5 s), handed over (recovered by the hand-off's nonce) or
+/// released to everyone — rather than when the 60 s lease ends.
 #[tokio::test]
 async fn a_hand_off_cut_off_by_a_dropped_connection_still_frees_the_lock() {
     use dlock::LockOptions;
+    use dlock_testkit::Fault;
     let Some(t) = Proxied::start("layout=redisson").await else {
         return;
     };
     let (proxy, locker, direct) = (&t.proxy, &t.locker, &t.direct);
-    let ttl = LockOptions::new().ttl(Duration::from_secs(30));
-    for round in 0..3 {
-        let held = locker.lock_with("cut-hand-off", &ttl).await.expect("lock");
+    let ttl = LockOptions::new().ttl(Duration::from_secs(60));
+    for round in 0..4 {
+        let ran = round % 2 == 1;
+        // A name per round: its unlock channel has no subscriber left from before.
+        let name = format!("cut-hand-off-{round}");
+        let held = locker.lock_with(&name, &ttl).await.expect("lock");
+        let holder = held.owner().as_str().to_owned();
         let waiter = tokio::spawn({
-            let (locker, ttl) = (locker.clone(), ttl.clone());
+            let (locker, ttl, name) = (locker.clone(), ttl.clone(), name.clone());
             async move {
-                let opts = ttl.wait(dlock::Wait::Timeout(Duration::from_secs(20)));
+                let opts = ttl.wait(dlock::Wait::Timeout(Duration::from_secs(30)));
                 let started = std::time::Instant::now();
-                let got = locker.lock_with("cut-hand-off", &opts).await;
+                let got = locker.lock_with(&name, &opts).await;
                 (got, started.elapsed())
             }
         });
-        // The waiter has tried once and waits (subscribed) for the release.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        proxy.reset_all();
-        let _ = held.release().await;
-        let (got, waited) = tokio::time::timeout(Duration::from_secs(25), waiter)
+        // The waiter has subscribed, tried again (stating what it wants: in line for a
+        // hand-off) and waits for the release.
+        let channel = format!("redisson_lock__channel:{{{name}}}");
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while subscribers(&t.server, &channel) == 0 {
+            assert!(
+                std::time::Instant::now() < end,
+                "the waiter never subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released = if ran {
+            // The hand-off runs; its reply is lost.
+            proxy.set(Fault::DropReplies);
+            let releasing = tokio::spawn(held.release());
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while direct
+                .inspect(&name)
+                .await
+                .expect("inspect")
+                .is_none_or(|i| i.owner == holder)
+            {
+                assert!(
+                    std::time::Instant::now() < end,
+                    "round {round}: the hand-off never ran"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            proxy.set(Fault::None);
+            proxy.reset_all();
+            tokio::time::timeout(Duration::from_secs(10), releasing)
+                .await
+                .expect("the release hung")
+                .expect("join")
+        } else {
+            proxy.reset_all();
+            held.release().await
+        };
+        released.unwrap_or_else(|e| panic!("round {round}: the release failed: {e}"));
+        let (got, waited) = tokio::time::timeout(Duration::from_secs(35), waiter)
             .await
             .expect("the waiter hung")
             .expect("join");
         let got = got.unwrap_or_else(|e| panic!("round {round}: the waiter failed: {e}"));
         assert!(
-            waited < Duration::from_secs(10),
+            waited < Duration::from_secs(20),
             "round {round}: the waiter got the lock only after {waited:?} (at the lease's end)"
         );
         let info = direct
-            .inspect("cut-hand-off")
+            .inspect(&name)
             .await
             .expect("inspect")
             .expect("held by the waiter");
         assert_eq!(info.holds, 1, "round {round}");
+        assert_eq!(info.owner, got.owner().as_str(), "round {round}");
         assert_eq!(info.fencing_token, got.fencing_token(), "round {round}");
         got.release().await.expect("release");
         assert!(
-            direct
-                .inspect("cut-hand-off")
-                .await
-                .expect("inspect")
-                .is_none(),
+            direct.inspect(&name).await.expect("inspect").is_none(),
             "round {round}: an orphan is left"
         );
     }

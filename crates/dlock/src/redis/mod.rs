@@ -42,12 +42,14 @@
 //! second hold; if the retries run out too, a task in the background gives back
 //! whatever grant the nonce got, looking again for a while in case a try lands late.
 //! On the Redisson layout a release cut off by a dropped connection or a timeout is
-//! sent again (3 tries in all): each hold has a field of its own, which the first copy
-//! to run deletes, so a later copy gives back nothing else; an in-process hand-off
-//! (below) cut off that way is followed by the same release, which does nothing if the
-//! hand-off ran and otherwise frees the lock for everyone. A plain-layout release is
-//! sent once (a foreign client sharing the owner may hold the key by then); after a
-//! release that failed, the lock is free when its lease ends.
+//! sent again (3 tries in all, within 1 s): each hold has a field of its own, which
+//! the first copy to run deletes, so a later copy gives back nothing else; an
+//! in-process hand-off (below) cut off that way is followed by the same release, which
+//! does nothing if the hand-off ran and otherwise frees the lock for everyone. dlock
+//! does not send a plain-layout release again (a foreign client sharing the owner may
+//! hold the key by then), though the Sentinel and Cluster connections resend any
+//! command once after a connection error. After a release that failed, the lock is
+//! free when its lease ends.
 //! A renewal never shortens a lease (reentrant holds share it). Renewals
 //! due together go to Redis as one script over up to 512 keys.
 //!
@@ -1352,20 +1354,26 @@ struct RedisHeld {
 }
 
 /// How many times in all a Redisson-layout release is sent when it fails on an error
-/// trying again may mend (see [`RedisHeld::give_back`]), and the pause after the first
-/// failure (doubled after each next one).
+/// trying again may mend (see [`RedisHeld::give_back`]), the pause after the first
+/// failure (doubled after each next one), and how long after the first copy a next
+/// one may still start: a connection that dropped fails a command at once, while one
+/// that timed out has taken the whole timeout — sent again, a release to an
+/// unreachable server would keep its caller three timeouts long.
 const RELEASE_TRIES: u32 = 3;
 const RELEASE_PAUSE: Duration = Duration::from_millis(50);
+const RELEASE_RETRY_WITHIN: Duration = Duration::from_secs(1);
 
 impl RedisHeld {
     /// The release script for this hold. On the Redisson layout, a copy that failed on
     /// an error trying again may mend (a dropped connection, a timeout: it may or may
-    /// not have run) is sent again, up to [`RELEASE_TRIES`] in all: every copy is keyed
+    /// not have run) is sent again, up to [`RELEASE_TRIES`] in all while
+    /// [`RELEASE_RETRY_WITHIN`] has not passed since the first: every copy is keyed
     /// by this hold's own grant field, which the first copy to run deletes, so a later
     /// one answers "not held" and gives back nothing — not another hold of the same
-    /// owner, nor a later holder's. Plain layouts send it once: keyed by owner and
-    /// token, a copy arriving after a foreign client sharing the owner took the key
-    /// would free that client's lock.
+    /// owner, nor a later holder's. Plain layouts are not sent again here: keyed by
+    /// owner and token, a copy arriving after a foreign client sharing the owner took
+    /// the key would free that client's lock (the Sentinel and Cluster connections
+    /// still resend a command once after a connection error, this one included).
     async fn give_back(&self) -> Result<()> {
         let tries = if self.keys.meta_key().is_none() {
             RELEASE_TRIES
@@ -1373,6 +1381,7 @@ impl RedisHeld {
             1
         };
         let (mut tried, mut pause) = (1, RELEASE_PAUSE);
+        let first = std::time::Instant::now();
         loop {
             match self
                 .inner
@@ -1385,7 +1394,11 @@ impl RedisHeld {
                 .await
             {
                 Ok(_) => return Ok(()),
-                Err(e) if tried < tries && e.is_retryable() => {
+                Err(e)
+                    if tried < tries
+                        && e.is_retryable()
+                        && first.elapsed() + pause < RELEASE_RETRY_WITHIN =>
+                {
                     tracing::debug!(error = %e, "redis: release failed; sending it again");
                     tokio::time::sleep(pause).await;
                     (tried, pause) = (tried + 1, pause.saturating_mul(2));
@@ -1463,8 +1476,22 @@ impl RedisHeld {
                 handoffs.note_held(&self.keys.lock, offer.owner().as_str(), sent_at + want.ttl);
                 match handoffs.deliver(&self.keys.lock, offer, grant) {
                     Ok(()) => crate::telemetry::handoff(self.inner.scheme()),
-                    // The waiter left while the hand-off was on its way.
-                    Err(grant) => grant.release().await?,
+                    // The waiter left while the hand-off was on its way: its hold goes
+                    // back, if not now then in the background (still marked as the
+                    // hand-off's, it is the one `redisson_abandon.lua` gives back).
+                    // This hold was handed over either way: not an error of its release.
+                    Err(grant) => {
+                        if let Err(e) = grant.release().await {
+                            tracing::warn!(lock = %self.name, error = %e, "a hand-off's waiter left and its hold could not be given back yet; trying in the background");
+                            self.inner.abandon_later(
+                                self.keys.clone(),
+                                grant.owner.clone(),
+                                grant.nonce.as_str().to_owned(),
+                                Orphan::Left,
+                                GIVE_BACK_WATCH,
+                            );
+                        }
+                    }
                 }
                 Ok(true)
             }
@@ -1549,11 +1576,12 @@ impl HeldLock for RedisHeld {
         };
         let released = match handed {
             Ok(true) => Ok(()),
-            // Cut off (it may or may not have run): this hold's own release follows. If
-            // the hand-off ran, this hold's field is gone and the release does nothing;
-            // if not, the lock goes to everyone, its waiter woken by the unlock message
-            // rather than at the end of the lease; a hand-off that runs after it finds
-            // this hold's field gone and hands over nothing.
+            // Cut off (`hand_off`'s only error: it may or may not have run): this hold's
+            // own release follows. If the hand-off ran, this hold's field is gone and
+            // the release does nothing; if not, the lock goes to everyone, its waiter
+            // woken by the unlock message rather than at the end of the lease; a
+            // hand-off that runs after it finds this hold's field gone and hands over
+            // nothing.
             Err(e) if e.is_retryable() => self.give_back().await,
             Err(e) => Err(e),
             Ok(false) => self.give_back().await,
