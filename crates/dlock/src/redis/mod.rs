@@ -41,15 +41,15 @@
 //! the reply arrived, the retry finds that grant instead of orphaning it or taking a
 //! second hold; if the retries run out too, a task in the background gives back
 //! whatever grant the nonce got, looking again for a while in case a try lands late.
-//! On the Redisson layout a release cut off by a dropped connection or a timeout is
-//! sent again (3 tries in all, within 1 s): each hold has a field of its own, which
-//! the first copy to run deletes, so a later copy gives back nothing else; an
-//! in-process hand-off (below) cut off that way is followed by the same release, which
-//! does nothing if the hand-off ran and otherwise frees the lock for everyone. dlock
-//! does not send a plain-layout release again (a foreign client sharing the owner may
-//! hold the key by then), though the Sentinel and Cluster connections resend any
-//! command once after a connection error. After a release that failed, the lock is
-//! free when its lease ends.
+//! On the Redisson layout a release whose connection failed under it (dropped, reset,
+//! refused; not timed out) is sent again, 3 tries in all: each hold has a field of its
+//! own, which the first copy to run deletes, so a later copy gives back nothing else.
+//! An in-process hand-off (below) cut off by a connection error or a timeout is
+//! followed by the same release, which does nothing if the hand-off ran and otherwise
+//! frees the lock for everyone. dlock does not send a plain-layout release again (a
+//! foreign client sharing the owner may hold the key by then), though the Sentinel and
+//! Cluster connections resend any command once after a connection error. After a
+//! release that failed, the lock is free when its lease ends.
 //! A renewal never shortens a lease (reentrant holds share it). Renewals
 //! due together go to Redis as one script over up to 512 keys.
 //!
@@ -723,7 +723,13 @@ impl Inner {
     }
 
     /// Give back the hold `nonce` took (see [`GrantNonce`]).
-    async fn release(&self, keys: &Keys, owner: &str, fence: u64, nonce: &str) -> Result<i64> {
+    async fn release(
+        &self,
+        keys: &Keys,
+        owner: &str,
+        fence: u64,
+        nonce: &str,
+    ) -> redis::RedisResult<i64> {
         let (lock, signal) = (Key::Plain(&keys.lock), keys.signal_key());
         let script = self.layout.release_script();
         let call = match keys.meta_key() {
@@ -740,9 +746,7 @@ impl Inner {
                 call
             }
         };
-        call.run(&mut self.conn.clone())
-            .await
-            .map_err(|e| map_err(&e))
+        call.run(&mut self.conn.clone()).await
     }
 
     /// Give back a hold that no guard owns (see `redisson_abandon.lua`): `Left`, a
@@ -1353,21 +1357,18 @@ struct RedisHeld {
     in_doubt: bool,
 }
 
-/// How many times in all a Redisson-layout release is sent when it fails on an error
-/// trying again may mend (see [`RedisHeld::give_back`]), the pause after the first
-/// failure (doubled after each next one), and how long after the first copy a next
-/// one may still start: a connection that dropped fails a command at once, while one
-/// that timed out has taken the whole timeout — sent again, a release to an
-/// unreachable server would keep its caller three timeouts long.
+/// How many times in all a Redisson-layout release is sent when its connection failed
+/// under it (see [`RedisHeld::give_back`]), and the pause after the first failure
+/// (doubled after each next one).
 const RELEASE_TRIES: u32 = 3;
 const RELEASE_PAUSE: Duration = Duration::from_millis(50);
-const RELEASE_RETRY_WITHIN: Duration = Duration::from_secs(1);
 
 impl RedisHeld {
-    /// The release script for this hold. On the Redisson layout, a copy that failed on
-    /// an error trying again may mend (a dropped connection, a timeout: it may or may
-    /// not have run) is sent again, up to [`RELEASE_TRIES`] in all while
-    /// [`RELEASE_RETRY_WITHIN`] has not passed since the first: every copy is keyed
+    /// The release script for this hold. On the Redisson layout, a copy whose
+    /// connection failed under it (dropped, reset, refused: it may or may not have run)
+    /// is sent again, up to [`RELEASE_TRIES`] in all — not one that timed out: it has
+    /// taken the whole timeout already, and a release to an unreachable server would
+    /// keep its caller three of them. Every copy is keyed
     /// by this hold's own grant field, which the first copy to run deletes, so a later
     /// one answers "not held" and gives back nothing — not another hold of the same
     /// owner, nor a later holder's. Plain layouts are not sent again here: keyed by
@@ -1381,7 +1382,6 @@ impl RedisHeld {
             1
         };
         let (mut tried, mut pause) = (1, RELEASE_PAUSE);
-        let first = std::time::Instant::now();
         loop {
             match self
                 .inner
@@ -1396,14 +1396,16 @@ impl RedisHeld {
                 Ok(_) => return Ok(()),
                 Err(e)
                     if tried < tries
-                        && e.is_retryable()
-                        && first.elapsed() + pause < RELEASE_RETRY_WITHIN =>
+                        && !e.is_timeout()
+                        && (e.is_io_error()
+                            || e.is_connection_dropped()
+                            || e.is_connection_refusal()) =>
                 {
                     tracing::debug!(error = %e, "redis: release failed; sending it again");
                     tokio::time::sleep(pause).await;
                     (tried, pause) = (tried + 1, pause.saturating_mul(2));
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(map_err(&e)),
             }
         }
     }
