@@ -86,17 +86,6 @@ pub fn spawn(
     own_group: bool,
     reaper: Option<&Reaper>,
 ) -> Result<Child, NotStarted> {
-    start(program, args, env, own_group, reaper)
-}
-
-/// [`spawn`]'s work, with the errors before the child exists made [`NotStarted`] by `?`.
-fn start(
-    program: &OsStr,
-    args: &[OsString],
-    env: &[(&str, String)],
-    own_group: bool,
-    reaper: Option<&Reaper>,
-) -> Result<Child, NotStarted> {
     if program.is_empty() {
         // execvp("") fails with ENOENT (each PATH directory would be tried as is).
         return Err(io::Error::from_raw_os_error(libc::ENOENT).into());

@@ -519,6 +519,36 @@ async fn a_release_cut_off_by_a_dropped_connection_is_sent_again() {
     );
 }
 
+/// A release whose reply never comes (the connection open, nothing answered) times out
+/// and is not sent again: its caller waits one timeout (1 s here), not three.
+#[tokio::test]
+async fn a_release_that_timed_out_is_not_sent_again() {
+    use dlock::LockOptions;
+    use dlock_testkit::Fault;
+    let Some(t) = Proxied::start("timeout=1s&layout=redisson").await else {
+        return;
+    };
+    let ttl = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = t
+        .locker
+        .lock_with("timed-out-release", &ttl)
+        .await
+        .expect("lock");
+    t.proxy.set(Fault::Blackhole);
+    let started = std::time::Instant::now();
+    let e = guard
+        .release()
+        .await
+        .expect_err("nothing answers: the release cannot succeed");
+    let took = started.elapsed();
+    t.proxy.set(Fault::None);
+    assert!(e.is_retryable(), "{e}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "the release took {took:?}: sent again after it timed out"
+    );
+}
+
 /// The same with a task of this process waiting: the release is an in-process hand-off,
 /// cut off by the dropped connection — before it reached the server, or after it ran
 /// (its reply lost). The releasing hold's own release follows it and answers, so the

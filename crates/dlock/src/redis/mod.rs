@@ -48,8 +48,9 @@
 //! followed by the same release, which does nothing if the hand-off ran and otherwise
 //! frees the lock for everyone. dlock does not send a plain-layout release again (a
 //! foreign client sharing the owner may hold the key by then), though the Sentinel and
-//! Cluster connections resend any command once after a connection error. After a
-//! release that failed, the lock is free when its lease ends.
+//! Cluster connections may resend any command themselves (Sentinel once after a
+//! connection error or a timeout, a Cluster up to twice). After a release that failed,
+//! the lock is free when its lease ends.
 //! A renewal never shortens a lease (reentrant holds share it). Renewals
 //! due together go to Redis as one script over up to 512 keys.
 //!
@@ -1374,7 +1375,7 @@ impl RedisHeld {
     /// owner, nor a later holder's. Plain layouts are not sent again here: keyed by
     /// owner and token, a copy arriving after a foreign client sharing the owner took
     /// the key would free that client's lock (the Sentinel and Cluster connections
-    /// still resend a command once after a connection error, this one included).
+    /// may still resend any command themselves, this one included: see the module).
     async fn give_back(&self) -> Result<()> {
         let tries = if self.keys.meta_key().is_none() {
             RELEASE_TRIES
