@@ -1359,58 +1359,10 @@ struct RedisHeld {
 }
 
 /// How many times in all a Redisson-layout release is sent when its connection failed
-/// under it (see [`RedisHeld::give_back`]), and the pause after the first failure
+/// under it (see `RedisHeld::release`), and the pause after the first failure
 /// (doubled after each next one).
 const RELEASE_TRIES: u32 = 3;
 const RELEASE_PAUSE: Duration = Duration::from_millis(50);
-
-impl RedisHeld {
-    /// The release script for this hold. On the Redisson layout, a copy whose
-    /// connection failed under it (dropped, reset, refused: it may or may not have run)
-    /// is sent again, up to [`RELEASE_TRIES`] in all — not one that timed out: it has
-    /// taken the whole timeout already, and a release to an unreachable server would
-    /// keep its caller three of them. Every copy is keyed
-    /// by this hold's own grant field, which the first copy to run deletes, so a later
-    /// one answers "not held" and gives back nothing — not another hold of the same
-    /// owner, nor a later holder's. Plain layouts are not sent again here: keyed by
-    /// owner and token, a copy arriving after a foreign client sharing the owner took
-    /// the key would free that client's lock (the Sentinel and Cluster connections
-    /// may still resend any command themselves, this one included: see the module).
-    async fn give_back(&self) -> Result<()> {
-        let tries = if self.keys.meta_key().is_none() {
-            RELEASE_TRIES
-        } else {
-            1
-        };
-        let (mut tried, mut pause) = (1, RELEASE_PAUSE);
-        loop {
-            match self
-                .inner
-                .release(
-                    &self.keys,
-                    self.owner.as_str(),
-                    self.fence,
-                    self.nonce.as_str(),
-                )
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e)
-                    if tried < tries
-                        && !e.is_timeout()
-                        && (e.is_io_error()
-                            || e.is_connection_dropped()
-                            || e.is_connection_refusal()) =>
-                {
-                    tracing::debug!(error = %e, "redis: release failed; sending it again");
-                    tokio::time::sleep(pause).await;
-                    (tried, pause) = (tried + 1, pause.saturating_mul(2));
-                }
-                Err(e) => return Err(map_err(&e)),
-            }
-        }
-    }
-}
 
 impl Drop for RedisHeld {
     fn drop(&mut self) {
@@ -1579,15 +1531,60 @@ impl HeldLock for RedisHeld {
         };
         let released = match handed {
             Ok(true) => Ok(()),
-            // Cut off (`hand_off`'s only error: it may or may not have run): this hold's
-            // own release follows. If the hand-off ran, this hold's field is gone and
-            // the release does nothing; if not, the lock goes to everyone, its waiter
-            // woken by the unlock message rather than at the end of the lease; a
-            // hand-off that runs after it finds this hold's field gone and hands over
-            // nothing.
-            Err(e) if e.is_retryable() => self.give_back().await,
-            Err(e) => Err(e),
-            Ok(false) => self.give_back().await,
+            Err(e) if !e.is_retryable() => Err(e),
+            // Not handed over, or the hand-off was cut off (`hand_off`'s only retryable
+            // error: it may or may not have run): this hold's own release. After a
+            // hand-off that ran, this hold's field is gone and the release does
+            // nothing; if it did not run, the lock goes to everyone, its waiter woken
+            // by the unlock message rather than at the end of the lease; a hand-off
+            // that runs after it finds this hold's field gone and hands over nothing.
+            // On the Redisson layout, a copy whose connection
+            // failed under it (dropped, reset, refused: it may or may not have run) is
+            // sent again, up to `RELEASE_TRIES` in all — not one that timed out: it has
+            // taken the whole timeout already, and a release to an unreachable server
+            // would keep its caller three of them. Every copy is keyed by this hold's
+            // own grant field, which the first copy to run deletes, so a later one
+            // answers "not held" and gives back nothing — not another hold of the same
+            // owner, nor a later holder's. Plain layouts are not sent again here: keyed
+            // by owner and token, a copy arriving after a foreign client sharing the
+            // owner took the key would free that client's lock (the Sentinel and
+            // Cluster connections may still resend any command themselves: see the
+            // module). (Inline, not a function of its own: one more future level costs
+            // every release about 110 instructions.)
+            Ok(false) | Err(_) => {
+                let tries = if self.keys.meta_key().is_none() {
+                    RELEASE_TRIES
+                } else {
+                    1
+                };
+                let (mut tried, mut pause) = (1, RELEASE_PAUSE);
+                loop {
+                    match self
+                        .inner
+                        .release(
+                            &self.keys,
+                            self.owner.as_str(),
+                            self.fence,
+                            self.nonce.as_str(),
+                        )
+                        .await
+                    {
+                        Ok(_) => break Ok(()),
+                        Err(e)
+                            if tried < tries
+                                && !e.is_timeout()
+                                && (e.is_io_error()
+                                    || e.is_connection_dropped()
+                                    || e.is_connection_refusal()) =>
+                        {
+                            tracing::debug!(error = %e, "redis: release failed; sending it again");
+                            tokio::time::sleep(pause).await;
+                            (tried, pause) = (tried + 1, pause.saturating_mul(2));
+                        }
+                        Err(e) => break Err(map_err(&e)),
+                    }
+                }
+            }
         };
         match released {
             Ok(()) => {
