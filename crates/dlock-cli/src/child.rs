@@ -815,6 +815,24 @@ mod tests {
     /// and none (it could not be replaced): each time the group's member is killed, the
     /// reaper (if any) is gone, and only then is the leader collected.
     #[tokio::test]
+    async fn a_command_killed_by_a_signal_reports_it() {
+        for (script, code, signal) in [
+            ("exit 0", Some(0), None),
+            ("exit 255", Some(255), None),
+            ("kill -TERM $$", None, Some(libc::SIGTERM)),
+            ("kill -KILL $$", None, Some(libc::SIGKILL)),
+        ] {
+            let mut child =
+                spawn(OsStr::new("sh"), &os(&["-c", script]), &[], false, None).expect("spawn");
+            let status = child.wait().await.expect("wait");
+            assert_eq!(status.code(), code, "{script}");
+            assert_eq!(status.signal(), signal, "{script}");
+            assert!(!status.core_dumped(), "{script}");
+            child.release(None);
+        }
+    }
+
+    #[tokio::test]
     async fn the_group_is_killed_before_its_leader_is_collected() {
         for case in ["reaper", "stopped reaper", "no reaper"] {
             let reaper = (case != "no reaper").then(|| Reaper::start().expect("reaper"));
