@@ -620,10 +620,7 @@ impl Reaper {
 
     /// Whether the reaper has died (someone killed it): collected now if so.
     pub fn gone(&self) -> bool {
-        let mut status = 0;
-        // SAFETY: waitpid on our own child, with a valid status pointer.
-        let r = unsafe { libc::waitpid(self.pid, &raw mut status, libc::WNOHANG) };
-        r == self.pid || (r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
+        collected(self.pid)
     }
 
     /// dlock is finishing normally: the reaper leaves without killing.
@@ -650,15 +647,21 @@ impl Reaper {
     }
 }
 
+/// Whether our child `pid` has exited (collected now if so) or is not ours to wait
+/// for; without blocking.
+fn collected(pid: libc::pid_t) -> bool {
+    let mut status = 0;
+    // SAFETY: waitpid on our own child, with a valid status pointer.
+    let r = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+    r == pid || (r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted)
+}
+
 /// Whether our child `pid` has exited (collected here) or is not ours to wait for,
 /// within `limit`.
 async fn exits_within(pid: libc::pid_t, limit: Duration) -> bool {
     let until = tokio::time::Instant::now() + limit;
     loop {
-        let mut status = 0;
-        // SAFETY: waitpid on our own child, with a valid status pointer.
-        let r = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
-        if r == pid || (r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted) {
+        if collected(pid) {
             return true;
         }
         if tokio::time::Instant::now() >= until {

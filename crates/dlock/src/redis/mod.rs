@@ -180,6 +180,16 @@ pub(crate) fn uncertain(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
 }
 
+/// Whether a Redisson-layout release that failed with `e` is sent again: its connection
+/// failed under it (dropped, reset, refused: it may or may not have run), but it did
+/// not time out — a timed-out release has taken the whole timeout already, and a
+/// release to an unreachable server would keep its caller several of them. Why a copy
+/// sent again is safe there and not on the plain layouts: the module's *How a lock
+/// works here*.
+fn worth_resending(e: &redis::RedisError) -> bool {
+    !e.is_timeout() && (e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal())
+}
+
 /// Whether `e` proves the command never reached the server: a refused connection, on a
 /// single server's connection (the cluster and Sentinel connections send a command
 /// again after a dropped connection and answer with the last error, so a refusal there
@@ -1538,19 +1548,9 @@ impl HeldLock for RedisHeld {
             // nothing; if it did not run, the lock goes to everyone, its waiter woken
             // by the unlock message rather than at the end of the lease; a hand-off
             // that runs after it finds this hold's field gone and hands over nothing.
-            // On the Redisson layout, a copy whose connection
-            // failed under it (dropped, reset, refused: it may or may not have run) is
-            // sent again, up to `RELEASE_TRIES` in all — not one that timed out: it has
-            // taken the whole timeout already, and a release to an unreachable server
-            // would keep its caller three of them. Every copy is keyed by this hold's
-            // own grant field, which the first copy to run deletes, so a later one
-            // answers "not held" and gives back nothing — not another hold of the same
-            // owner, nor a later holder's. Plain layouts are not sent again here: keyed
-            // by owner and token, a copy arriving after a foreign client sharing the
-            // owner took the key would free that client's lock (the Sentinel and
-            // Cluster connections may still resend any command themselves: see the
-            // module). (Inline, not a function of its own: one more future level costs
-            // every release about 110 instructions.)
+            // On the Redisson layout, sent again up to `RELEASE_TRIES` in all when
+            // `worth_resending`. (Inline, not a function of its own: one more future
+            // level costs every release about 110 instructions.)
             Ok(false) | Err(_) => {
                 let tries = if self.keys.meta_key().is_none() {
                     RELEASE_TRIES
@@ -1570,13 +1570,7 @@ impl HeldLock for RedisHeld {
                         .await
                     {
                         Ok(_) => break Ok(()),
-                        Err(e)
-                            if tried < tries
-                                && !e.is_timeout()
-                                && (e.is_io_error()
-                                    || e.is_connection_dropped()
-                                    || e.is_connection_refusal()) =>
-                        {
+                        Err(e) if tried < tries && worth_resending(&e) => {
                             tracing::debug!(error = %e, "redis: release failed; sending it again");
                             tokio::time::sleep(pause).await;
                             (tried, pause) = (tried + 1, pause.saturating_mul(2));
