@@ -64,7 +64,11 @@ impl<C> OwnConns<C> {
                 .map_err(|_| Error::connection(backend, "connection permits closed"))?;
             let conn = match self.idle.pop() {
                 Some(c) => c,
-                None => connect().await?,
+                // Boxed: a connection's setup is a future of several KB, which would
+                // otherwise be part of every statement's future (copied into its box
+                // and allocated past the allocator's per-thread cache on every
+                // statement), while it runs only when no idle connection is left.
+                None => Box::pin(connect()).await?,
             };
             Ok(OwnConn {
                 conn,
