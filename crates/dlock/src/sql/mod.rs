@@ -319,6 +319,21 @@ pub(crate) async fn timed<T>(
     }
 }
 
+/// Arguments with room for `count` values of `bytes` in all (their lengths' prefixes
+/// counted): the hot statements' arguments are encoded without growing their buffers
+/// bind by bind, a reallocation and copy each time.
+pub(crate) fn reserved<A: sqlx::Arguments>(count: usize, bytes: usize) -> A {
+    let mut args = A::default();
+    args.reserve(count, bytes);
+    args
+}
+
+/// The room a bound value of `len` bytes takes in a statement's arguments, its length
+/// prefix included (PostgreSQL: 4 bytes; MySQL: at most 9).
+pub(crate) const fn arg_room(len: usize) -> usize {
+    len + 9
+}
+
 /// How long a lease acquire may have run on the server and still grant: four fifths
 /// of the client's statement `timeout`, the rest left for the answer's way back. Past
 /// it the client has given up (or is about to), and a grant it never hears of would

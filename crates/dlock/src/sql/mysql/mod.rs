@@ -81,7 +81,10 @@ use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::engine::SqlBackend;
 use super::own_conns::{OwnConn, OwnConns};
 use super::shared::{SharedKey, SharedRemove, SharedRow};
-use super::{COMMON_OPTIONS, Mode, SqlOptions, db_err, hex, metadata_json, no_answer, timed};
+use super::{
+    COMMON_OPTIONS, Mode, SqlOptions, arg_room, db_err, hex, metadata_json, no_answer, reserved,
+    timed,
+};
 use crate::backend::{AcquireRequest, Backend, Capabilities};
 use crate::error::Result;
 use crate::name::LockName;
@@ -422,22 +425,30 @@ impl Dialect for Mysql {
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
         let (ttl_us, meta) = (micros(req.ttl), metadata_json(&req.metadata));
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());
+        let room = arg_room(key.len())
+            + 2 * arg_room(name.len())
+            + 6 * arg_room(owner.len())
+            + 2 * arg_room(meta.len())
+            + 2 * arg_room(8);
         let done = self
             .own_execute(|| {
-                sqlx::query(AssertSqlSafe(&*self.sql.acquire))
-                    .bind(&key[..])
-                    .bind(name)
-                    .bind(owner)
-                    .bind(ttl_us)
-                    .bind(&meta)
-                    .bind(owner)
-                    .bind(owner)
-                    .bind(owner)
-                    .bind(&meta)
-                    .bind(name)
-                    .bind(owner)
-                    .bind(owner)
-                    .bind(ttl_us)
+                sqlx::query_with(
+                    AssertSqlSafe(&*self.sql.acquire),
+                    reserved::<MySqlArguments>(13, room),
+                )
+                .bind(&key[..])
+                .bind(name)
+                .bind(owner)
+                .bind(ttl_us)
+                .bind(&meta)
+                .bind(owner)
+                .bind(owner)
+                .bind(owner)
+                .bind(&meta)
+                .bind(name)
+                .bind(owner)
+                .bind(owner)
+                .bind(ttl_us)
             })
             .await?;
         Ok(match done.last_insert_id() {
@@ -447,13 +458,17 @@ impl Dialect for Mysql {
     }
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {
+        let room = arg_room(hold.key.len()) + arg_room(hold.owner.as_str().len()) + 2 * arg_room(8);
         let done = self
             .own_execute(|| {
-                sqlx::query(AssertSqlSafe(&*self.sql.renew))
-                    .bind(micros(ttl))
-                    .bind(&hold.key[..])
-                    .bind(hold.owner.as_str().as_bytes())
-                    .bind(hold.fence)
+                sqlx::query_with(
+                    AssertSqlSafe(&*self.sql.renew),
+                    reserved::<MySqlArguments>(4, room),
+                )
+                .bind(micros(ttl))
+                .bind(&hold.key[..])
+                .bind(hold.owner.as_str().as_bytes())
+                .bind(hold.fence)
             })
             .await?;
         Ok(done.rows_affected() > 0)
@@ -522,11 +537,15 @@ impl Dialect for Mysql {
     }
 
     async fn lease_release(&self, hold: &Hold) -> Result<bool> {
+        let room = arg_room(hold.key.len()) + arg_room(hold.owner.as_str().len()) + arg_room(8);
         self.own_execute(|| {
-            sqlx::query(AssertSqlSafe(&*self.sql.release))
-                .bind(&hold.key[..])
-                .bind(hold.owner.as_str().as_bytes())
-                .bind(hold.fence)
+            sqlx::query_with(
+                AssertSqlSafe(&*self.sql.release),
+                reserved::<MySqlArguments>(3, room),
+            )
+            .bind(&hold.key[..])
+            .bind(hold.owner.as_str().as_bytes())
+            .bind(hold.fence)
         })
         .await?;
         // No notifications between processes: wake this process's waiters either way.

@@ -102,14 +102,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgSslMode};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgListener, PgPool, PgSslMode};
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::engine::SqlBackend;
 use super::own_conns::{OwnConn, OwnConns};
 use super::shared::{SharedKey, SharedRemove, SharedRow};
-use super::{COMMON_OPTIONS, Mode, SqlOptions, db_err, has_code, lock_key, metadata_json, timed};
+use super::{
+    COMMON_OPTIONS, Mode, SqlOptions, arg_room, db_err, has_code, lock_key, metadata_json,
+    reserved, timed,
+};
 use crate::backend::{AcquireRequest, Backend, Capabilities};
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -422,18 +425,27 @@ impl Dialect for Postgres {
     const POLL_JITTER: bool = false;
 
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
+        let meta = metadata_json(&req.metadata);
+        let room = arg_room(key.len())
+            + arg_room(req.name.as_str().len())
+            + arg_room(req.owner.as_str().len())
+            + arg_room(meta.len())
+            + 3 * arg_room(8);
         let mut c = self.own_conn().await?;
         let row = timed(
             BACKEND,
             self.timeout,
-            sqlx::query_as::<_, (Option<i64>, Option<i64>)>(AssertSqlSafe(&*self.sql.acquire))
-                .bind(&key[..])
-                .bind(req.name.as_str())
-                .bind(req.owner.as_str())
-                .bind(micros(req.ttl))
-                .bind(metadata_json(&req.metadata))
-                .bind(micros(super::grant_budget(self.timeout)))
-                .fetch_optional(&mut c.conn),
+            sqlx::query_as_with::<_, (Option<i64>, Option<i64>), _>(
+                AssertSqlSafe(&*self.sql.acquire),
+                reserved::<PgArguments>(6, room),
+            )
+            .bind(&key[..])
+            .bind(req.name.as_str())
+            .bind(req.owner.as_str())
+            .bind(micros(req.ttl))
+            .bind(meta)
+            .bind(micros(super::grant_budget(self.timeout)))
+            .fetch_optional(&mut c.conn),
         )
         .await?;
         self.own.put(c);
@@ -447,16 +459,20 @@ impl Dialect for Postgres {
     }
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {
+        let room = arg_room(hold.key.len()) + arg_room(hold.owner.as_str().len()) + 2 * arg_room(8);
         let mut c = self.own_conn().await?;
         let renewed = timed(
             BACKEND,
             self.timeout,
-            sqlx::query_scalar::<_, i32>(AssertSqlSafe(&*self.sql.renew))
-                .bind(&hold.key[..])
-                .bind(hold.owner.as_str())
-                .bind(fence_i64(hold.fence))
-                .bind(micros(ttl))
-                .fetch_optional(&mut c.conn),
+            sqlx::query_scalar_with::<_, i32, _>(
+                AssertSqlSafe(&*self.sql.renew),
+                reserved::<PgArguments>(4, room),
+            )
+            .bind(&hold.key[..])
+            .bind(hold.owner.as_str())
+            .bind(fence_i64(hold.fence))
+            .bind(micros(ttl))
+            .fetch_optional(&mut c.conn),
         )
         .await?;
         self.own.put(c);
@@ -506,17 +522,25 @@ impl Dialect for Postgres {
     }
 
     async fn lease_release(&self, hold: &Hold) -> Result<bool> {
+        let room = arg_room(hold.key.len())
+            + arg_room(hold.owner.as_str().len())
+            + arg_room(8)
+            + arg_room(self.sql.channel.len())
+            + arg_room(hold.key_hex.len());
         let mut c = self.own_conn().await?;
         let holds = timed(
             BACKEND,
             self.timeout,
-            sqlx::query_scalar::<_, i32>(AssertSqlSafe(&*self.sql.release))
-                .bind(&hold.key[..])
-                .bind(hold.owner.as_str())
-                .bind(fence_i64(hold.fence))
-                .bind(&*self.sql.channel)
-                .bind(&hold.key_hex)
-                .fetch_optional(&mut c.conn),
+            sqlx::query_scalar_with::<_, i32, _>(
+                AssertSqlSafe(&*self.sql.release),
+                reserved::<PgArguments>(5, room),
+            )
+            .bind(&hold.key[..])
+            .bind(hold.owner.as_str())
+            .bind(fence_i64(hold.fence))
+            .bind(&*self.sql.channel)
+            .bind(&hold.key_hex)
+            .fetch_optional(&mut c.conn),
         )
         .await?;
         self.own.put(c);
