@@ -648,12 +648,14 @@ impl Reaper {
 }
 
 /// Whether our child `pid` has exited (collected now if so) or is not ours to wait
-/// for; without blocking.
+/// for (`ECHILD`); without blocking. Any other error answers "not gone", the safe
+/// side for both callers: a reaper taken for gone is replaced (its pipe closed: it
+/// kills), and a command is collected only once its reaper is gone.
 fn collected(pid: libc::pid_t) -> bool {
     let mut status = 0;
     // SAFETY: waitpid on our own child, with a valid status pointer.
     let r = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
-    r == pid || (r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted)
+    r == pid || (r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
 }
 
 /// Whether our child `pid` has exited (collected here) or is not ours to wait for,
