@@ -425,13 +425,13 @@ impl Dialect for Postgres {
     const POLL_JITTER: bool = false;
 
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
+        let mut c = self.own_conn().await?;
         let meta = metadata_json(&req.metadata);
         let room = arg_room(key.len())
             + arg_room(req.name.as_str().len())
             + arg_room(req.owner.as_str().len())
             + arg_room(meta.len())
-            + 3 * arg_room(8);
-        let mut c = self.own_conn().await?;
+            + 2 * arg_room(8);
         let row = timed(
             BACKEND,
             self.timeout,
