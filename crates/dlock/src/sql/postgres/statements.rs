@@ -237,11 +237,7 @@ impl Statements {
             // statement may run and still grant (µs, below the client's timeout: a
             // statement that waited for the row past it grants nothing, as its client
             // has given up and would never know of the grant).
-            // One row: granted, (fence, NULL); busy, (NULL, remaining ms), or (NULL,
-            // NULL) when the row it met is newer than the statement's snapshot. The
-            // remaining lease is a scalar subquery the CASE runs only when busy: as a
-            // UNION ALL branch its plan cost every grant a tenth of the cycle's server
-            // time (pgbench against the same statement without it).
+            // Granted: one row (fence, NULL). Busy: one row (NULL, remaining ms) or none.
             // An existing row is decided once it is locked, which the statement may
             // have waited for (or been preempted before) while other clients changed
             // it: the update draws the token then (the `nextval` of the inserted values
@@ -270,12 +266,12 @@ impl Statements {
                     WHERE (l.owner = $3 OR l.holds <= 0 OR l.expires_at + {delay} <= statement_timestamp())
                       AND clock_timestamp() < statement_timestamp() + $6 * interval '1 microsecond'
                     RETURNING l.fence)
-                 SELECT g.fence,
-                        CASE WHEN g.fence IS NULL THEN
-                            (SELECT (EXTRACT(EPOCH FROM (l.expires_at + {delay} - statement_timestamp())) * 1000)::bigint
-                             FROM {p}_locks l WHERE l.lock_key = $1)
-                        END
-                 FROM (SELECT (SELECT fence FROM ins) AS fence) g"
+                 SELECT fence, NULL::bigint FROM ins
+                 UNION ALL
+                 SELECT NULL::bigint,
+                        (EXTRACT(EPOCH FROM (l.expires_at + {delay} - statement_timestamp())) * 1000)::bigint
+                 FROM {p}_locks l
+                 WHERE l.lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
             // Never shortens the lease: other holds of the owner rely on it. A lease
             // that has run out is not renewed, judged by the clock once the row is
