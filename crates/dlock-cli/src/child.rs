@@ -816,9 +816,8 @@ mod tests {
             .count()
     }
 
-    /// `kill_group` with a reaper that works, one stopped (SIGSTOP) so it cannot kill,
-    /// and none (it could not be replaced): each time the group's member is killed, the
-    /// reaper (if any) is gone, and only then is the leader collected.
+    /// The status rebuilt from `waitid`'s report: exit codes as codes, signals as
+    /// signals (every `dlock run` exit code is derived from it).
     #[tokio::test]
     async fn a_command_killed_by_a_signal_reports_it() {
         for (script, code, signal) in [
@@ -837,6 +836,9 @@ mod tests {
         }
     }
 
+    /// `kill_group` with a reaper that works, one stopped (SIGSTOP) so it cannot kill,
+    /// and none (it could not be replaced): each time the group's member is killed, the
+    /// reaper (if any) is gone, and only then is the leader collected.
     #[tokio::test]
     async fn the_group_is_killed_before_its_leader_is_collected() {
         for case in ["reaper", "stopped reaper", "no reaper"] {

@@ -319,19 +319,14 @@ pub(crate) async fn timed<T>(
     }
 }
 
-/// Arguments with room for `count` values of `bytes` in all (their lengths' prefixes
-/// counted): the hot statements' arguments are encoded without growing their buffers
-/// bind by bind, a reallocation and copy each time.
-pub(crate) fn reserved<A: sqlx::Arguments>(count: usize, bytes: usize) -> A {
+/// Arguments with room for values of the byte lengths `lens`, one per value bound
+/// (8 for an integer), each with its length prefix (PostgreSQL 4 bytes, MySQL at most
+/// 9): the hot statements' arguments are encoded without growing their buffers bind
+/// by bind, a reallocation and copy each time.
+pub(crate) fn reserved<A: sqlx::Arguments>(lens: &[usize]) -> A {
     let mut args = A::default();
-    args.reserve(count, bytes);
+    args.reserve(lens.len(), lens.iter().map(|len| len + 9).sum());
     args
-}
-
-/// The room a bound value of `len` bytes takes in a statement's arguments, its length
-/// prefix included (PostgreSQL: 4 bytes; MySQL: at most 9).
-pub(crate) const fn arg_room(len: usize) -> usize {
-    len + 9
 }
 
 /// How long a lease acquire may have run on the server and still grant: four fifths

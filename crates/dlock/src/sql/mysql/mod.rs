@@ -82,8 +82,7 @@ use super::engine::SqlBackend;
 use super::own_conns::{OwnConn, OwnConns};
 use super::shared::{SharedKey, SharedRemove, SharedRow};
 use super::{
-    COMMON_OPTIONS, Mode, SqlOptions, arg_room, db_err, hex, metadata_json, no_answer, reserved,
-    timed,
+    COMMON_OPTIONS, Mode, SqlOptions, db_err, hex, metadata_json, no_answer, reserved, timed,
 };
 use crate::backend::{AcquireRequest, Backend, Capabilities};
 use crate::error::Result;
@@ -425,16 +424,13 @@ impl Dialect for Mysql {
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
         let (ttl_us, meta) = (micros(req.ttl), metadata_json(&req.metadata));
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());
-        let room = arg_room(key.len())
-            + 2 * arg_room(name.len())
-            + 6 * arg_room(owner.len())
-            + 2 * arg_room(meta.len())
-            + 2 * arg_room(8);
+        let (n, o, m) = (name.len(), owner.len(), meta.len());
+        let lens = [key.len(), n, o, 8, m, o, o, o, m, n, o, o, 8];
         let done = self
             .own_execute(|| {
                 sqlx::query_with(
                     AssertSqlSafe(&*self.sql.acquire),
-                    reserved::<MySqlArguments>(13, room),
+                    reserved::<MySqlArguments>(&lens),
                 )
                 .bind(&key[..])
                 .bind(name)
@@ -458,12 +454,12 @@ impl Dialect for Mysql {
     }
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {
-        let room = arg_room(hold.key.len()) + arg_room(hold.owner.as_str().len()) + 2 * arg_room(8);
+        let lens = [8, hold.key.len(), hold.owner.as_str().len(), 8];
         let done = self
             .own_execute(|| {
                 sqlx::query_with(
                     AssertSqlSafe(&*self.sql.renew),
-                    reserved::<MySqlArguments>(4, room),
+                    reserved::<MySqlArguments>(&lens),
                 )
                 .bind(micros(ttl))
                 .bind(&hold.key[..])
@@ -537,11 +533,11 @@ impl Dialect for Mysql {
     }
 
     async fn lease_release(&self, hold: &Hold) -> Result<bool> {
-        let room = arg_room(hold.key.len()) + arg_room(hold.owner.as_str().len()) + arg_room(8);
+        let lens = [hold.key.len(), hold.owner.as_str().len(), 8];
         self.own_execute(|| {
             sqlx::query_with(
                 AssertSqlSafe(&*self.sql.release),
-                reserved::<MySqlArguments>(3, room),
+                reserved::<MySqlArguments>(&lens),
             )
             .bind(&hold.key[..])
             .bind(hold.owner.as_str().as_bytes())

@@ -110,8 +110,7 @@ use super::engine::SqlBackend;
 use super::own_conns::{OwnConn, OwnConns};
 use super::shared::{SharedKey, SharedRemove, SharedRow};
 use super::{
-    COMMON_OPTIONS, Mode, SqlOptions, arg_room, db_err, has_code, lock_key, metadata_json,
-    reserved, timed,
+    COMMON_OPTIONS, Mode, SqlOptions, db_err, has_code, lock_key, metadata_json, reserved, timed,
 };
 use crate::backend::{AcquireRequest, Backend, Capabilities};
 use crate::error::{Error, Result};
@@ -427,21 +426,18 @@ impl Dialect for Postgres {
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
         let mut c = self.own_conn().await?;
         let meta = metadata_json(&req.metadata);
-        let room = arg_room(key.len())
-            + arg_room(req.name.as_str().len())
-            + arg_room(req.owner.as_str().len())
-            + arg_room(meta.len())
-            + 2 * arg_room(8);
+        let (name, owner) = (req.name.as_str(), req.owner.as_str());
+        let args = reserved::<PgArguments>(&[key.len(), name.len(), owner.len(), 8, meta.len(), 8]);
         let row = timed(
             BACKEND,
             self.timeout,
             sqlx::query_as_with::<_, (Option<i64>, Option<i64>), _>(
                 AssertSqlSafe(&*self.sql.acquire),
-                reserved::<PgArguments>(6, room),
+                args,
             )
             .bind(&key[..])
-            .bind(req.name.as_str())
-            .bind(req.owner.as_str())
+            .bind(name)
+            .bind(owner)
             .bind(micros(req.ttl))
             .bind(meta)
             .bind(micros(super::grant_budget(self.timeout)))
@@ -459,20 +455,17 @@ impl Dialect for Postgres {
     }
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {
-        let room = arg_room(hold.key.len()) + arg_room(hold.owner.as_str().len()) + 2 * arg_room(8);
         let mut c = self.own_conn().await?;
+        let args = reserved::<PgArguments>(&[hold.key.len(), hold.owner.as_str().len(), 8, 8]);
         let renewed = timed(
             BACKEND,
             self.timeout,
-            sqlx::query_scalar_with::<_, i32, _>(
-                AssertSqlSafe(&*self.sql.renew),
-                reserved::<PgArguments>(4, room),
-            )
-            .bind(&hold.key[..])
-            .bind(hold.owner.as_str())
-            .bind(fence_i64(hold.fence))
-            .bind(micros(ttl))
-            .fetch_optional(&mut c.conn),
+            sqlx::query_scalar_with::<_, i32, _>(AssertSqlSafe(&*self.sql.renew), args)
+                .bind(&hold.key[..])
+                .bind(hold.owner.as_str())
+                .bind(fence_i64(hold.fence))
+                .bind(micros(ttl))
+                .fetch_optional(&mut c.conn),
         )
         .await?;
         self.own.put(c);
@@ -522,25 +515,24 @@ impl Dialect for Postgres {
     }
 
     async fn lease_release(&self, hold: &Hold) -> Result<bool> {
-        let room = arg_room(hold.key.len())
-            + arg_room(hold.owner.as_str().len())
-            + arg_room(8)
-            + arg_room(self.sql.channel.len())
-            + arg_room(hold.key_hex.len());
         let mut c = self.own_conn().await?;
+        let args = reserved::<PgArguments>(&[
+            hold.key.len(),
+            hold.owner.as_str().len(),
+            8,
+            self.sql.channel.len(),
+            hold.key_hex.len(),
+        ]);
         let holds = timed(
             BACKEND,
             self.timeout,
-            sqlx::query_scalar_with::<_, i32, _>(
-                AssertSqlSafe(&*self.sql.release),
-                reserved::<PgArguments>(5, room),
-            )
-            .bind(&hold.key[..])
-            .bind(hold.owner.as_str())
-            .bind(fence_i64(hold.fence))
-            .bind(&*self.sql.channel)
-            .bind(&hold.key_hex)
-            .fetch_optional(&mut c.conn),
+            sqlx::query_scalar_with::<_, i32, _>(AssertSqlSafe(&*self.sql.release), args)
+                .bind(&hold.key[..])
+                .bind(hold.owner.as_str())
+                .bind(fence_i64(hold.fence))
+                .bind(&*self.sql.channel)
+                .bind(&hold.key_hex)
+                .fetch_optional(&mut c.conn),
         )
         .await?;
         self.own.put(c);
