@@ -4,10 +4,13 @@
 //! ping, in a task of its own): one more request for the server and a few more
 //! wake-ups for the client per statement. A connection here comes back only after a
 //! statement that succeeded, so it needs no test; any error, timeout or cancelled
-//! caller drops it, which closes its socket. At most `max` are open at once (lent or
-//! idle: as many as the pool would lend); a caller waits for a place and a connection
-//! at most the backend's timeout. An idle one older than `max_idle` is dropped when
-//! the stack reaches it.
+//! caller drops it, which closes its socket — and all the idle ones with it: what broke
+//! one (a server restart, a proxy or a network that reset them) has most likely broken
+//! those too, and each would otherwise fail one more statement (a release tried again
+//! in the background would spend a try, and its backoff, on each). At most `max` are
+//! open at once (lent or idle: as many as the pool would lend); a caller waits for a
+//! place and a connection at most the backend's timeout. An idle one older than
+//! `max_idle` is dropped when the stack reaches it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +23,7 @@ use crate::error::{Error, Result};
 /// The connections, idle and lent.
 #[derive(Debug)]
 pub(crate) struct OwnConns<C> {
-    idle: IdleConns<C>,
+    idle: Arc<IdleConns<C>>,
     permits: Arc<Semaphore>,
 }
 
@@ -28,7 +31,25 @@ pub(crate) struct OwnConns<C> {
 #[derive(Debug)]
 pub(crate) struct OwnConn<C> {
     pub conn: C,
+    lent: Lent<C>,
+}
+
+/// A connection's place among the `max` while it is lent; a connection that is not
+/// given back (dropped on an error, a timeout or a cancelled caller) takes the idle
+/// ones with it.
+#[derive(Debug)]
+struct Lent<C> {
     _permit: OwnedSemaphorePermit,
+    idle: Arc<IdleConns<C>>,
+    given_back: bool,
+}
+
+impl<C> Drop for Lent<C> {
+    fn drop(&mut self) {
+        if !self.given_back {
+            self.idle.purge();
+        }
+    }
 }
 
 impl<C> OwnConns<C> {
@@ -36,7 +57,7 @@ impl<C> OwnConns<C> {
     /// `max_idle`.
     pub(crate) fn new(max: u32, max_idle: Duration) -> Self {
         OwnConns {
-            idle: IdleConns::new(max, max_idle),
+            idle: Arc::new(IdleConns::new(max, max_idle)),
             permits: Arc::new(Semaphore::new(max.max(1) as usize)),
         }
     }
@@ -72,7 +93,11 @@ impl<C> OwnConns<C> {
             };
             Ok(OwnConn {
                 conn,
-                _permit: permit,
+                lent: Lent {
+                    _permit: permit,
+                    idle: Arc::clone(&self.idle),
+                    given_back: false,
+                },
             })
         };
         tokio::time::timeout(timeout, lend)
@@ -87,6 +112,8 @@ impl<C> OwnConns<C> {
 
     /// Give back a connection whose statement succeeded.
     pub(crate) fn put(&self, c: OwnConn<C>) {
-        self.idle.put(c.conn);
+        let OwnConn { conn, mut lent } = c;
+        lent.given_back = true;
+        self.idle.put(conn);
     }
 }

@@ -126,6 +126,17 @@ impl<C> IdleConns<C> {
         None
     }
 
+    /// Drop every idle connection (closed outside the lock).
+    pub(crate) fn purge(&self) {
+        let gone = std::mem::take(
+            &mut *self
+                .idle
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        drop(gone);
+    }
+
     pub(crate) fn put(&self, c: C) {
         let mut idle = self
             .idle

@@ -645,6 +645,8 @@ impl Dialect for Postgres {
         let fence = match tokio::time::timeout(self.timeout, token).await {
             Ok(Ok(fence)) => fence,
             Ok(Err(e)) if has_code(&e, &["22P02"]) => {
+                // The statement failed cleanly: its connection is as good as before.
+                self.own.put(c);
                 return Err(Error::connection(
                     BACKEND,
                     "the session holding the row lock ended while its token was taken",
