@@ -1815,3 +1815,99 @@ async fn joined<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
 fn give_up_spread_ms(i: u64) -> u64 {
     (i * 7919) % 601
 }
+
+/// A permit attempt that has to wait for its name's gate row (another transaction
+/// holds it) reads the live permits *after* that wait. The attempt's first round trip
+/// batches the gate, the deletion of dead rows and the read; each statement must see
+/// what was committed before it began, not what was there when the batch arrived: read
+/// before the wait, the permit the other transaction committed meanwhile would be
+/// missed, and a semaphore of one would grant a second. `$lock_gate` locks the name's
+/// gate row (binds the name), `$put_permit` writes a live permit for it (binds the
+/// name), `$waiting` counts the statements waiting for a row lock.
+macro_rules! permits_are_read_after_the_gate {
+    ($server:ty, $conn:ty, $lock_gate:expr, $put_permit:expr, $waiting:expr) => {{
+        let Some(server) = <$server>::start() else {
+            return;
+        };
+        let url = server.url();
+        let locker = Locker::connect(&url).await.expect("connect");
+        let name = unique("gate-wait");
+        // The tables and the name's gate row exist.
+        let first = locker.semaphore(&name, 1).acquire().await.expect("permit");
+        first.release().await.expect("release");
+
+        let mut rival = <$conn>::connect(&url).await.expect("rival");
+        let mut tx = rival.begin().await.expect("begin");
+        sqlx::query($lock_gate)
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .expect("lock the gate");
+        let waiting = {
+            let (locker, name) = (locker.clone(), name.clone());
+            tokio::spawn(async move { locker.semaphore(&name, 1).try_acquire().await })
+        };
+        let mut observer = <$conn>::connect(&url).await.expect("observer");
+        until_an_acquire_waits!(observer, $waiting);
+        // Meanwhile the other transaction takes the only permit.
+        sqlx::query($put_permit)
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .expect("the rival's permit");
+        tx.commit().await.expect("commit");
+
+        let answer = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("the attempt answers")
+            .expect("task")
+            .expect("try_acquire");
+        assert!(
+            answer.is_none(),
+            "a second permit of a semaphore of one: the live permits were read before the gate"
+        );
+        // The rival's permit taken, the name is free again.
+        sqlx::query("DELETE FROM dlock_shared WHERE owner = 'rival'")
+            .execute(&mut observer)
+            .await
+            .expect("cleanup");
+        let g = locker
+            .semaphore(&name, 1)
+            .try_acquire()
+            .await
+            .expect("try_acquire")
+            .expect("free once the rival's permit is gone");
+        g.release().await.expect("release");
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_permits_are_read_after_waiting_for_the_gate() {
+    permits_are_read_after_the_gate!(
+        PgServer,
+        sqlx::PgConnection,
+        "SELECT fence FROM dlock_shared_gate
+         WHERE lock_key = sha256(convert_to($1, 'UTF8')) AND family = 'semaphore' FOR UPDATE",
+        "INSERT INTO dlock_shared
+            (lock_key, family, acquisition, name, owner, kind, fence, expires_at, metadata)
+         VALUES (sha256(convert_to($1, 'UTF8')), 'semaphore', 42, $1, 'rival', 'permit',
+                 1000000, now() + interval '1 minute', '{}')",
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE wait_event_type = 'Lock' AND query LIKE '%EXECUTE dlock_shared_draw(%'"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_permits_are_read_after_waiting_for_the_gate() {
+    permits_are_read_after_the_gate!(
+        MariaDbServer,
+        sqlx::MySqlConnection,
+        "SELECT fence FROM dlock_shared_gate
+         WHERE lock_key = UNHEX(SHA2(?, 256)) AND family = 'semaphore' FOR UPDATE",
+        "INSERT INTO dlock_shared
+            (lock_key, family, acquisition, name, owner, kind, fence, expires_at, metadata)
+         SELECT UNHEX(SHA2(n, 256)), 'semaphore', 42, n, 'rival', 'permit', 1000000,
+                UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, '{}' FROM (SELECT ? AS n) AS v",
+        "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+    );
+}

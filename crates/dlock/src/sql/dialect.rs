@@ -173,25 +173,33 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
-    /// An open transaction of a semaphore's or read-write lock's attempt.
+    /// An open transaction of a semaphore's or read-write lock's attempt, on a
+    /// connection of the backend's own. [`Dialect::shared_commit`] and
+    /// [`Dialect::shared_rollback`] end it and give the connection back; dropped
+    /// instead (an error, a caller that gave up), it closes the connection, and the
+    /// server rolls the transaction back.
     type SharedTx: Send;
     /// Create the semaphore and read-write lock tables unless they exist.
     async fn shared_schema(&self) -> Result<()>;
-    /// Begin, lock the name's gate row (creating it), delete its dead rows and read
-    /// the live ones.
-    async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, Vec<SharedRow>)>;
-    /// Write the acquisition's row of `kind` for `ttl`; a hold takes the next token
-    /// (returned), a waiting writer's row none (0).
+    /// In one round trip: begin, lock the name's gate row (creating it) and draw its
+    /// next token, delete its dead rows and read the live ones. The token is spent
+    /// only if the transaction commits.
+    async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, u64, Vec<SharedRow>)>;
+    /// Write the acquisition's row of `kind` for `ttl`, with `fence` (a hold's token
+    /// from [`Dialect::shared_begin`]; 0 for a waiting writer's row).
     async fn shared_put(
         &self,
         tx: &mut Self::SharedTx,
         req: &AcquireRequest,
         at: &SharedKey,
         kind: EntryKind,
+        fence: u64,
         ttl: Duration,
-    ) -> Result<u64>;
+    ) -> Result<()>;
     /// Commit.
     async fn shared_commit(&self, tx: Self::SharedTx) -> Result<()>;
+    /// Roll back: nothing of the attempt stays, the gate row is free.
+    async fn shared_rollback(&self, tx: Self::SharedTx) -> Result<()>;
     /// Extend a live hold to at least `ttl` from now; `false` when it is gone.
     async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool>;
     /// Remove the acquisition's row as `what` says (and tell waiters in other

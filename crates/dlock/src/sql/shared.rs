@@ -3,15 +3,19 @@
 //! locks needs no new table).
 //!
 //! `P_shared_gate` has one row per name and family (`semaphore`/`rwlock`): an attempt
-//! upserts it first, which locks that row until commit, so attempts on one name take
-//! turns; the row also counts the tokens (bumped by each grant, in the granting
-//! transaction: strictly increasing per semaphore and read-write lock, durable as the
-//! server's commits). `P_shared` has one row per held permit, read or write — and per
-//! waiting writer — keyed by the acquisition, with its lease on the server's clock. In
-//! that one transaction the attempt deletes the name's dead rows, reads the live ones,
-//! asks [`crate::shared_holds::decide`] and writes what it says. A renewal and a
-//! release are one statement each. An attempt that fails after it may have written (a
-//! lost commit reply) is undone by its acquisition.
+//! upserts it first, which locks that row until commit or rollback, so attempts on one
+//! name take turns; the upsert also draws the name's next token, which only a commit
+//! keeps (strictly increasing per semaphore and read-write lock, durable as the
+//! server's commits; an attempt that waits as a writer commits one it does not use).
+//! `P_shared` has one row per held permit, read or write — and per waiting writer —
+//! keyed by the acquisition, with its lease on the server's clock. In that one
+//! transaction the attempt deletes the name's dead rows, reads the live ones (the gate,
+//! the deletion and the read go in one round trip, each statement seeing what was
+//! committed before it began, so the read sees every row committed while the gate was
+//! awaited), asks [`crate::shared_holds::decide`] and writes what it says, on a
+//! connection of the backend's own. A renewal and a release are one statement each.
+//! An attempt that fails after it may have written (a lost commit reply) is undone by
+//! its acquisition.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,8 +67,8 @@ impl SharedRemove {
 #[derive(Debug, Clone)]
 pub(crate) struct SharedKey {
     pub key: [u8; 32],
-    /// `key` in hex: the release notification's payload (PostgreSQL only).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// `key` in hex: in the text of an attempt's first round trip ([`fill_in`]), and
+    /// the release notification's payload (PostgreSQL).
     pub key_hex: String,
     pub family: &'static str,
     pub acquisition: i64,
@@ -92,6 +96,16 @@ impl SharedKey {
     }
 }
 
+/// The text of an attempt's first round trip for `at`, from a dialect's template with
+/// `{key}` and `{family}` where they go: neither needs quoting (hex digits, a fixed
+/// word), and no bind can go in a batch of several statements.
+pub(crate) fn fill_in(template: &str, at: &SharedKey) -> String {
+    debug_assert!(at.family.bytes().all(|b| b.is_ascii_lowercase()));
+    template
+        .replace("{family}", at.family)
+        .replace("{key}", &at.key_hex)
+}
+
 /// The outcome of one attempt.
 enum Answer {
     Granted(u64),
@@ -99,9 +113,11 @@ enum Answer {
     Refused,
 }
 
-/// One attempt at a permit, read or write: the transaction described above.
+/// One attempt at a permit, read or write: the transaction described above, in three
+/// round trips when it writes (the gate, dead rows and live rows in the first) and two
+/// when it does not.
 async fn decide_in_tx<D: Dialect>(d: &D, req: &AcquireRequest, at: &SharedKey) -> Result<Answer> {
-    let (mut tx, rows) = d.shared_begin(at).await?;
+    let (mut tx, fence, rows) = d.shared_begin(at).await?;
     let live: Vec<LiveEntry<'_>> = rows
         .iter()
         .filter_map(|r| {
@@ -123,18 +139,24 @@ async fn decide_in_tx<D: Dialect>(d: &D, req: &AcquireRequest, at: &SharedKey) -
         .filter(|ms| *ms > 0)
         .map(|ms| Duration::from_millis(ms.unsigned_abs()));
     let answer = match verdict {
-        // The transaction rolls back as it drops: nothing was written.
-        Verdict::UpgradeRefused => return Ok(Answer::Refused),
+        Verdict::UpgradeRefused => {
+            d.shared_rollback(tx).await?;
+            return Ok(Answer::Refused);
+        }
         Verdict::Busy { want_write } => match req.enqueue {
             Some(entry_ttl) if want_write => {
-                d.shared_put(&mut tx, req, at, EntryKind::WantWrite, entry_ttl)
+                d.shared_put(&mut tx, req, at, EntryKind::WantWrite, 0, entry_ttl)
                     .await?;
                 Answer::Busy(soonest)
             }
-            _ => return Ok(Answer::Busy(soonest)),
+            _ => {
+                d.shared_rollback(tx).await?;
+                return Ok(Answer::Busy(soonest));
+            }
         },
         Verdict::Grant(kind) => {
-            Answer::Granted(d.shared_put(&mut tx, req, at, kind, req.ttl).await?)
+            d.shared_put(&mut tx, req, at, kind, fence, req.ttl).await?;
+            Answer::Granted(fence)
         }
     };
     d.shared_commit(tx).await?;
@@ -174,7 +196,7 @@ pub(crate) async fn acquire<D: Dialect>(
                 let (d, hub, at) = (Arc::clone(&d), Arc::clone(&hub), at.clone());
                 async move {
                     let gated = match d.shared_begin(&at).await {
-                        Ok((tx, _)) => d.shared_commit(tx).await.is_ok(),
+                        Ok((tx, _, _)) => d.shared_rollback(tx).await.is_ok(),
                         Err(_) => false,
                     };
                     if !gated {

@@ -57,7 +57,7 @@
 //! | `poll` | `10ms` (jittered) | waiting: re-poll interval |
 //! | `timeout` | `5s` | connecting, and per statement |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
-//! | `pool` | `10` | connections for lease statements, and as many for the rest (`inspect`, `list`, semaphores, read-write locks) |
+//! | `pool` | `10` | connections for lease statements, semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
 //! | `ssl_mode` | `preferred` | `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` |
 //! | `ssl_ca` | none | PEM file of the CA that signs the server |
@@ -74,18 +74,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::TryStreamExt as _;
 use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlSslMode};
 use sqlx::{Arguments as _, AssertSqlSafe, Connection, Executor, Row};
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::engine::SqlBackend;
 use super::own_conns::{OwnConn, OwnConns};
-use super::shared::{SharedKey, SharedRemove, SharedRow};
+use super::shared::{SharedKey, SharedRemove, SharedRow, fill_in};
 use super::{
     COMMON_OPTIONS, Mode, SqlOptions, db_err, hex, metadata_json, no_answer, reserved, timed,
 };
 use crate::backend::{AcquireRequest, Backend, Capabilities};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::notify::WakeOne;
 use crate::shared_holds::EntryKind;
@@ -730,7 +731,7 @@ impl Dialect for Mysql {
         .await
     }
 
-    type SharedTx = sqlx::Transaction<'static, sqlx::MySql>;
+    type SharedTx = OwnConn<MySqlConnection>;
 
     async fn shared_schema(&self) -> Result<()> {
         let sql = &self.sql.shared;
@@ -749,37 +750,62 @@ impl Dialect for Mysql {
         timed(BACKEND, self.timeout, create).await
     }
 
-    async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, Vec<SharedRow>)> {
-        let sql = &self.sql.shared;
-        // A deadlock (the first gate rows of a name racing) rolls the whole transaction
-        // back: it is begun again.
-        let (tx, rows) = retrying(self.timeout, || async {
-            let mut tx = self.pool.begin().await?;
-            for statement in [&sql.gate, &sql.prune] {
-                sqlx::query(AssertSqlSafe(&**statement))
-                    .bind(&at.key[..])
-                    .bind(at.family)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            let rows = sqlx::query_as::<_, (String, Vec<u8>, i64, i64)>(AssertSqlSafe(&*sql.live))
-                .bind(&at.key[..])
-                .bind(at.family)
-                .fetch_all(&mut *tx)
-                .await?;
-            Ok((tx, rows))
-        })
-        .await?;
-        let rows = rows
-            .into_iter()
-            .map(|(kind, owner, acquisition, remaining_ms)| SharedRow {
-                kind,
-                owner: String::from_utf8_lossy(&owner).into_owned(),
-                acquisition,
-                remaining_ms,
+    async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, u64, Vec<SharedRow>)> {
+        let batch = fill_in(&self.sql.shared.begin, at);
+        // A deadlock (the first gate rows of a name racing) rolls the transaction back
+        // and a lock wait timeout leaves it open: either way it is rolled back and
+        // begun again.
+        let mut tries = 0;
+        let mut c = self.own_conn().await?;
+        let (fence, rows) = loop {
+            let answer = tokio::time::timeout(self.timeout, async {
+                // Each statement's result, then the live rows: the gate's (the second)
+                // carries the token.
+                let mut results = 0;
+                let (mut fence, mut rows) = (0, Vec::new());
+                let mut answers =
+                    sqlx::raw_sql(AssertSqlSafe(batch.clone())).fetch_many(&mut c.conn);
+                while let Some(answer) = answers.try_next().await? {
+                    match answer {
+                        sqlx::Either::Left(done) => {
+                            results += 1;
+                            if results == 2 {
+                                fence = done.last_insert_id();
+                            }
+                        }
+                        sqlx::Either::Right(row) => rows.push(row),
+                    }
+                }
+                Ok::<_, sqlx::Error>((fence, rows))
             })
-            .collect();
-        Ok((tx, rows))
+            .await;
+            if let Some(answer) = settle(answer, &mut tries, self.timeout).await? {
+                break answer;
+            }
+            timed(
+                BACKEND,
+                self.timeout,
+                c.conn.execute(sqlx::raw_sql("ROLLBACK")),
+            )
+            .await?;
+        };
+        if fence == 0 {
+            return Err(Error::backend(BACKEND, "the gate's token was not returned"));
+        }
+        let live = rows
+            .into_iter()
+            .map(|r| {
+                let owner: Vec<u8> = r.try_get(1)?;
+                Ok(SharedRow {
+                    kind: r.try_get(0)?,
+                    owner: String::from_utf8_lossy(&owner).into_owned(),
+                    acquisition: r.try_get(2)?,
+                    remaining_ms: r.try_get(3)?,
+                })
+            })
+            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
+            .map_err(|e| db_err(BACKEND, &e))?;
+        Ok((c, fence, live))
     }
 
     async fn shared_put(
@@ -788,21 +814,13 @@ impl Dialect for Mysql {
         req: &AcquireRequest,
         at: &SharedKey,
         kind: EntryKind,
+        fence: u64,
         ttl: Duration,
-    ) -> Result<u64> {
-        let sql = &self.sql.shared;
-        let put = async {
-            let fence = if kind.is_hold() {
-                sqlx::query(AssertSqlSafe(&*sql.bump))
-                    .bind(&at.key[..])
-                    .bind(at.family)
-                    .execute(&mut **tx)
-                    .await?
-                    .last_insert_id()
-            } else {
-                0
-            };
-            sqlx::query(AssertSqlSafe(&*sql.put))
+    ) -> Result<()> {
+        timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query(AssertSqlSafe(&*self.sql.shared.put))
                 .bind(&at.key[..])
                 .bind(at.family)
                 .bind(at.acquisition)
@@ -812,45 +830,62 @@ impl Dialect for Mysql {
                 .bind(fence)
                 .bind(micros(ttl))
                 .bind(metadata_json(&req.metadata))
-                .execute(&mut **tx)
-                .await?;
-            Ok(fence)
-        };
-        timed(BACKEND, self.timeout, put).await
+                .execute(&mut tx.conn),
+        )
+        .await?;
+        Ok(())
     }
 
-    async fn shared_commit(&self, tx: Self::SharedTx) -> Result<()> {
-        timed(BACKEND, self.timeout, tx.commit()).await
+    async fn shared_commit(&self, mut tx: Self::SharedTx) -> Result<()> {
+        timed(
+            BACKEND,
+            self.timeout,
+            tx.conn.execute(sqlx::raw_sql("COMMIT")),
+        )
+        .await?;
+        self.own.put(tx);
+        Ok(())
+    }
+
+    async fn shared_rollback(&self, mut tx: Self::SharedTx) -> Result<()> {
+        timed(
+            BACKEND,
+            self.timeout,
+            tx.conn.execute(sqlx::raw_sql("ROLLBACK")),
+        )
+        .await?;
+        self.own.put(tx);
+        Ok(())
     }
 
     async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool> {
-        let done = retrying(self.timeout, || {
-            sqlx::query(AssertSqlSafe(&*self.sql.shared.renew))
-                .bind(micros(ttl))
-                .bind(&at.key[..])
-                .bind(at.family)
-                .bind(at.acquisition)
-                .bind(fence)
-                .execute(&self.pool)
-        })
-        .await?;
+        let done = self
+            .own_execute(|| {
+                sqlx::query(AssertSqlSafe(&*self.sql.shared.renew))
+                    .bind(micros(ttl))
+                    .bind(&at.key[..])
+                    .bind(at.family)
+                    .bind(at.acquisition)
+                    .bind(fence)
+            })
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool> {
         let (selector, fence) = what.parts();
-        let done = retrying(self.timeout, || {
-            sqlx::query(AssertSqlSafe(&*self.sql.shared.remove))
-                .bind(&at.key[..])
-                .bind(at.family)
-                .bind(at.acquisition)
-                .bind(selector)
-                .bind(selector)
-                .bind(selector)
-                .bind(fence)
-                .execute(&self.pool)
-        })
-        .await?;
+        let done = self
+            .own_execute(|| {
+                sqlx::query(AssertSqlSafe(&*self.sql.shared.remove))
+                    .bind(&at.key[..])
+                    .bind(at.family)
+                    .bind(at.acquisition)
+                    .bind(selector)
+                    .bind(selector)
+                    .bind(selector)
+                    .bind(fence)
+            })
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 

@@ -100,10 +100,9 @@ pub(super) struct Statements {
 pub(super) struct SharedStatements {
     pub schema: [String; 2],
     pub tables: String,
-    pub gate: String,
-    pub prune: String,
-    pub live: String,
-    pub bump: String,
+    /// The attempt's first round trip, a template for
+    /// [`super::super::shared::fill_in`].
+    pub begin: String,
     pub put: String,
     pub renew: String,
     pub remove: String,
@@ -141,25 +140,22 @@ impl SharedStatements {
                 "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()
                  AND TABLE_NAME IN ('{p}_shared_gate', '{p}_shared')"
             ),
-            // Creates the gate row or takes its record lock until commit (an upsert locks
-            // exclusively at once: no shared-then-exclusive upgrade to deadlock on).
-            // Binds: key, family.
-            gate: format!(
-                "INSERT INTO {p}_shared_gate (lock_key, family) VALUES (?, ?)
-                 ON DUPLICATE KEY UPDATE fence = fence"
-            ),
-            prune: format!(
-                "DELETE FROM {p}_shared WHERE lock_key = ? AND family = ? AND expires_at <= {NOW}"
-            ),
-            live: format!(
-                "SELECT kind, owner, acquisition,
+            // Begins; creates the gate row or takes its record lock until the end of the
+            // transaction (an upsert locks exclusively at once: no shared-then-exclusive
+            // upgrade to deadlock on), drawing the next token (its last_insert_id: the
+            // server sends each statement's answer as it goes, a wake-up for the client
+            // each, so the token is not read back by a statement of its own); deletes
+            // the dead rows; reads the live ones.
+            begin: format!(
+                "BEGIN;
+                 INSERT INTO {p}_shared_gate (lock_key, family, fence)
+                 VALUES (x'{{key}}', '{{family}}', LAST_INSERT_ID(1))
+                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1);
+                 DELETE FROM {p}_shared WHERE lock_key = x'{{key}}' AND family = '{{family}}'
+                   AND expires_at <= {NOW};
+                 SELECT kind, owner, acquisition,
                         CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) DIV 1000 AS SIGNED)
-                 FROM {p}_shared WHERE lock_key = ? AND family = ?"
-            ),
-            // last_insert_id = the new token.
-            bump: format!(
-                "UPDATE {p}_shared_gate SET fence = LAST_INSERT_ID(fence + 1)
-                 WHERE lock_key = ? AND family = ?"
+                 FROM {p}_shared WHERE lock_key = x'{{key}}' AND family = '{{family}}'"
             ),
             // Binds: key, family, acquisition, name, owner, kind, fence, ttl µs, metadata.
             put: format!(

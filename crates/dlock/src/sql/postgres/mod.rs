@@ -69,7 +69,7 @@
 //! | `poll` | `100ms` (a fallback: releases notify) | waiting: re-poll interval |
 //! | `timeout` | `5s` | connecting, and per statement |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
-//! | `pool` | `10` | connections for lease statements, and as many for the rest (`inspect`, `list`, semaphores, read-write locks) |
+//! | `pool` | `10` | connections for lease statements, semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
 //! | `advisory_key` | `sha256` | advisory mode: `sha256` (first 8 bytes of the name's SHA-256) or `number` (the name as a decimal int8) |
 //! | `sslmode` | `prefer` | `disable`, `prefer`, `require`, `verify-ca`, `verify-full` |
@@ -108,9 +108,10 @@ use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::engine::SqlBackend;
 use super::own_conns::{OwnConn, OwnConns};
-use super::shared::{SharedKey, SharedRemove, SharedRow};
+use super::shared::{SharedKey, SharedRemove, SharedRow, fill_in};
 use super::{
-    COMMON_OPTIONS, Mode, SqlOptions, db_err, has_code, lock_key, metadata_json, reserved, timed,
+    COMMON_OPTIONS, Mode, SqlOptions, db_err, has_code, lock_key, metadata_json, no_answer,
+    reserved, timed,
 };
 use crate::backend::{AcquireRequest, Backend, Capabilities};
 use crate::error::{Error, Result};
@@ -691,7 +692,7 @@ impl Dialect for Postgres {
         .await
     }
 
-    type SharedTx = sqlx::Transaction<'static, sqlx::Postgres>;
+    type SharedTx = OwnConn<PgConnection>;
 
     async fn shared_schema(&self) -> Result<()> {
         let sql = &self.sql.shared;
@@ -714,40 +715,53 @@ impl Dialect for Postgres {
         timed(BACKEND, self.timeout, create).await
     }
 
-    async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, Vec<SharedRow>)> {
-        let sql = &self.sql.shared;
-        let begin = async {
-            // READ COMMITTED whatever the server's default: the rows read after the gate
-            // lock must include those committed while it was awaited.
-            let mut tx = self
-                .pool
-                .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+    async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, u64, Vec<SharedRow>)> {
+        let mut c = self.own_conn().await?;
+        let batch = fill_in(&self.sql.shared.begin, at);
+        let first = tokio::time::timeout(
+            self.timeout,
+            sqlx::raw_sql(AssertSqlSafe(batch.clone())).fetch_all(&mut c.conn),
+        )
+        .await;
+        let rows = match first {
+            // invalid_sql_statement_name: a connection that has not prepared them yet.
+            Ok(Err(e)) if has_code(&e, &["26000"]) => {
+                let prepare = format!("ROLLBACK; {}", self.sql.shared.prepare);
+                timed(
+                    BACKEND,
+                    self.timeout,
+                    c.conn.execute(sqlx::raw_sql(AssertSqlSafe(prepare))),
+                )
                 .await?;
-            for statement in [&sql.gate, &sql.prune] {
-                sqlx::query(AssertSqlSafe(&**statement))
-                    .bind(&at.key[..])
-                    .bind(at.family)
-                    .execute(&mut *tx)
-                    .await?;
+                timed(
+                    BACKEND,
+                    self.timeout,
+                    sqlx::raw_sql(AssertSqlSafe(batch)).fetch_all(&mut c.conn),
+                )
+                .await?
             }
-            let rows = sqlx::query_as::<_, (String, String, i64, i64)>(AssertSqlSafe(&*sql.live))
-                .bind(&at.key[..])
-                .bind(at.family)
-                .fetch_all(&mut *tx)
-                .await?;
-            Ok((tx, rows))
+            Ok(answer) => answer.map_err(|e| db_err(BACKEND, &e))?,
+            Err(_) => return Err(no_answer(BACKEND, self.timeout)),
         };
-        let (tx, rows) = timed(BACKEND, self.timeout, begin).await?;
-        let rows = rows
-            .into_iter()
-            .map(|(kind, owner, acquisition, remaining_ms)| SharedRow {
-                kind,
-                owner,
-                acquisition,
-                remaining_ms,
+        // The gate's token, then the live rows.
+        let mut rows = rows.into_iter();
+        let fence: i64 = rows
+            .next()
+            .ok_or_else(|| Error::backend(BACKEND, "the gate row was not returned"))?
+            .try_get(0)
+            .map_err(|e| db_err(BACKEND, &e))?;
+        let live = rows
+            .map(|r| {
+                Ok(SharedRow {
+                    kind: r.try_get(0)?,
+                    owner: r.try_get(1)?,
+                    acquisition: r.try_get(2)?,
+                    remaining_ms: r.try_get(3)?,
+                })
             })
-            .collect();
-        Ok((tx, rows))
+            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
+            .map_err(|e| db_err(BACKEND, &e))?;
+        Ok((c, fence_u64(fence), live))
     }
 
     async fn shared_put(
@@ -756,41 +770,52 @@ impl Dialect for Postgres {
         req: &AcquireRequest,
         at: &SharedKey,
         kind: EntryKind,
+        fence: u64,
         ttl: Duration,
-    ) -> Result<u64> {
-        let sql = &self.sql.shared;
-        let put = async {
-            let fence: i64 = if kind.is_hold() {
-                sqlx::query_scalar(AssertSqlSafe(&*sql.bump))
-                    .bind(&at.key[..])
-                    .bind(at.family)
-                    .fetch_one(&mut **tx)
-                    .await?
-            } else {
-                0
-            };
-            sqlx::query(AssertSqlSafe(&*sql.put))
+    ) -> Result<()> {
+        timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query(AssertSqlSafe(&*self.sql.shared.put))
                 .bind(&at.key[..])
                 .bind(at.family)
                 .bind(at.acquisition)
                 .bind(req.name.as_str())
                 .bind(req.owner.as_str())
                 .bind(kind.as_str())
-                .bind(fence)
+                .bind(fence_i64(fence))
                 .bind(micros(ttl))
                 .bind(metadata_json(&req.metadata))
-                .execute(&mut **tx)
-                .await?;
-            Ok(fence)
-        };
-        Ok(fence_u64(timed(BACKEND, self.timeout, put).await?))
+                .execute(&mut tx.conn),
+        )
+        .await?;
+        Ok(())
     }
 
-    async fn shared_commit(&self, tx: Self::SharedTx) -> Result<()> {
-        timed(BACKEND, self.timeout, tx.commit()).await
+    async fn shared_commit(&self, mut tx: Self::SharedTx) -> Result<()> {
+        timed(
+            BACKEND,
+            self.timeout,
+            tx.conn.execute(sqlx::raw_sql("COMMIT")),
+        )
+        .await?;
+        self.own.put(tx);
+        Ok(())
+    }
+
+    async fn shared_rollback(&self, mut tx: Self::SharedTx) -> Result<()> {
+        timed(
+            BACKEND,
+            self.timeout,
+            tx.conn.execute(sqlx::raw_sql("ROLLBACK")),
+        )
+        .await?;
+        self.own.put(tx);
+        Ok(())
     }
 
     async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool> {
+        let mut c = self.own_conn().await?;
         let done = timed(
             BACKEND,
             self.timeout,
@@ -800,14 +825,16 @@ impl Dialect for Postgres {
                 .bind(at.acquisition)
                 .bind(fence_i64(fence))
                 .bind(micros(ttl))
-                .execute(&self.pool),
+                .execute(&mut c.conn),
         )
         .await?;
+        self.own.put(c);
         Ok(done.rows_affected() > 0)
     }
 
     async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool> {
         let (selector, fence) = what.parts();
+        let mut c = self.own_conn().await?;
         let removed: i64 = timed(
             BACKEND,
             self.timeout,
@@ -819,9 +846,10 @@ impl Dialect for Postgres {
                 .bind(fence)
                 .bind(&*self.sql.channel)
                 .bind(&at.key_hex)
-                .fetch_one(&self.pool),
+                .fetch_one(&mut c.conn),
         )
         .await?;
+        self.own.put(c);
         Ok(removed > 0)
     }
 

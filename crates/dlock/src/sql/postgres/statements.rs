@@ -59,10 +59,11 @@ pub(super) struct Statements {
 pub(super) struct SharedStatements {
     pub tables: String,
     pub schema: String,
-    pub gate: String,
-    pub prune: String,
-    pub live: String,
-    pub bump: String,
+    /// Prepares the statements of [`SharedStatements::begin`] on a connection.
+    pub prepare: String,
+    /// The attempt's first round trip, a template for
+    /// [`super::super::shared::fill_in`].
+    pub begin: String,
     pub put: String,
     pub renew: String,
     pub remove: String,
@@ -96,23 +97,33 @@ impl SharedStatements {
                     PRIMARY KEY (lock_key, family, acquisition)
                  );"
             ),
-            // Creates the gate row or locks it until commit. Binds: 1 key, 2 family.
-            gate: format!(
-                "INSERT INTO {p}_shared_gate AS g (lock_key, family) VALUES ($1, $2)
-                 ON CONFLICT (lock_key, family) DO UPDATE SET fence = g.fence"
-            ),
-            prune: format!(
-                "DELETE FROM {p}_shared WHERE lock_key = $1 AND family = $2
-                   AND expires_at <= statement_timestamp()"
-            ),
-            live: format!(
-                "SELECT kind, owner, acquisition,
+            // Server-side prepared statements (parsed and planned once per connection,
+            // where the text of a batch would be each time): the gate, which creates the
+            // name's gate row or locks it until the end of the transaction, drawing the
+            // next token; and the live rows, which also deletes the dead ones (the
+            // SELECT does not see the deletion: it leaves them out by their expiry).
+            prepare: format!(
+                "PREPARE {p}_shared_draw(bytea, text) AS
+                 INSERT INTO {p}_shared_gate AS g (lock_key, family, fence) VALUES ($1, $2, 1)
+                 ON CONFLICT (lock_key, family) DO UPDATE SET fence = g.fence + 1
+                 RETURNING fence;
+                 PREPARE {p}_shared_live(bytea, text) AS
+                 WITH dead AS (
+                    DELETE FROM {p}_shared WHERE lock_key = $1 AND family = $2
+                      AND expires_at <= statement_timestamp())
+                 SELECT kind, owner, acquisition,
                         (EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000)::bigint
-                 FROM {p}_shared WHERE lock_key = $1 AND family = $2"
+                 FROM {p}_shared WHERE lock_key = $1 AND family = $2
+                   AND expires_at > statement_timestamp()"
             ),
-            bump: format!(
-                "UPDATE {p}_shared_gate SET fence = fence + 1
-                 WHERE lock_key = $1 AND family = $2 RETURNING fence"
+            // Begins (READ COMMITTED whatever the server's default: each statement sees
+            // what was committed before it began, so the live rows read after the gate
+            // include those committed while it was awaited), then the gate (its token:
+            // the first row) and the live rows (the next rows).
+            begin: format!(
+                "BEGIN ISOLATION LEVEL READ COMMITTED;
+                 EXECUTE {p}_shared_draw(decode('{{key}}', 'hex'), '{{family}}');
+                 EXECUTE {p}_shared_live(decode('{{key}}', 'hex'), '{{family}}')"
             ),
             // Binds: 1 key, 2 family, 3 acquisition, 4 name, 5 owner, 6 kind, 7 fence,
             // 8 ttl µs, 9 metadata.
