@@ -1893,7 +1893,7 @@ async fn postgres_permits_are_read_after_waiting_for_the_gate() {
          VALUES (sha256(convert_to($1, 'UTF8')), 'semaphore', 42, $1, 'rival', 'permit',
                  1000000, now() + interval '1 minute', '{}')",
         "SELECT count(*) FROM pg_stat_activity
-         WHERE wait_event_type = 'Lock' AND query LIKE '%EXECUTE dlock_shared_draw(%'"
+         WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_shared_gate%'"
     );
 }
 
@@ -1910,4 +1910,70 @@ async fn mariadb_permits_are_read_after_waiting_for_the_gate() {
                 UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, '{}' FROM (SELECT ? AS n) AS v",
         "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
     );
+}
+
+/// PostgreSQL: a permit whose lease had run out when an attempt arrived, but whose
+/// renewal (begun in time, its row locked) commits while the attempt waits for the
+/// row, is counted: the attempt's deletion of dead rows waits for the renewal and
+/// spares the row, and the read of live rows comes after, in a statement of its own.
+/// A read in the deleting statement would see the row as it was before (run out) and
+/// grant a semaphore of one a second permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_permit_renewed_while_an_attempt_waits_is_counted() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    let url = pg.url();
+    let locker = Locker::connect(&url).await.expect("connect");
+    let name = unique("renewed-meanwhile");
+    // The tables exist.
+    let first = locker.semaphore(&name, 1).acquire().await.expect("permit");
+    first.release().await.expect("release");
+    // Another process's permit, its lease about to run out.
+    let mut other = sqlx::PgConnection::connect(&url).await.expect("other");
+    sqlx::query(
+        "INSERT INTO dlock_shared
+            (lock_key, family, acquisition, name, owner, kind, fence, expires_at, metadata)
+         VALUES (sha256(convert_to($1, 'UTF8')), 'semaphore', 43, $1, 'renewing', 'permit',
+                 1000000, clock_timestamp() + interval '300 milliseconds', '{}')",
+    )
+    .bind(&name)
+    .execute(&mut other)
+    .await
+    .expect("the other permit");
+    // Its renewal has the row, and has not committed.
+    let mut tx = other.begin().await.expect("begin");
+    let renewed = sqlx::query(
+        "UPDATE dlock_shared SET expires_at = clock_timestamp() + interval '1 minute'
+         WHERE owner = 'renewing'",
+    )
+    .execute(&mut *tx)
+    .await
+    .expect("renew");
+    assert_eq!(renewed.rows_affected(), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waiting = {
+        let (locker, name) = (locker.clone(), name.clone());
+        tokio::spawn(async move { locker.semaphore(&name, 1).try_acquire().await })
+    };
+    let mut observer = sqlx::PgConnection::connect(&url).await.expect("observer");
+    until_an_acquire_waits!(
+        observer,
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_shared_gate%'"
+    );
+    tx.commit().await.expect("commit the renewal");
+    let answer = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the attempt answers")
+        .expect("task")
+        .expect("try_acquire");
+    assert!(
+        answer.is_none(),
+        "a second permit of a semaphore of one: the renewed permit was read as run out"
+    );
+    sqlx::query("DELETE FROM dlock_shared WHERE owner = 'renewing'")
+        .execute(&mut observer)
+        .await
+        .expect("cleanup");
 }

@@ -176,8 +176,8 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// An open transaction of a semaphore's or read-write lock's attempt, on a
     /// connection of the backend's own. [`Dialect::shared_commit`] and
     /// [`Dialect::shared_rollback`] end it and give the connection back; dropped
-    /// instead (an error, a caller that gave up), it closes the connection, and the
-    /// server rolls the transaction back.
+    /// instead (an error, a caller that gave up), it closes the connection (and the
+    /// set's idle ones, see `own_conns`), and the server rolls the transaction back.
     type SharedTx: Send;
     /// Create the semaphore and read-write lock tables unless they exist.
     async fn shared_schema(&self) -> Result<()>;

@@ -1,13 +1,16 @@
-//! Connections of a SQL backend's own for the statements every lease acquisition runs.
+//! Connections of a SQL backend's own for the statements every lease acquisition runs
+//! (and, in a set of their own, those of semaphores and read-write locks).
 //!
 //! sqlx's pool tests each connection it gets back with a round trip of its own (a
 //! ping, in a task of its own): one more request for the server and a few more
 //! wake-ups for the client per statement. A connection here comes back only after a
-//! statement that succeeded, so it needs no test; any error, timeout or cancelled
-//! caller drops it, which closes its socket — and all the idle ones with it: what broke
-//! one (a server restart, a proxy or a network that reset them) has most likely broken
-//! those too, and each would otherwise fail one more statement (a release tried again
-//! in the background would spend a try, and its backoff, on each). At most `max` are
+//! statement that succeeded (or a transaction that ended with a `COMMIT` or `ROLLBACK`
+//! that did), so it needs no test; any error, timeout or cancelled caller drops it,
+//! which closes its socket — and all the idle ones with it (at most once a second):
+//! what broke one (a server restart, a proxy or a network that reset them) has most
+//! likely broken those too, and each would otherwise fail one more statement (a
+//! release tried again in the background would spend a try, and its backoff, on
+//! each). At most `max` are
 //! open at once (lent or idle: as many as the pool would lend); a caller waits for a
 //! place and a connection at most the backend's timeout. An idle one older than
 //! `max_idle` is dropped when the stack reaches it.
@@ -108,6 +111,32 @@ impl<C> OwnConns<C> {
                     format!("no connection within {timeout:?}"),
                 ))
             })
+    }
+
+    /// End a transaction on `c` with `statement` (`COMMIT`, `ROLLBACK`) within
+    /// `timeout`, then give `c` back; on an error it is dropped.
+    ///
+    /// # Errors
+    /// The statement's error, or a connection error when it had no answer in time.
+    pub(crate) async fn end(
+        &self,
+        mut c: OwnConn<C>,
+        backend: &'static str,
+        timeout: Duration,
+        statement: &'static str,
+    ) -> Result<()>
+    where
+        C: sqlx::Connection,
+        for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+    {
+        super::timed(
+            backend,
+            timeout,
+            sqlx::raw_sql(statement).execute(&mut c.conn),
+        )
+        .await?;
+        self.put(c);
+        Ok(())
     }
 
     /// Give back a connection whose statement succeeded.

@@ -102,7 +102,14 @@ pub(crate) struct IdleConns<C> {
     idle: std::sync::Mutex<Vec<(C, tokio::time::Instant)>>,
     cap: usize,
     max_idle: Duration,
+    /// When [`IdleConns::purge`] last dropped the idle ones.
+    purged: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
+
+/// [`IdleConns::purge`] drops the idle connections at most this often: an error that
+/// repeats on every statement (a missing privilege, a name's gate held by a stopped
+/// client) must not have every statement connect again.
+const PURGE_EVERY: Duration = Duration::from_secs(1);
 
 impl<C> IdleConns<C> {
     pub(crate) fn new(cap: u32, max_idle: Duration) -> Self {
@@ -110,6 +117,7 @@ impl<C> IdleConns<C> {
             idle: std::sync::Mutex::new(Vec::new()),
             cap: cap as usize,
             max_idle,
+            purged: std::sync::Mutex::new(None),
         }
     }
 
@@ -126,8 +134,20 @@ impl<C> IdleConns<C> {
         None
     }
 
-    /// Drop every idle connection (closed outside the lock).
+    /// Drop every idle connection (closed outside the lock), unless that was done
+    /// less than [`PURGE_EVERY`] ago.
     pub(crate) fn purge(&self) {
+        {
+            let mut purged = self
+                .purged
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = tokio::time::Instant::now();
+            if purged.is_some_and(|at| now.duration_since(at) < PURGE_EVERY) {
+                return;
+            }
+            *purged = Some(now);
+        }
         let gone = std::mem::take(
             &mut *self
                 .idle

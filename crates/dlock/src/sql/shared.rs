@@ -115,7 +115,7 @@ enum Answer {
 
 /// One attempt at a permit, read or write: the transaction described above, in three
 /// round trips when it writes (the gate, dead rows and live rows in the first) and two
-/// when it does not.
+/// when it does not (MySQL tries a deadlocked first round trip again).
 async fn decide_in_tx<D: Dialect>(d: &D, req: &AcquireRequest, at: &SharedKey) -> Result<Answer> {
     let (mut tx, fence, rows) = d.shared_begin(at).await?;
     let live: Vec<LiveEntry<'_>> = rows
@@ -139,8 +139,10 @@ async fn decide_in_tx<D: Dialect>(d: &D, req: &AcquireRequest, at: &SharedKey) -
         .filter(|ms| *ms > 0)
         .map(|ms| Duration::from_millis(ms.unsigned_abs()));
     let answer = match verdict {
+        // Nothing was written: should the rollback fail, its connection is dropped,
+        // which ends the transaction all the same.
         Verdict::UpgradeRefused => {
-            d.shared_rollback(tx).await?;
+            let _ = d.shared_rollback(tx).await;
             return Ok(Answer::Refused);
         }
         Verdict::Busy { want_write } => match req.enqueue {
@@ -150,7 +152,7 @@ async fn decide_in_tx<D: Dialect>(d: &D, req: &AcquireRequest, at: &SharedKey) -
                 Answer::Busy(soonest)
             }
             _ => {
-                d.shared_rollback(tx).await?;
+                let _ = d.shared_rollback(tx).await;
                 return Ok(Answer::Busy(soonest));
             }
         },

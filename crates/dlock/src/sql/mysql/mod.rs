@@ -57,7 +57,7 @@
 //! | `poll` | `10ms` (jittered) | waiting: re-poll interval |
 //! | `timeout` | `5s` | connecting, and per statement |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
-//! | `pool` | `10` | connections for lease statements, semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
+//! | `pool` | `10` | connections for lease statements, as many for semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
 //! | `ssl_mode` | `preferred` | `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` |
 //! | `ssl_ca` | none | PEM file of the CA that signs the server |
@@ -267,6 +267,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         pool,
         // At least 2: renewal batches take at most half (`sql::renewer::in_flight`).
         own: OwnConns::new(opts.pool.max(2), own_idle),
+        shared_own: OwnConns::new(opts.pool.max(2), own_idle),
         connect,
         sql,
         timeout: opts.timeout,
@@ -286,6 +287,10 @@ struct Mysql {
     pool: MySqlPool,
     /// The lease statements' connections (see `own_conns`), set up as the pool's.
     own: OwnConns<MySqlConnection>,
+    /// The semaphore and read-write lock statements' connections, set up alike: a
+    /// crowd waiting for one name's gate must not take every place the lease
+    /// statements (and their renewals) need.
+    shared_own: OwnConns<MySqlConnection>,
     connect: MySqlConnectOptions,
     sql: Statements,
     timeout: Duration,
@@ -309,25 +314,30 @@ impl Mysql {
     /// A connection for one lease statement: put it back after a statement that
     /// succeeded (`self.own.put`), drop it otherwise.
     async fn own_conn(&self) -> Result<OwnConn<MySqlConnection>> {
-        self.own
-            .get(BACKEND, self.timeout, || async {
-                // The pool's settings, not a session connection's (whose lock waits
-                // give up at once: a lease statement may wait for another's row).
-                let mut conn = timed(
-                    BACKEND,
-                    self.timeout,
-                    MySqlConnection::connect_with(&self.connect),
-                )
-                .await?;
-                timed(
-                    BACKEND,
-                    self.timeout,
-                    conn.execute(sqlx::raw_sql(SESSION_SETUP)),
-                )
-                .await?;
-                Ok(conn)
-            })
-            .await
+        self.conn_from(&self.own).await
+    }
+
+    /// A connection of `set` (the lease statements' or the shared ones'), made as
+    /// the pool's when none is idle.
+    async fn conn_from(&self, set: &OwnConns<MySqlConnection>) -> Result<OwnConn<MySqlConnection>> {
+        set.get(BACKEND, self.timeout, || async {
+            // The pool's settings, not a session connection's (whose lock waits
+            // give up at once: a lease statement may wait for another's row).
+            let mut conn = timed(
+                BACKEND,
+                self.timeout,
+                MySqlConnection::connect_with(&self.connect),
+            )
+            .await?;
+            timed(
+                BACKEND,
+                self.timeout,
+                conn.execute(sqlx::raw_sql(SESSION_SETUP)),
+            )
+            .await?;
+            Ok(conn)
+        })
+        .await
     }
 
     /// Run the statement `build` makes on a connection of the backend's own, as
@@ -338,9 +348,18 @@ impl Mysql {
         &self,
         build: impl Fn() -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
     ) -> Result<sqlx::mysql::MySqlQueryResult> {
-        let mut c = self.own_conn().await?;
+        self.execute_in(&self.own, build).await
+    }
+
+    /// [`Mysql::own_execute`] on a connection of `set`.
+    async fn execute_in<'q>(
+        &self,
+        set: &OwnConns<MySqlConnection>,
+        build: impl Fn() -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    ) -> Result<sqlx::mysql::MySqlQueryResult> {
+        let mut c = self.conn_from(set).await?;
         let done = Self::execute_on(&mut c, self.timeout, build).await?;
-        self.own.put(c);
+        set.put(c);
         Ok(done)
     }
 
@@ -756,7 +775,7 @@ impl Dialect for Mysql {
         // and a lock wait timeout leaves it open: either way it is rolled back and
         // begun again.
         let mut tries = 0;
-        let mut c = self.own_conn().await?;
+        let mut c = self.conn_from(&self.shared_own).await?;
         let (fence, rows) = loop {
             let answer = tokio::time::timeout(self.timeout, async {
                 // Each statement's result, then the live rows: the gate's (the second)
@@ -836,31 +855,21 @@ impl Dialect for Mysql {
         Ok(())
     }
 
-    async fn shared_commit(&self, mut tx: Self::SharedTx) -> Result<()> {
-        timed(
-            BACKEND,
-            self.timeout,
-            tx.conn.execute(sqlx::raw_sql("COMMIT")),
-        )
-        .await?;
-        self.own.put(tx);
-        Ok(())
+    async fn shared_commit(&self, tx: Self::SharedTx) -> Result<()> {
+        self.shared_own
+            .end(tx, BACKEND, self.timeout, "COMMIT")
+            .await
     }
 
-    async fn shared_rollback(&self, mut tx: Self::SharedTx) -> Result<()> {
-        timed(
-            BACKEND,
-            self.timeout,
-            tx.conn.execute(sqlx::raw_sql("ROLLBACK")),
-        )
-        .await?;
-        self.own.put(tx);
-        Ok(())
+    async fn shared_rollback(&self, tx: Self::SharedTx) -> Result<()> {
+        self.shared_own
+            .end(tx, BACKEND, self.timeout, "ROLLBACK")
+            .await
     }
 
     async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool> {
         let done = self
-            .own_execute(|| {
+            .execute_in(&self.shared_own, || {
                 sqlx::query(AssertSqlSafe(&*self.sql.shared.renew))
                     .bind(micros(ttl))
                     .bind(&at.key[..])
@@ -875,7 +884,7 @@ impl Dialect for Mysql {
     async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool> {
         let (selector, fence) = what.parts();
         let done = self
-            .own_execute(|| {
+            .execute_in(&self.shared_own, || {
                 sqlx::query(AssertSqlSafe(&*self.sql.shared.remove))
                     .bind(&at.key[..])
                     .bind(at.family)

@@ -16,7 +16,9 @@
 //! of them take their locks in one order, and a single-row statement it waits for holds
 //! nothing else. Only the very first insert of a name can race with another first
 //! insert; the rare deadlock that InnoDB may report there (1213) is retried by the
-//! backend.
+//! backend. Semaphores and read-write locks have tables of their own, where an attempt
+//! is a short transaction that takes its name's gate row first (every other row it
+//! writes is that name's): the same holds there.
 
 /// The batch sizes [`Statements::renew_many`] has a text for (few texts, so few
 /// prepared statements per connection).

@@ -69,7 +69,7 @@
 //! | `poll` | `100ms` (a fallback: releases notify) | waiting: re-poll interval |
 //! | `timeout` | `5s` | connecting, and per statement |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
-//! | `pool` | `10` | connections for lease statements, semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
+//! | `pool` | `10` | connections for lease statements, as many for semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
 //! | `advisory_key` | `sha256` | advisory mode: `sha256` (first 8 bytes of the name's SHA-256) or `number` (the name as a decimal int8) |
 //! | `sslmode` | `prefer` | `disable`, `prefer`, `require`, `verify-ca`, `verify-full` |
@@ -110,8 +110,7 @@ use super::engine::SqlBackend;
 use super::own_conns::{OwnConn, OwnConns};
 use super::shared::{SharedKey, SharedRemove, SharedRow, fill_in};
 use super::{
-    COMMON_OPTIONS, Mode, SqlOptions, db_err, has_code, lock_key, metadata_json, no_answer,
-    reserved, timed,
+    COMMON_OPTIONS, Mode, SqlOptions, db_err, has_code, lock_key, metadata_json, reserved, timed,
 };
 use crate::backend::{AcquireRequest, Backend, Capabilities};
 use crate::error::{Error, Result};
@@ -302,10 +301,20 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     if version >= 140_000 {
         session_options.push(("idle_session_timeout", silent_ms.clone()));
     }
-    session_options.push(("idle_in_transaction_session_timeout", silent_ms));
+    session_options.push(("idle_in_transaction_session_timeout", silent_ms.clone()));
+    // A semaphore's or read-write lock's attempt holds its name's gate row for the
+    // length of its transaction: a client that stops inside one must not keep it.
+    let shared_options = [
+        ("tcp_keepalives_idle", "2".to_owned()),
+        ("tcp_keepalives_interval", "1".to_owned()),
+        ("tcp_keepalives_count", "3".to_owned()),
+        ("idle_in_transaction_session_timeout", silent_ms),
+    ];
     let dialect = Postgres {
         pool,
         own: OwnConns::new(opts.pool.max(2), own_idle),
+        shared_own: OwnConns::new(opts.pool.max(2), own_idle),
+        shared_connect: connect.clone().options(shared_options),
         plain: connect.clone(),
         connect: connect.options(session_options),
         sql,
@@ -333,6 +342,12 @@ struct Postgres {
     pool: PgPool,
     /// The lease and row-token statements' connections (see `own_conns`).
     own: OwnConns<PgConnection>,
+    /// The semaphore and read-write lock statements' connections: a crowd waiting
+    /// for one name's gate must not take every place the lease statements (and their
+    /// renewals) need.
+    shared_own: OwnConns<PgConnection>,
+    /// Their options: the lease statements', with a limit on idling in a transaction.
+    shared_connect: PgConnectOptions,
     /// Their options: the pool's, without the session connections' idle limits.
     plain: PgConnectOptions,
     /// Session connections' options (with the server-side idle limits).
@@ -373,6 +388,20 @@ impl Postgres {
                     BACKEND,
                     self.timeout,
                     PgConnection::connect_with(&self.plain),
+                )
+            })
+            .await
+    }
+
+    /// A connection for the semaphore and read-write lock statements: put it back
+    /// after a statement that succeeded (`self.shared_own.put`), drop it otherwise.
+    async fn shared_conn(&self) -> Result<OwnConn<PgConnection>> {
+        self.shared_own
+            .get(BACKEND, self.timeout, || {
+                timed(
+                    BACKEND,
+                    self.timeout,
+                    PgConnection::connect_with(&self.shared_connect),
                 )
             })
             .await
@@ -716,33 +745,14 @@ impl Dialect for Postgres {
     }
 
     async fn shared_begin(&self, at: &SharedKey) -> Result<(Self::SharedTx, u64, Vec<SharedRow>)> {
-        let mut c = self.own_conn().await?;
+        let mut c = self.shared_conn().await?;
         let batch = fill_in(&self.sql.shared.begin, at);
-        let first = tokio::time::timeout(
+        let rows = timed(
+            BACKEND,
             self.timeout,
-            sqlx::raw_sql(AssertSqlSafe(batch.clone())).fetch_all(&mut c.conn),
+            sqlx::raw_sql(AssertSqlSafe(batch)).fetch_all(&mut c.conn),
         )
-        .await;
-        let rows = match first {
-            // invalid_sql_statement_name: a connection that has not prepared them yet.
-            Ok(Err(e)) if has_code(&e, &["26000"]) => {
-                let prepare = format!("ROLLBACK; {}", self.sql.shared.prepare);
-                timed(
-                    BACKEND,
-                    self.timeout,
-                    c.conn.execute(sqlx::raw_sql(AssertSqlSafe(prepare))),
-                )
-                .await?;
-                timed(
-                    BACKEND,
-                    self.timeout,
-                    sqlx::raw_sql(AssertSqlSafe(batch)).fetch_all(&mut c.conn),
-                )
-                .await?
-            }
-            Ok(answer) => answer.map_err(|e| db_err(BACKEND, &e))?,
-            Err(_) => return Err(no_answer(BACKEND, self.timeout)),
-        };
+        .await?;
         // The gate's token, then the live rows.
         let mut rows = rows.into_iter();
         let fence: i64 = rows
@@ -792,30 +802,20 @@ impl Dialect for Postgres {
         Ok(())
     }
 
-    async fn shared_commit(&self, mut tx: Self::SharedTx) -> Result<()> {
-        timed(
-            BACKEND,
-            self.timeout,
-            tx.conn.execute(sqlx::raw_sql("COMMIT")),
-        )
-        .await?;
-        self.own.put(tx);
-        Ok(())
+    async fn shared_commit(&self, tx: Self::SharedTx) -> Result<()> {
+        self.shared_own
+            .end(tx, BACKEND, self.timeout, "COMMIT")
+            .await
     }
 
-    async fn shared_rollback(&self, mut tx: Self::SharedTx) -> Result<()> {
-        timed(
-            BACKEND,
-            self.timeout,
-            tx.conn.execute(sqlx::raw_sql("ROLLBACK")),
-        )
-        .await?;
-        self.own.put(tx);
-        Ok(())
+    async fn shared_rollback(&self, tx: Self::SharedTx) -> Result<()> {
+        self.shared_own
+            .end(tx, BACKEND, self.timeout, "ROLLBACK")
+            .await
     }
 
     async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool> {
-        let mut c = self.own_conn().await?;
+        let mut c = self.shared_conn().await?;
         let done = timed(
             BACKEND,
             self.timeout,
@@ -828,13 +828,13 @@ impl Dialect for Postgres {
                 .execute(&mut c.conn),
         )
         .await?;
-        self.own.put(c);
+        self.shared_own.put(c);
         Ok(done.rows_affected() > 0)
     }
 
     async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool> {
         let (selector, fence) = what.parts();
-        let mut c = self.own_conn().await?;
+        let mut c = self.shared_conn().await?;
         let removed: i64 = timed(
             BACKEND,
             self.timeout,
@@ -849,7 +849,7 @@ impl Dialect for Postgres {
                 .fetch_one(&mut c.conn),
         )
         .await?;
-        self.own.put(c);
+        self.shared_own.put(c);
         Ok(removed > 0)
     }
 

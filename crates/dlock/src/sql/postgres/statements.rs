@@ -59,8 +59,6 @@ pub(super) struct Statements {
 pub(super) struct SharedStatements {
     pub tables: String,
     pub schema: String,
-    /// Prepares the statements of [`SharedStatements::begin`] on a connection.
-    pub prepare: String,
     /// The attempt's first round trip, a template for
     /// [`super::super::shared::fill_in`].
     pub begin: String,
@@ -97,33 +95,28 @@ impl SharedStatements {
                     PRIMARY KEY (lock_key, family, acquisition)
                  );"
             ),
-            // Server-side prepared statements (parsed and planned once per connection,
-            // where the text of a batch would be each time): the gate, which creates the
-            // name's gate row or locks it until the end of the transaction, drawing the
-            // next token; and the live rows, which also deletes the dead ones (the
-            // SELECT does not see the deletion: it leaves them out by their expiry).
-            prepare: format!(
-                "PREPARE {p}_shared_draw(bytea, text) AS
-                 INSERT INTO {p}_shared_gate AS g (lock_key, family, fence) VALUES ($1, $2, 1)
-                 ON CONFLICT (lock_key, family) DO UPDATE SET fence = g.fence + 1
-                 RETURNING fence;
-                 PREPARE {p}_shared_live(bytea, text) AS
-                 WITH dead AS (
-                    DELETE FROM {p}_shared WHERE lock_key = $1 AND family = $2
-                      AND expires_at <= statement_timestamp())
-                 SELECT kind, owner, acquisition,
-                        (EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000)::bigint
-                 FROM {p}_shared WHERE lock_key = $1 AND family = $2
-                   AND expires_at > statement_timestamp()"
-            ),
             // Begins (READ COMMITTED whatever the server's default: each statement sees
-            // what was committed before it began, so the live rows read after the gate
-            // include those committed while it was awaited), then the gate (its token:
-            // the first row) and the live rows (the next rows).
+            // what was committed before it began, so the rows read after the gate
+            // include those committed while it was awaited); creates the gate row or
+            // locks it until the end of the transaction, drawing the next token (the
+            // first row); deletes the dead rows; reads the live ones (the next rows) —
+            // in statements of their own: a read in the deleting statement would see
+            // the rows as they were before the gate, one whose renewal committed
+            // meanwhile as dead. "Now" is the clock's (`clock_timestamp`): every
+            // statement of a batch has the batch's arrival, before the wait, as its
+            // `statement_timestamp`.
             begin: format!(
                 "BEGIN ISOLATION LEVEL READ COMMITTED;
-                 EXECUTE {p}_shared_draw(decode('{{key}}', 'hex'), '{{family}}');
-                 EXECUTE {p}_shared_live(decode('{{key}}', 'hex'), '{{family}}')"
+                 INSERT INTO {p}_shared_gate AS g (lock_key, family, fence)
+                 VALUES (decode('{{key}}', 'hex'), '{{family}}', 1)
+                 ON CONFLICT (lock_key, family) DO UPDATE SET fence = g.fence + 1
+                 RETURNING fence;
+                 DELETE FROM {p}_shared WHERE lock_key = decode('{{key}}', 'hex')
+                   AND family = '{{family}}' AND expires_at <= clock_timestamp();
+                 SELECT kind, owner, acquisition,
+                        (EXTRACT(EPOCH FROM (expires_at - clock_timestamp())) * 1000)::bigint
+                 FROM {p}_shared WHERE lock_key = decode('{{key}}', 'hex')
+                   AND family = '{{family}}'"
             ),
             // Binds: 1 key, 2 family, 3 acquisition, 4 name, 5 owner, 6 kind, 7 fence,
             // 8 ttl µs, 9 metadata.
