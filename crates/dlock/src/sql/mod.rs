@@ -101,7 +101,8 @@ pub(crate) struct SqlOptions {
     pub timeout: Duration,
     /// Heartbeat interval on a pinned connection (session modes).
     pub heartbeat: Duration,
-    /// Most pooled connections for lease statements.
+    /// Most connections for lease statements; as many again for semaphore and
+    /// read-write lock attempts, and for the rest (sqlx's pool).
     pub pool: u32,
     /// Most pinned connections (= locks held at once, session modes).
     pub sessions: u32,

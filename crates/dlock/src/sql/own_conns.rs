@@ -6,14 +6,15 @@
 //! wake-ups for the client per statement. A connection here comes back only after a
 //! statement that succeeded (or a transaction that ended with a `COMMIT` or `ROLLBACK`
 //! that did), so it needs no test; any error, timeout or cancelled caller drops it,
-//! which closes its socket — and all the idle ones with it (at most once a second):
-//! what broke one (a server restart, a proxy or a network that reset them) has most
-//! likely broken those too, and each would otherwise fail one more statement (a
-//! release tried again in the background would spend a try, and its backoff, on
-//! each). At most `max` are
-//! open at once (lent or idle: as many as the pool would lend); a caller waits for a
-//! place and a connection at most the backend's timeout. An idle one older than
-//! `max_idle` is dropped when the stack reaches it.
+//! which closes its socket — and all the idle ones with it: what broke one (a server
+//! restart, a proxy or a network that reset them) has most likely broken those too,
+//! and each would otherwise fail one more statement (a release tried again in the
+//! background would spend a try, and its backoff, on each). That purge runs at most
+//! once a second (an error that repeats must not have every statement connect again),
+//! so one that came just before a restart can leave dead ones for up to a second. At
+//! most `max` are open at once (lent or idle: as many as the pool would lend); a
+//! caller waits for a place and a connection at most the backend's timeout. An idle
+//! one older than `max_idle` is dropped when the stack reaches it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,8 +142,9 @@ impl<C> OwnConns<C> {
 
     /// Give back a connection whose statement succeeded.
     pub(crate) fn put(&self, c: OwnConn<C>) {
+        // Into the stack of the set it was lent from, whatever set this is.
         let OwnConn { conn, mut lent } = c;
         lent.given_back = true;
-        self.idle.put(conn);
+        lent.idle.put(conn);
     }
 }

@@ -135,14 +135,14 @@ async fn decide_in_tx<D: Dialect>(d: &D, req: &AcquireRequest, at: &SharedKey) -
         .iter()
         .filter(|r| EntryKind::parse(&r.kind).is_some_and(EntryKind::is_hold))
         .map(|r| r.remaining_ms)
-        .min()
         .filter(|ms| *ms > 0)
+        .min()
         .map(|ms| Duration::from_millis(ms.unsigned_abs()));
     let answer = match verdict {
         // Nothing was written: should the rollback fail, its connection is dropped,
         // which ends the transaction all the same.
         Verdict::UpgradeRefused => {
-            let _ = d.shared_rollback(tx).await;
+            rolled_back(d.shared_rollback(tx).await);
             return Ok(Answer::Refused);
         }
         Verdict::Busy { want_write } => match req.enqueue {
@@ -152,7 +152,7 @@ async fn decide_in_tx<D: Dialect>(d: &D, req: &AcquireRequest, at: &SharedKey) -
                 Answer::Busy(soonest)
             }
             _ => {
-                let _ = d.shared_rollback(tx).await;
+                rolled_back(d.shared_rollback(tx).await);
                 return Ok(Answer::Busy(soonest));
             }
         },
@@ -163,6 +163,14 @@ async fn decide_in_tx<D: Dialect>(d: &D, req: &AcquireRequest, at: &SharedKey) -
     };
     d.shared_commit(tx).await?;
     Ok(answer)
+}
+
+/// A rollback of an attempt that wrote nothing: one that failed dropped its connection,
+/// which ends the transaction all the same; said at debug level.
+fn rolled_back(r: Result<()>) {
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "rollback of an attempt that wrote nothing failed; its connection is closed");
+    }
 }
 
 /// An attempt at a permit, read or write on `d`.

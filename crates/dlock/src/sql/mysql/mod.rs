@@ -287,9 +287,9 @@ struct Mysql {
     pool: MySqlPool,
     /// The lease statements' connections (see `own_conns`), set up as the pool's.
     own: OwnConns<MySqlConnection>,
-    /// The semaphore and read-write lock statements' connections, set up alike: a
+    /// The connections of semaphore and read-write lock attempts, set up alike: a
     /// crowd waiting for one name's gate must not take every place the lease
-    /// statements (and their renewals) need.
+    /// statements and the renewals need.
     shared_own: OwnConns<MySqlConnection>,
     connect: MySqlConnectOptions,
     sql: Statements,
@@ -869,7 +869,7 @@ impl Dialect for Mysql {
 
     async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool> {
         let done = self
-            .execute_in(&self.shared_own, || {
+            .own_execute(|| {
                 sqlx::query(AssertSqlSafe(&*self.sql.shared.renew))
                     .bind(micros(ttl))
                     .bind(&at.key[..])
@@ -884,7 +884,7 @@ impl Dialect for Mysql {
     async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool> {
         let (selector, fence) = what.parts();
         let done = self
-            .execute_in(&self.shared_own, || {
+            .own_execute(|| {
                 sqlx::query(AssertSqlSafe(&*self.sql.shared.remove))
                     .bind(&at.key[..])
                     .bind(at.family)

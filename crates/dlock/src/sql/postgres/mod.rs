@@ -260,7 +260,9 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let _ = probe.close().await;
     let pool = super::pool_options::<sqlx::Postgres>(opts.pool.max(2), own_idle, opts.timeout)
         .connect_lazy_with(connect.clone());
-    let sql = Statements::new(&opts.prefix, opts.lock_delay);
+    // An attempt's transaction waits for its client only between statements sent
+    // back to back: twice the statement timeout is generous.
+    let sql = Statements::new(&opts.prefix, opts.lock_delay, opts.timeout * 2);
     timed(
         BACKEND,
         opts.timeout,
@@ -301,20 +303,11 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     if version >= 140_000 {
         session_options.push(("idle_session_timeout", silent_ms.clone()));
     }
-    session_options.push(("idle_in_transaction_session_timeout", silent_ms.clone()));
-    // A semaphore's or read-write lock's attempt holds its name's gate row for the
-    // length of its transaction: a client that stops inside one must not keep it.
-    let shared_options = [
-        ("tcp_keepalives_idle", "2".to_owned()),
-        ("tcp_keepalives_interval", "1".to_owned()),
-        ("tcp_keepalives_count", "3".to_owned()),
-        ("idle_in_transaction_session_timeout", silent_ms),
-    ];
+    session_options.push(("idle_in_transaction_session_timeout", silent_ms));
     let dialect = Postgres {
         pool,
         own: OwnConns::new(opts.pool.max(2), own_idle),
         shared_own: OwnConns::new(opts.pool.max(2), own_idle),
-        shared_connect: connect.clone().options(shared_options),
         plain: connect.clone(),
         connect: connect.options(session_options),
         sql,
@@ -342,13 +335,12 @@ struct Postgres {
     pool: PgPool,
     /// The lease and row-token statements' connections (see `own_conns`).
     own: OwnConns<PgConnection>,
-    /// The semaphore and read-write lock statements' connections: a crowd waiting
-    /// for one name's gate must not take every place the lease statements (and their
-    /// renewals) need.
+    /// The connections of semaphore and read-write lock attempts (see `own_conns`):
+    /// a crowd waiting for one name's gate must not take every place the lease
+    /// statements and the renewals need.
     shared_own: OwnConns<PgConnection>,
-    /// Their options: the lease statements', with a limit on idling in a transaction.
-    shared_connect: PgConnectOptions,
-    /// Their options: the pool's, without the session connections' idle limits.
+    /// The options of both sets: the pool's, without the session connections' idle
+    /// limits (an attempt's transaction sets its own, `SET LOCAL`).
     plain: PgConnectOptions,
     /// Session connections' options (with the server-side idle limits).
     connect: PgConnectOptions,
@@ -393,15 +385,15 @@ impl Postgres {
             .await
     }
 
-    /// A connection for the semaphore and read-write lock statements: put it back
-    /// after a statement that succeeded (`self.shared_own.put`), drop it otherwise.
+    /// A connection for a semaphore's or read-write lock's attempt: ended with
+    /// `self.shared_own.end`, dropped otherwise.
     async fn shared_conn(&self) -> Result<OwnConn<PgConnection>> {
         self.shared_own
             .get(BACKEND, self.timeout, || {
                 timed(
                     BACKEND,
                     self.timeout,
-                    PgConnection::connect_with(&self.shared_connect),
+                    PgConnection::connect_with(&self.plain),
                 )
             })
             .await
@@ -815,7 +807,7 @@ impl Dialect for Postgres {
     }
 
     async fn shared_renew(&self, at: &SharedKey, fence: u64, ttl: Duration) -> Result<bool> {
-        let mut c = self.shared_conn().await?;
+        let mut c = self.own_conn().await?;
         let done = timed(
             BACKEND,
             self.timeout,
@@ -828,13 +820,13 @@ impl Dialect for Postgres {
                 .execute(&mut c.conn),
         )
         .await?;
-        self.shared_own.put(c);
+        self.own.put(c);
         Ok(done.rows_affected() > 0)
     }
 
     async fn shared_remove(&self, at: &SharedKey, what: SharedRemove) -> Result<bool> {
         let (selector, fence) = what.parts();
-        let mut c = self.shared_conn().await?;
+        let mut c = self.own_conn().await?;
         let removed: i64 = timed(
             BACKEND,
             self.timeout,
@@ -849,7 +841,7 @@ impl Dialect for Postgres {
                 .fetch_one(&mut c.conn),
         )
         .await?;
-        self.shared_own.put(c);
+        self.own.put(c);
         Ok(removed > 0)
     }
 

@@ -69,7 +69,9 @@ pub(super) struct SharedStatements {
 }
 
 impl SharedStatements {
-    fn new(p: &str) -> Self {
+    /// `idle_in_tx`: how long an attempt's transaction may wait for its client.
+    fn new(p: &str, idle_in_tx: std::time::Duration) -> Self {
+        let idle_ms = idle_in_tx.as_millis().max(1);
         let notify_remove = notify_if_marked("$6", "$7");
         SharedStatements {
             tables: format!(
@@ -105,8 +107,13 @@ impl SharedStatements {
             // meanwhile as dead. "Now" is the clock's (`clock_timestamp`): every
             // statement of a batch has the batch's arrival, before the wait, as its
             // `statement_timestamp`.
+            // The attempt holds its name's gate until it ends: a client that stops
+            // inside it must not keep the gate (`SET LOCAL`: for this transaction
+            // only, and through a connection pooler too, where a connection's startup
+            // options would not reach the session or be refused).
             begin: format!(
                 "BEGIN ISOLATION LEVEL READ COMMITTED;
+                 SET LOCAL idle_in_transaction_session_timeout = {idle_ms};
                  INSERT INTO {p}_shared_gate AS g (lock_key, family, fence)
                  VALUES (decode('{{key}}', 'hex'), '{{family}}', 1)
                  ON CONFLICT (lock_key, family) DO UPDATE SET fence = g.fence + 1
@@ -187,7 +194,13 @@ impl Statements {
 
     /// `lock_delay`: how long a lease that ran out without a release still blocks
     /// other owners (a number in the SQL text, not user input).
-    pub(super) fn new(p: &str, lock_delay: std::time::Duration) -> Self {
+    /// `shared_idle_in_tx`: how long a semaphore's or read-write lock's attempt may
+    /// wait for its client inside its transaction.
+    pub(super) fn new(
+        p: &str,
+        lock_delay: std::time::Duration,
+        shared_idle_in_tx: std::time::Duration,
+    ) -> Self {
         let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
         // What a renewal inserts should the row be gone (deleted by hand: the name
         // shows again, free): the row free (no hold, its lease ended — at a finite
@@ -198,7 +211,7 @@ impl Statements {
         let notify_break = notify_if_marked("$3", "$4");
         let notify_release = notify_if_marked("$4", "$5");
         Statements {
-            shared: SharedStatements::new(p),
+            shared: SharedStatements::new(p, shared_idle_in_tx),
             schema: format!(
                 "CREATE TABLE IF NOT EXISTS {p}_locks (
                     lock_key   bytea PRIMARY KEY,
@@ -465,7 +478,11 @@ mod tests {
     /// The row batches inline the key exactly where the statement text expects it.
     #[test]
     fn row_batches_inline_the_key_as_hex() {
-        let sql = Statements::new("dlock", std::time::Duration::ZERO);
+        let sql = Statements::new(
+            "dlock",
+            std::time::Duration::ZERO,
+            std::time::Duration::from_secs(10),
+        );
         let key = [0xa5u8; 32];
         let hex = "a5".repeat(32);
         let (head, tail) = &sql.row_lock;
