@@ -1816,6 +1816,23 @@ fn give_up_spread_ms(i: u64) -> u64 {
     (i * 7919) % 601
 }
 
+/// The answer of `waiting`, a `try_acquire` on a semaphore of one whose only permit
+/// is taken: busy. `why` names the mistake a second permit would show.
+async fn refused_a_second_permit<T: std::fmt::Debug, E: std::fmt::Debug>(
+    waiting: tokio::task::JoinHandle<Result<Option<T>, E>>,
+    why: &str,
+) {
+    let answer = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the attempt answers")
+        .expect("task")
+        .expect("try_acquire");
+    assert!(
+        answer.is_none(),
+        "a second permit of a semaphore of one: {why}"
+    );
+}
+
 /// A permit attempt that has to wait for its name's gate row (another transaction
 /// holds it) reads the live permits *after* that wait. The attempt's first round trip
 /// batches the gate, the deletion of dead rows and the read; each statement must see
@@ -1857,15 +1874,7 @@ macro_rules! permits_are_read_after_the_gate {
             .expect("the rival's permit");
         tx.commit().await.expect("commit");
 
-        let answer = tokio::time::timeout(Duration::from_secs(30), waiting)
-            .await
-            .expect("the attempt answers")
-            .expect("task")
-            .expect("try_acquire");
-        assert!(
-            answer.is_none(),
-            "a second permit of a semaphore of one: the live permits were read before the gate"
-        );
+        refused_a_second_permit(waiting, "the live permits were read before the gate").await;
         // The rival's permit taken, the name is free again.
         sqlx::query("DELETE FROM dlock_shared WHERE owner = 'rival'")
             .execute(&mut observer)
@@ -1963,15 +1972,7 @@ async fn postgres_a_permit_renewed_while_an_attempt_waits_is_counted() {
          WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_shared_gate%'"
     );
     tx.commit().await.expect("commit the renewal");
-    let answer = tokio::time::timeout(Duration::from_secs(30), waiting)
-        .await
-        .expect("the attempt answers")
-        .expect("task")
-        .expect("try_acquire");
-    assert!(
-        answer.is_none(),
-        "a second permit of a semaphore of one: the renewed permit was read as run out"
-    );
+    refused_a_second_permit(waiting, "the renewed permit was read as run out").await;
     sqlx::query("DELETE FROM dlock_shared WHERE owner = 'renewing'")
         .execute(&mut observer)
         .await

@@ -374,29 +374,25 @@ impl Postgres {
     /// A connection for one lease or row-token statement: put it back after a
     /// statement that succeeded (`self.own.put`), drop it otherwise.
     async fn own_conn(&self) -> Result<OwnConn<PgConnection>> {
-        self.own
-            .get(BACKEND, self.timeout, || {
-                timed(
-                    BACKEND,
-                    self.timeout,
-                    PgConnection::connect_with(&self.plain),
-                )
-            })
-            .await
+        self.conn_from(&self.own).await
     }
 
     /// A connection for a semaphore's or read-write lock's attempt: ended with
     /// `self.shared_own.end`, dropped otherwise.
     async fn shared_conn(&self) -> Result<OwnConn<PgConnection>> {
-        self.shared_own
-            .get(BACKEND, self.timeout, || {
-                timed(
-                    BACKEND,
-                    self.timeout,
-                    PgConnection::connect_with(&self.plain),
-                )
-            })
-            .await
+        self.conn_from(&self.shared_own).await
+    }
+
+    /// A connection of `set`, made with the plain options when none is idle.
+    async fn conn_from(&self, set: &OwnConns<PgConnection>) -> Result<OwnConn<PgConnection>> {
+        set.get(BACKEND, self.timeout, || {
+            timed(
+                BACKEND,
+                self.timeout,
+                PgConnection::connect_with(&self.plain),
+            )
+        })
+        .await
     }
 
     /// Whether the semaphore and read-write lock tables exist (made on first use).
