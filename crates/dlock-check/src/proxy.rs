@@ -21,6 +21,10 @@ pub enum Fault {
     Blackhole,
     /// Forward client → server, drop server → client (requests run, replies vanish).
     DropReplies,
+    /// As [`Fault::DropReplies`], and a client's close never reaches the server: the
+    /// server sees a client that sent its requests and stopped (a paused process),
+    /// its connection open until the server ends it.
+    Stalled,
     /// Reset (RST) a connection once it has carried this many bytes in total.
     ResetAfter(usize),
 }
@@ -159,6 +163,11 @@ async fn pump(
     loop {
         let n = from.read(&mut buf).await.map_err(|_| ())?;
         if n == 0 {
+            if !is_reply && shared.fault() == Fault::Stalled {
+                // Keep the server's side open; the server's close (or the proxy's
+                // drop) ends the connection.
+                return std::future::pending().await;
+            }
             let _ = to.shutdown().await;
             return Ok(());
         }
@@ -166,8 +175,8 @@ async fn pump(
             Fault::None => {}
             Fault::Delay(d) => tokio::time::sleep(d).await,
             Fault::Blackhole => continue,
-            Fault::DropReplies if is_reply => continue,
-            Fault::DropReplies => {}
+            Fault::DropReplies | Fault::Stalled if is_reply => continue,
+            Fault::DropReplies | Fault::Stalled => {}
             Fault::ResetAfter(limit) => {
                 let mut c = carried
                     .lock()

@@ -1978,3 +1978,147 @@ async fn postgres_a_permit_renewed_while_an_attempt_waits_is_counted() {
         .await
         .expect("cleanup");
 }
+
+/// A client that stops inside a permit attempt (its first round trip sent, so its
+/// transaction holds the name's gate, and nothing after) does not keep the gate: the
+/// server ends that transaction about twice the statement timeout later (1 s here),
+/// and another client's permit is granted. Left to the server's defaults, the gate
+/// would stay taken until the server noticed the client gone (MariaDB: `wait_timeout`,
+/// 8 hours by default; PostgreSQL: never, on loopback).
+macro_rules! a_stalled_attempt_frees_the_gate {
+    ($server:ty) => {{
+        let Some(server) = <$server>::start() else {
+            return;
+        };
+        let url = format!("{}?timeout=1s", server.url());
+        let proxy = proxied(SocketAddr::from(([127, 0, 0, 1], server.port()))).await;
+        let stalled = Locker::connect(&via(&url, server.port(), &proxy))
+            .await
+            .expect("connect through the proxy");
+        let other = Locker::connect(&server.url()).await.expect("connect");
+        let name = unique("stalled");
+        // The attempts' connection is open, through the proxy.
+        let first = stalled.semaphore(&name, 1).acquire().await.expect("permit");
+        first.release().await.expect("release");
+
+        proxy.set(Fault::Stalled);
+        let answer = stalled.semaphore(&name, 1).try_acquire().await;
+        assert!(
+            answer.is_err(),
+            "an attempt whose replies never came answered {answer:?}"
+        );
+        let since = Instant::now();
+        let permit =
+            tokio::time::timeout(Duration::from_secs(30), other.semaphore(&name, 1).acquire())
+                .await
+                .expect("the stalled attempt kept the name's gate")
+                .expect("permit");
+        assert!(
+            since.elapsed() < Duration::from_secs(15),
+            "the gate was freed only after {:?}",
+            since.elapsed()
+        );
+        permit.release().await.expect("release");
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_stalled_attempt_frees_the_gate() {
+    a_stalled_attempt_frees_the_gate!(PgServer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_stalled_attempt_frees_the_gate() {
+    a_stalled_attempt_frees_the_gate!(MariaDbServer);
+}
+
+/// An attempt whose client gave up while it waited for its name's gate (another
+/// transaction holds it) stops waiting on the server soon after (twice the statement
+/// timeout, 1 s here), though the gate is still held: the server does not see its
+/// client leave while a statement waits, and would otherwise keep it queued
+/// (MariaDB: `innodb_lock_wait_timeout`, 50 s by default; PostgreSQL: until the gate
+/// is free), a server connection each. (The attempt's undo, tried again in the
+/// background, queues for the gate too, each try on a connection of its own: so the
+/// sessions that waited when the client gave up are followed, not the count.)
+/// `$lock_gate` locks the name's gate row (binds the name), `$waiting` lists the
+/// sessions waiting for a row lock.
+macro_rules! an_abandoned_wait_for_the_gate_ends {
+    ($server:ty, $conn:ty, $lock_gate:expr, $waiting:expr) => {{
+        let Some(server) = <$server>::start() else {
+            return;
+        };
+        let url = format!("{}?timeout=1s", server.url());
+        let locker = Locker::connect(&url).await.expect("connect");
+        let name = unique("abandoned-wait");
+        // The tables and the name's gate row exist.
+        let first = locker.semaphore(&name, 1).acquire().await.expect("permit");
+        first.release().await.expect("release");
+
+        let mut rival = <$conn>::connect(&server.url()).await.expect("rival");
+        let mut tx = rival.begin().await.expect("begin");
+        sqlx::query($lock_gate)
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .expect("lock the gate");
+        let mut observer = <$conn>::connect(&server.url()).await.expect("observer");
+        let attempt = {
+            let (locker, name) = (locker.clone(), name.clone());
+            tokio::spawn(async move { locker.semaphore(&name, 1).try_acquire().await })
+        };
+        until_an_acquire_waits!(observer, $waiting);
+        let abandoned: Vec<i64> = sqlx::query_scalar($waiting)
+            .fetch_all(&mut observer)
+            .await
+            .expect("the waiting sessions");
+        let answer = attempt.await.expect("task");
+        assert!(
+            answer.is_err(),
+            "an attempt behind a held gate answered {answer:?}"
+        );
+        let since = Instant::now();
+        loop {
+            let waiting: Vec<i64> = sqlx::query_scalar($waiting)
+                .fetch_all(&mut observer)
+                .await
+                .expect("the waiting sessions");
+            if !waiting.iter().any(|s| abandoned.contains(s)) {
+                break;
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(15),
+                "an attempt still waits on the server for the gate, {:?} after its \
+                 client gave up",
+                since.elapsed()
+            );
+            // Not faster: MariaDB refreshes what `INNODB_TRX` shows only when it was
+            // last read more than 100 ms before.
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        tx.commit().await.expect("commit");
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_abandoned_wait_for_the_gate_ends() {
+    an_abandoned_wait_for_the_gate_ends!(
+        PgServer,
+        sqlx::PgConnection,
+        "SELECT fence FROM dlock_shared_gate
+         WHERE lock_key = sha256(convert_to($1, 'UTF8')) AND family = 'semaphore' FOR UPDATE",
+        "SELECT pid::bigint FROM pg_stat_activity
+         WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_shared_gate%'"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_an_abandoned_wait_for_the_gate_ends() {
+    an_abandoned_wait_for_the_gate_ends!(
+        MariaDbServer,
+        sqlx::MySqlConnection,
+        "SELECT fence FROM dlock_shared_gate
+         WHERE lock_key = UNHEX(SHA2(?, 256)) AND family = 'semaphore' FOR UPDATE",
+        "SELECT CAST(trx_mysql_thread_id AS SIGNED) FROM information_schema.INNODB_TRX
+         WHERE trx_state = 'LOCK WAIT'"
+    );
+}

@@ -263,11 +263,13 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     .await?
         == 1;
     let wait_timeout = wait_timeout(opts.heartbeat);
+    let (shared_setup, shared_idle) = shared_setup(opts.timeout);
     let dialect = Mysql {
         pool,
         // At least 2: renewal batches take at most half (`sql::renewer::in_flight`).
         own: OwnConns::new(opts.pool.max(2), own_idle),
-        shared_own: OwnConns::new(opts.pool.max(2), own_idle),
+        shared_own: OwnConns::new(opts.pool.max(2), own_idle.min(shared_idle)),
+        shared_setup,
         connect,
         sql,
         timeout: opts.timeout,
@@ -291,6 +293,8 @@ struct Mysql {
     /// crowd waiting for one name's gate must not take every place the lease
     /// statements and the renewals need.
     shared_own: OwnConns<MySqlConnection>,
+    /// How `shared_own`'s connections are set up ([`shared_setup`]).
+    shared_setup: String,
     connect: MySqlConnectOptions,
     sql: Statements,
     timeout: Duration,
@@ -310,16 +314,47 @@ fn wait_timeout(heartbeat: Duration) -> u64 {
     (heartbeat.as_secs() * 5).max(5)
 }
 
+/// The setup of the semaphore and read-write lock attempts' connections, and how
+/// long one of them may stay idle in the client's set.
+///
+/// An attempt's transaction holds its name's gate row: the server ends one whose
+/// client went silent inside it (a stopped process, a partition) after `wait_timeout`,
+/// and gives up a wait for the gate after `innodb_lock_wait_timeout`, whose client
+/// gave up after `timeout` (the server does not see a client leave while a statement
+/// waits). Both are twice the statement timeout in whole seconds: a client that is
+/// running waits for nothing between its statements. (MariaDB's
+/// `idle_transaction_timeout` would spare the idle connections, but MySQL has none.)
+/// So the client drops an idle connection after half of that, before the server does.
+fn shared_setup(timeout: Duration) -> (String, Duration) {
+    // Whole seconds, at least 1 and at most what `wait_timeout` takes (a year).
+    let twice = timeout.saturating_mul(2);
+    let limit = twice
+        .as_secs()
+        .saturating_add(u64::from(twice.subsec_nanos() > 0))
+        .clamp(1, 31_536_000);
+    (
+        format!(
+            "{SESSION_SETUP}; SET SESSION wait_timeout = {limit}, \
+             innodb_lock_wait_timeout = {limit}"
+        ),
+        Duration::from_millis(limit * 500),
+    )
+}
+
 impl Mysql {
     /// A connection for one lease statement: put it back after a statement that
     /// succeeded (`self.own.put`), drop it otherwise.
     async fn own_conn(&self) -> Result<OwnConn<MySqlConnection>> {
-        self.conn_from(&self.own).await
+        self.conn_from(&self.own, SESSION_SETUP).await
     }
 
     /// A connection of `set` (the lease statements' or the shared ones'), made as
-    /// the pool's when none is idle.
-    async fn conn_from(&self, set: &OwnConns<MySqlConnection>) -> Result<OwnConn<MySqlConnection>> {
+    /// the pool's, then set up by `setup`, when none is idle.
+    async fn conn_from(
+        &self,
+        set: &OwnConns<MySqlConnection>,
+        setup: &str,
+    ) -> Result<OwnConn<MySqlConnection>> {
         set.get(BACKEND, self.timeout, || async {
             // The pool's settings, not a session connection's (whose lock waits
             // give up at once: a lease statement may wait for another's row).
@@ -332,7 +367,7 @@ impl Mysql {
             timed(
                 BACKEND,
                 self.timeout,
-                conn.execute(sqlx::raw_sql(SESSION_SETUP)),
+                conn.execute(sqlx::raw_sql(AssertSqlSafe(setup.to_owned()))),
             )
             .await?;
             Ok(conn)
@@ -357,7 +392,7 @@ impl Mysql {
         set: &OwnConns<MySqlConnection>,
         build: impl Fn() -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
     ) -> Result<sqlx::mysql::MySqlQueryResult> {
-        let mut c = self.conn_from(set).await?;
+        let mut c = self.conn_from(set, SESSION_SETUP).await?;
         let done = Self::execute_on(&mut c, self.timeout, build).await?;
         set.put(c);
         Ok(done)
@@ -775,7 +810,7 @@ impl Dialect for Mysql {
         // and a lock wait timeout leaves it open: either way it is rolled back and
         // begun again.
         let mut tries = 0;
-        let mut c = self.conn_from(&self.shared_own).await?;
+        let mut c = self.conn_from(&self.shared_own, &self.shared_setup).await?;
         let (fence, rows) = loop {
             let answer = tokio::time::timeout(self.timeout, async {
                 // Each statement's result, then the live rows: the gate's (the second)

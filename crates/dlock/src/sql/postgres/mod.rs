@@ -262,7 +262,11 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         .connect_lazy_with(connect.clone());
     // An attempt's transaction waits for its client only between statements sent
     // back to back: twice the statement timeout is generous.
-    let sql = Statements::new(&opts.prefix, opts.lock_delay, opts.timeout * 2);
+    let sql = Statements::new(
+        &opts.prefix,
+        opts.lock_delay,
+        opts.timeout.saturating_mul(2),
+    );
     timed(
         BACKEND,
         opts.timeout,

@@ -108,12 +108,15 @@ impl SharedStatements {
             // statement of a batch has the batch's arrival, before the wait, as its
             // `statement_timestamp`.
             // The attempt holds its name's gate until it ends: a client that stops
-            // inside it must not keep the gate (`SET LOCAL`: for this transaction
-            // only, and through a connection pooler too, where a connection's startup
-            // options would not reach the session or be refused).
+            // inside it must not keep the gate, and a wait for the gate must not
+            // outlast its client for long (the server does not see a client leave
+            // while a statement waits) — `SET LOCAL`: for this transaction only, and
+            // through a connection pooler too, where a connection's startup options
+            // would not reach the session or be refused.
             begin: format!(
                 "BEGIN ISOLATION LEVEL READ COMMITTED;
                  SET LOCAL idle_in_transaction_session_timeout = {idle_ms};
+                 SET LOCAL lock_timeout = {idle_ms};
                  INSERT INTO {p}_shared_gate AS g (lock_key, family, fence)
                  VALUES (decode('{{key}}', 'hex'), '{{family}}', 1)
                  ON CONFLICT (lock_key, family) DO UPDATE SET fence = g.fence + 1
