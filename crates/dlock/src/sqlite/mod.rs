@@ -1053,7 +1053,8 @@ mod tests {
 
     /// A grant commits at `synchronous=FULL` whatever the statement before it left on
     /// the writer connection (a release lowers it to NORMAL for itself): unfair grants
-    /// set the level in their own call, transactions (fair grants) in their `BEGIN`.
+    /// set the level in their own call, transactions (fair grants, permits) in their
+    /// `BEGIN`.
     /// With `synchronous=normal` in the URL, grants stay at NORMAL.
     #[tokio::test]
     async fn grants_commit_synced_and_releases_do_not() {
@@ -1079,6 +1080,15 @@ mod tests {
                 };
                 assert_eq!(level().await, grants, "{url} round {round}: fair grant");
                 h.release().await.expect("release");
+                assert_eq!(level().await, 1, "{url} round {round}: release");
+                let mut permit = request("s");
+                permit.primitive = Primitive::Permit { permits: 3 };
+                let Attempt::Acquired(h) = b.try_acquire(&permit).await.expect("acquire") else {
+                    panic!("s busy");
+                };
+                assert_eq!(level().await, grants, "{url} round {round}: permit");
+                h.release().await.expect("release");
+                assert_eq!(level().await, 1, "{url} round {round}: permit's release");
             }
             // A release of a hold already gone drops nothing.
             let h = grant(&b, "z").await;
