@@ -2043,7 +2043,7 @@ async fn mariadb_a_stalled_attempt_frees_the_gate() {
 /// `$lock_gate` locks the name's gate row (binds the name), `$waiting` lists the
 /// sessions waiting for a row lock.
 macro_rules! an_abandoned_wait_for_the_gate_ends {
-    ($server:ty, $conn:ty, $lock_gate:expr, $waiting:expr) => {{
+    ($server:ty, $conn:ty, $lock_gate:expr, $waiting:literal) => {{
         let Some(server) = <$server>::start() else {
             return;
         };
@@ -2066,7 +2066,10 @@ macro_rules! an_abandoned_wait_for_the_gate_ends {
             let (locker, name) = (locker.clone(), name.clone());
             tokio::spawn(async move { locker.semaphore(&name, 1).try_acquire().await })
         };
-        until_an_acquire_waits!(observer, $waiting);
+        until_an_acquire_waits!(
+            observer,
+            concat!("SELECT COUNT(*) FROM (", $waiting, ") AS w")
+        );
         let abandoned: Vec<i64> = sqlx::query_scalar($waiting)
             .fetch_all(&mut observer)
             .await
@@ -2121,4 +2124,28 @@ async fn mariadb_an_abandoned_wait_for_the_gate_ends() {
         "SELECT CAST(trx_mysql_thread_id AS SIGNED) FROM information_schema.INNODB_TRX
          WHERE trx_state = 'LOCK WAIT'"
     );
+}
+
+/// MariaDB: an attempts' connection left idle longer than the limit that ends a silent
+/// attempt (twice the statement timeout, 1 s here) is still good for the next
+/// attempt: the limit applies inside a transaction only (`idle_transaction_timeout`),
+/// so the server did not close it under the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_an_attempts_connection_idle_past_the_limit_still_serves() {
+    let Some(maria) = MariaDbServer::start() else {
+        return;
+    };
+    let url = format!("{}?timeout=1s", maria.url());
+    let locker = Locker::connect(&url).await.expect("connect");
+    let name = unique("idle-past-limit");
+    let first = locker.semaphore(&name, 1).acquire().await.expect("permit");
+    first.release().await.expect("release");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = locker
+        .semaphore(&name, 1)
+        .try_acquire()
+        .await
+        .expect("an attempt after the idle spell")
+        .expect("free");
+    again.release().await.expect("release");
 }

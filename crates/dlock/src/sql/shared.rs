@@ -15,11 +15,8 @@
 //! awaited), asks [`crate::shared_holds::decide`] and writes what it says, on a
 //! connection of the backend's own. A renewal and a release are one statement each.
 //! An attempt that fails after it may have written (a lost commit reply) is undone by
-//! its acquisition. The server ends an attempt's transaction (and frees the gate) when
-//! its client goes silent inside it for twice the statement timeout, and gives up the
-//! wait for the gate of a client that gave up by then (it does not see a client leave
-//! while a statement waits): PostgreSQL by the batch's `SET LOCAL`, MySQL/MariaDB by
-//! the attempts' connections' session settings.
+//! its acquisition. The server ends an attempt whose client went silent, and frees the
+//! gate, as each dialect's module documentation says.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -55,7 +55,7 @@
 //! | `table_prefix` | `dlock` | prefix of dlock's tables (a plain identifier) |
 //! | `lock_delay` | none | lease mode: a lease that ran out without a release keeps the lock from other owners this much longer (at most 1 h) |
 //! | `poll` | `10ms` (jittered) | waiting: re-poll interval |
-//! | `timeout` | `5s` | connecting, and per statement |
+//! | `timeout` | `5s` | connecting, and per statement (twice it: how long a semaphore's or read-write lock's attempt may leave its name's gate taken, below) |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
 //! | `pool` | `10` | connections for lease statements, as many for semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
@@ -67,7 +67,14 @@
 //! (tested): once the tables exist, `SELECT, INSERT, UPDATE` on them are enough, for
 //! `inspect` too. Semaphores and read-write locks use two tables of their own
 //! (`<prefix>_shared_gate`, `<prefix>_shared`), made on first use: they also need
-//! `DELETE` on `<prefix>_shared`, and `CREATE` unless they exist already. Not yet: fair (FIFO) mode, waiting by notification.
+//! `DELETE` on `<prefix>_shared`, and `CREATE` unless they exist already. An attempt at
+//! one holds its name's gate row in a short transaction: the server ends it when its
+//! client goes silent inside it for twice `timeout` (in whole seconds; MariaDB by
+//! `idle_transaction_timeout`, 10.3 or later; MySQL by the attempts' connections'
+//! `wait_timeout`, so there an attempts' connection idle for `timeout` is made anew),
+//! and gives up its wait for the gate by then (`innodb_lock_wait_timeout`, never
+//! raised above the server's) — the server does not see a client leave while a
+//! statement waits. Not yet: fair (FIFO) mode, waiting by notification.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -214,11 +221,15 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     // The server's idle limit for connections like the lease statements' own: they
     // are dropped well before it (at most 5 min idle).
     // And which server it is (one round trip on the connection already open).
-    let (server_wait, version) = timed(
+    // And its lock wait limit, which the attempts' connections only ever lower.
+    let (server_wait, version, server_lock_wait) = timed(
         BACKEND,
         opts.timeout,
-        sqlx::query_as::<_, (i64, String)>("SELECT CAST(@@wait_timeout AS SIGNED), VERSION()")
-            .fetch_one(&mut probe),
+        sqlx::query_as::<_, (i64, String, i64)>(
+            "SELECT CAST(@@wait_timeout AS SIGNED), VERSION(), \
+             CAST(@@innodb_lock_wait_timeout AS SIGNED)",
+        )
+        .fetch_one(&mut probe),
     )
     .await?;
     // Half of it in ms, never zero (an idle timeout of zero would make the pool's
@@ -263,7 +274,11 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     .await?
         == 1;
     let wait_timeout = wait_timeout(opts.heartbeat);
-    let (shared_setup, shared_idle) = shared_setup(opts.timeout);
+    let (shared_setup, shared_idle) = shared_setup(
+        opts.timeout,
+        version.contains("MariaDB"),
+        server_lock_wait.unsigned_abs(),
+    );
     let dialect = Mysql {
         pool,
         // At least 2: renewal batches take at most half (`sql::renewer::in_flight`).
@@ -317,27 +332,34 @@ fn wait_timeout(heartbeat: Duration) -> u64 {
 /// The setup of the semaphore and read-write lock attempts' connections, and how
 /// long one of them may stay idle in the client's set.
 ///
-/// An attempt's transaction holds its name's gate row: the server ends one whose
-/// client went silent inside it (a stopped process, a partition) after `wait_timeout`,
-/// and gives up a wait for the gate after `innodb_lock_wait_timeout`, whose client
-/// gave up after `timeout` (the server does not see a client leave while a statement
-/// waits). Both are twice the statement timeout in whole seconds: a client that is
-/// running waits for nothing between its statements. (MariaDB's
-/// `idle_transaction_timeout` would spare the idle connections, but MySQL has none.)
-/// So the client drops an idle connection after half of that, before the server does.
-fn shared_setup(timeout: Duration) -> (String, Duration) {
+/// An attempt's transaction holds its name's gate row, so the server ends one whose
+/// client went silent inside it (a stopped process, a partition) after twice the
+/// statement timeout in whole seconds, `limit` (a client that is running waits for
+/// nothing between its statements), and gives up a wait for the gate (whose client
+/// gave up after `timeout`: the server does not see a client leave while a statement
+/// waits) after `limit` too, or the server's `lock_wait` when that is less. MariaDB
+/// ends the silent transaction by `idle_transaction_timeout`, which spares idle
+/// connections; MySQL has none, so there the connection's `wait_timeout` is `limit`
+/// and the client drops an idle one after half of it, before the server does.
+fn shared_setup(timeout: Duration, mariadb: bool, lock_wait: u64) -> (String, Duration) {
     // Whole seconds, at least 1 and at most what `wait_timeout` takes (a year).
     let twice = timeout.saturating_mul(2);
     let limit = twice
         .as_secs()
         .saturating_add(u64::from(twice.subsec_nanos() > 0))
         .clamp(1, 31_536_000);
+    let lock_wait = limit.min(lock_wait.max(1));
+    let (idle, drop_after) = if mariadb {
+        ("idle_transaction_timeout", Duration::MAX)
+    } else {
+        ("wait_timeout", Duration::from_millis(limit * 500))
+    };
     (
         format!(
-            "{SESSION_SETUP}; SET SESSION wait_timeout = {limit}, \
-             innodb_lock_wait_timeout = {limit}"
+            "{SESSION_SETUP}; SET SESSION {idle} = {limit}, \
+             innodb_lock_wait_timeout = {lock_wait}"
         ),
-        Duration::from_millis(limit * 500),
+        drop_after,
     )
 }
 
@@ -383,18 +405,9 @@ impl Mysql {
         &self,
         build: impl Fn() -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
     ) -> Result<sqlx::mysql::MySqlQueryResult> {
-        self.execute_in(&self.own, build).await
-    }
-
-    /// [`Mysql::own_execute`] on a connection of `set`.
-    async fn execute_in<'q>(
-        &self,
-        set: &OwnConns<MySqlConnection>,
-        build: impl Fn() -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
-    ) -> Result<sqlx::mysql::MySqlQueryResult> {
-        let mut c = self.conn_from(set, SESSION_SETUP).await?;
+        let mut c = self.own_conn().await?;
         let done = Self::execute_on(&mut c, self.timeout, build).await?;
-        set.put(c);
+        self.own.put(c);
         Ok(done)
     }
 

@@ -67,7 +67,7 @@
 //! | `table_prefix` | `dlock` | prefix of dlock's tables (a plain identifier) |
 //! | `lock_delay` | none | lease mode: a lease that ran out without a release keeps the lock from other owners this much longer (at most 1 h) |
 //! | `poll` | `100ms` (a fallback: releases notify) | waiting: re-poll interval |
-//! | `timeout` | `5s` | connecting, and per statement |
+//! | `timeout` | `5s` | connecting, and per statement (twice it: how long a semaphore's or read-write lock's attempt may leave its name's gate taken, below) |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
 //! | `pool` | `10` | connections for lease statements, as many for semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
@@ -95,7 +95,12 @@
 //! locked outside dlock is reported free. Semaphores and
 //! read-write locks use two tables of their own (`<prefix>_shared_gate`,
 //! `<prefix>_shared`), made on first use: they also need `DELETE` on `<prefix>_shared`,
-//! and `CREATE` unless they exist already.
+//! and `CREATE` unless they exist already. An attempt at one holds its name's gate row
+//! in a short transaction: the server ends it when its client goes silent inside it for
+//! twice `timeout`, and gives up its wait for the gate by then
+//! (`SET LOCAL idle_in_transaction_session_timeout` and `lock_timeout`, so through a
+//! transaction pooler too) — the server does not see a client leave while a statement
+//! waits.
 
 use std::str::FromStr;
 use std::sync::Arc;

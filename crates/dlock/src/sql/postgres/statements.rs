@@ -71,7 +71,8 @@ pub(super) struct SharedStatements {
 impl SharedStatements {
     /// `idle_in_tx`: how long an attempt's transaction may wait for its client.
     fn new(p: &str, idle_in_tx: std::time::Duration) -> Self {
-        let idle_ms = idle_in_tx.as_millis().max(1);
+        // Within the settings' range (an `int` of milliseconds).
+        let idle_ms = idle_in_tx.as_millis().clamp(1, i32::MAX as u128);
         let notify_remove = notify_if_marked("$6", "$7");
         SharedStatements {
             tables: format!(
