@@ -1000,12 +1000,17 @@ async fn an_idle_lease_connection_is_dropped_before_the_server_ends_it() {
     }
 }
 
+/// How often the waiting statements are counted: MariaDB refreshes what
+/// `INNODB_TRX` shows only when it went unread for more than 100 ms, so polled faster
+/// it can show the same count for ever.
+const POLL_TRX: Duration = Duration::from_millis(150);
+
 /// Poll `$count` (a statement counting the acquires that wait for a row lock, on the
 /// observer connection `$conn`) until one does (bounded).
 macro_rules! until_an_acquire_waits {
     ($conn:expr, $count:expr) => {{
         let mut waits = false;
-        for _ in 0..500 {
+        for _ in 0..100 {
             let n: i64 = sqlx::query_scalar($count)
                 .fetch_one(&mut $conn)
                 .await
@@ -1014,7 +1019,7 @@ macro_rules! until_an_acquire_waits {
                 waits = true;
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(POLL_TRX).await;
         }
         assert!(waits, "the acquire never waited for the row");
     }};
@@ -1024,7 +1029,7 @@ macro_rules! until_an_acquire_waits {
 /// the one that waited has run.
 macro_rules! until_no_acquire_waits {
     ($conn:expr, $count:expr) => {{
-        for _ in 0..500 {
+        for _ in 0..100 {
             let n: i64 = sqlx::query_scalar($count)
                 .fetch_one(&mut $conn)
                 .await
@@ -1032,7 +1037,7 @@ macro_rules! until_no_acquire_waits {
             if n == 0 {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(POLL_TRX).await;
         }
     }};
 }
@@ -2094,9 +2099,7 @@ macro_rules! an_abandoned_wait_for_the_gate_ends {
                  client gave up",
                 since.elapsed()
             );
-            // Not faster: MariaDB refreshes what `INNODB_TRX` shows only when it was
-            // last read more than 100 ms before.
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(POLL_TRX).await;
         }
         tx.commit().await.expect("commit");
     }};

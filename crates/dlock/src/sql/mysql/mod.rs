@@ -69,12 +69,13 @@
 //! (`<prefix>_shared_gate`, `<prefix>_shared`), made on first use: they also need
 //! `DELETE` on `<prefix>_shared`, and `CREATE` unless they exist already. An attempt at
 //! one holds its name's gate row in a short transaction: the server ends it when its
-//! client goes silent inside it for twice `timeout` (in whole seconds; MariaDB by
-//! `idle_transaction_timeout`, 10.3 or later; MySQL by the attempts' connections'
-//! `wait_timeout`, so there an attempts' connection idle for `timeout` is made anew),
-//! and gives up its wait for the gate by then (`innodb_lock_wait_timeout`, never
-//! raised above the server's) — the server does not see a client leave while a
-//! statement waits. Not yet: fair (FIFO) mode, waiting by notification.
+//! client goes silent inside it for twice `timeout` in whole seconds (MariaDB 10.3 or
+//! later by `idle_transaction_timeout` and its write and read-only kin; MySQL by the
+//! attempts' connections' `wait_timeout`, so there such a connection idle for about
+//! `timeout` is made anew), and gives up its wait for the gate by then
+//! (`innodb_lock_wait_timeout`, never raised above the server's, at least 1 s) — the
+//! server does not see a client leave while a statement waits.
+//! Not yet: fair (FIFO) mode, waiting by notification.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -350,15 +351,22 @@ fn shared_setup(timeout: Duration, mariadb: bool, lock_wait: u64) -> (String, Du
         .clamp(1, 31_536_000);
     let lock_wait = limit.min(lock_wait.max(1));
     let (idle, drop_after) = if mariadb {
-        ("idle_transaction_timeout", Duration::MAX)
+        // The write and read-only limits, when set, take precedence.
+        (
+            format!(
+                "idle_transaction_timeout = {limit}, idle_write_transaction_timeout = {limit}, \
+                 idle_readonly_transaction_timeout = {limit}"
+            ),
+            Duration::MAX,
+        )
     } else {
-        ("wait_timeout", Duration::from_millis(limit * 500))
+        (
+            format!("wait_timeout = {limit}"),
+            Duration::from_millis(limit * 500),
+        )
     };
     (
-        format!(
-            "{SESSION_SETUP}; SET SESSION {idle} = {limit}, \
-             innodb_lock_wait_timeout = {lock_wait}"
-        ),
+        format!("{SESSION_SETUP}; SET SESSION {idle}, innodb_lock_wait_timeout = {lock_wait}"),
         drop_after,
     )
 }
@@ -822,10 +830,13 @@ impl Dialect for Mysql {
         // A deadlock (the first gate rows of a name racing) rolls the transaction back
         // and a lock wait timeout leaves it open: either way it is rolled back and
         // begun again.
+        // All the tries within one timeout: a server whose own lock wait limit is
+        // shorter answers 1205 early, and the attempt must not outlast its timeout.
         let mut tries = 0;
         let mut c = self.conn_from(&self.shared_own, &self.shared_setup).await?;
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let (fence, rows) = loop {
-            let answer = tokio::time::timeout(self.timeout, async {
+            let answer = tokio::time::timeout_at(deadline, async {
                 // Each statement's result, then the live rows: the gate's (the second)
                 // carries the token.
                 let mut results = 0;
