@@ -1821,6 +1821,35 @@ fn give_up_spread_ms(i: u64) -> u64 {
     (i * 7919) % 601
 }
 
+/// Lock a semaphore's gate row for the name (bound) until the transaction ends.
+const PG_LOCK_GATE: &str = "SELECT fence FROM dlock_shared_gate
+     WHERE lock_key = sha256(convert_to($1, 'UTF8')) AND family = 'semaphore' FOR UPDATE";
+
+/// [`PG_LOCK_GATE`] on MariaDB.
+const MARIADB_LOCK_GATE: &str = "SELECT fence FROM dlock_shared_gate
+     WHERE lock_key = UNHEX(SHA2(?, 256)) AND family = 'semaphore' FOR UPDATE";
+
+/// Take the free permit of the semaphore of one `name` at once, and give it back.
+async fn a_free_permit(locker: &Locker, name: &str, why: &str) {
+    let g = locker
+        .semaphore(name, 1)
+        .try_acquire()
+        .await
+        .expect("try_acquire")
+        .unwrap_or_else(|| panic!("busy: {why}"));
+    g.release().await.expect("release");
+}
+
+/// A locker on `url`, and a fresh name whose semaphore tables and gate row exist (a
+/// permit taken and given back).
+async fn a_gate(url: &str, label: &str) -> (Locker, String) {
+    let locker = Locker::connect(url).await.expect("connect");
+    let name = unique(label);
+    let first = locker.semaphore(&name, 1).acquire().await.expect("permit");
+    first.release().await.expect("release");
+    (locker, name)
+}
+
 /// The answer of `waiting`, a `try_acquire` on a semaphore of one whose only permit
 /// is taken: busy. `why` names the mistake a second permit would show.
 async fn refused_a_second_permit<T: std::fmt::Debug, E: std::fmt::Debug>(
@@ -1852,11 +1881,7 @@ macro_rules! permits_are_read_after_the_gate {
             return;
         };
         let url = server.url();
-        let locker = Locker::connect(&url).await.expect("connect");
-        let name = unique("gate-wait");
-        // The tables and the name's gate row exist.
-        let first = locker.semaphore(&name, 1).acquire().await.expect("permit");
-        first.release().await.expect("release");
+        let (locker, name) = a_gate(&url, "gate-wait").await;
 
         let mut rival = <$conn>::connect(&url).await.expect("rival");
         let mut tx = rival.begin().await.expect("begin");
@@ -1885,13 +1910,7 @@ macro_rules! permits_are_read_after_the_gate {
             .execute(&mut observer)
             .await
             .expect("cleanup");
-        let g = locker
-            .semaphore(&name, 1)
-            .try_acquire()
-            .await
-            .expect("try_acquire")
-            .expect("free once the rival's permit is gone");
-        g.release().await.expect("release");
+        a_free_permit(&locker, &name, "the rival's permit is gone").await;
     }};
 }
 
@@ -1900,8 +1919,7 @@ async fn postgres_permits_are_read_after_waiting_for_the_gate() {
     permits_are_read_after_the_gate!(
         PgServer,
         sqlx::PgConnection,
-        "SELECT fence FROM dlock_shared_gate
-         WHERE lock_key = sha256(convert_to($1, 'UTF8')) AND family = 'semaphore' FOR UPDATE",
+        PG_LOCK_GATE,
         "INSERT INTO dlock_shared
             (lock_key, family, acquisition, name, owner, kind, fence, expires_at, metadata)
          VALUES (sha256(convert_to($1, 'UTF8')), 'semaphore', 42, $1, 'rival', 'permit',
@@ -1916,8 +1934,7 @@ async fn mariadb_permits_are_read_after_waiting_for_the_gate() {
     permits_are_read_after_the_gate!(
         MariaDbServer,
         sqlx::MySqlConnection,
-        "SELECT fence FROM dlock_shared_gate
-         WHERE lock_key = UNHEX(SHA2(?, 256)) AND family = 'semaphore' FOR UPDATE",
+        MARIADB_LOCK_GATE,
         "INSERT INTO dlock_shared
             (lock_key, family, acquisition, name, owner, kind, fence, expires_at, metadata)
          SELECT UNHEX(SHA2(n, 256)), 'semaphore', 42, n, 'rival', 'permit', 1000000,
@@ -1938,11 +1955,7 @@ async fn postgres_a_permit_renewed_while_an_attempt_waits_is_counted() {
         return;
     };
     let url = pg.url();
-    let locker = Locker::connect(&url).await.expect("connect");
-    let name = unique("renewed-meanwhile");
-    // The tables exist.
-    let first = locker.semaphore(&name, 1).acquire().await.expect("permit");
-    first.release().await.expect("release");
+    let (locker, name) = a_gate(&url, "renewed-meanwhile").await;
     // Another process's permit, its lease about to run out.
     let mut other = sqlx::PgConnection::connect(&url).await.expect("other");
     sqlx::query(
@@ -1997,14 +2010,9 @@ macro_rules! a_stalled_attempt_frees_the_gate {
         };
         let url = format!("{}?timeout=1s", server.url());
         let proxy = proxied(SocketAddr::from(([127, 0, 0, 1], server.port()))).await;
-        let stalled = Locker::connect(&via(&url, server.port(), &proxy))
-            .await
-            .expect("connect through the proxy");
-        let other = Locker::connect(&server.url()).await.expect("connect");
-        let name = unique("stalled");
         // The attempts' connection is open, through the proxy.
-        let first = stalled.semaphore(&name, 1).acquire().await.expect("permit");
-        first.release().await.expect("release");
+        let (stalled, name) = a_gate(&via(&url, server.port(), &proxy), "stalled").await;
+        let other = Locker::connect(&server.url()).await.expect("connect");
 
         proxy.set(Fault::Stalled);
         let answer = stalled.semaphore(&name, 1).try_acquire().await;
@@ -2053,11 +2061,7 @@ macro_rules! an_abandoned_wait_for_the_gate_ends {
             return;
         };
         let url = format!("{}?timeout=1s", server.url());
-        let locker = Locker::connect(&url).await.expect("connect");
-        let name = unique("abandoned-wait");
-        // The tables and the name's gate row exist.
-        let first = locker.semaphore(&name, 1).acquire().await.expect("permit");
-        first.release().await.expect("release");
+        let (locker, name) = a_gate(&url, "abandoned-wait").await;
 
         let mut rival = <$conn>::connect(&server.url()).await.expect("rival");
         let mut tx = rival.begin().await.expect("begin");
@@ -2110,8 +2114,7 @@ async fn postgres_an_abandoned_wait_for_the_gate_ends() {
     an_abandoned_wait_for_the_gate_ends!(
         PgServer,
         sqlx::PgConnection,
-        "SELECT fence FROM dlock_shared_gate
-         WHERE lock_key = sha256(convert_to($1, 'UTF8')) AND family = 'semaphore' FOR UPDATE",
+        PG_LOCK_GATE,
         "SELECT pid::bigint FROM pg_stat_activity
          WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO dlock_shared_gate%'"
     );
@@ -2122,8 +2125,7 @@ async fn mariadb_an_abandoned_wait_for_the_gate_ends() {
     an_abandoned_wait_for_the_gate_ends!(
         MariaDbServer,
         sqlx::MySqlConnection,
-        "SELECT fence FROM dlock_shared_gate
-         WHERE lock_key = UNHEX(SHA2(?, 256)) AND family = 'semaphore' FOR UPDATE",
+        MARIADB_LOCK_GATE,
         "SELECT CAST(trx_mysql_thread_id AS SIGNED) FROM information_schema.INNODB_TRX
          WHERE trx_state = 'LOCK WAIT'"
     );
@@ -2139,16 +2141,7 @@ async fn mariadb_an_attempts_connection_idle_past_the_limit_still_serves() {
         return;
     };
     let url = format!("{}?timeout=1s", maria.url());
-    let locker = Locker::connect(&url).await.expect("connect");
-    let name = unique("idle-past-limit");
-    let first = locker.semaphore(&name, 1).acquire().await.expect("permit");
-    first.release().await.expect("release");
+    let (locker, name) = a_gate(&url, "idle-past-limit").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let again = locker
-        .semaphore(&name, 1)
-        .try_acquire()
-        .await
-        .expect("an attempt after the idle spell")
-        .expect("free");
-    again.release().await.expect("release");
+    a_free_permit(&locker, &name, "after an idle spell").await;
 }
