@@ -24,8 +24,9 @@ pub enum Fault {
     /// As [`Fault::DropReplies`], and a client's close never reaches the server: the
     /// server sees a client that sent its requests and stopped (a paused process),
     /// its connection open until the server ends it. A connection whose client
-    /// closed under it stays so (a later [`FaultProxy::set`] does not revive it)
-    /// until the server closes it, [`FaultProxy::reset_all`] or the proxy's drop.
+    /// closed under it stays open to the server until the server closes it,
+    /// [`FaultProxy::reset_all`], the proxy's drop, or (after a [`FaultProxy::set`] to
+    /// a fault that forwards replies) the server's next reply.
     Stalled,
     /// Reset (RST) a connection once it has carried this many bytes in total.
     ResetAfter(usize),

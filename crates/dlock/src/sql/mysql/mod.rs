@@ -67,14 +67,14 @@
 //! (tested): once the tables exist, `SELECT, INSERT, UPDATE` on them are enough, for
 //! `inspect` too. Semaphores and read-write locks use two tables of their own
 //! (`<prefix>_shared_gate`, `<prefix>_shared`), made on first use: they also need
-//! `DELETE` on `<prefix>_shared`, and `CREATE` unless they exist already. An attempt at
-//! one holds its name's gate row in a short transaction: the server ends it when its
-//! client goes silent inside it for twice `timeout` in whole seconds (MariaDB 10.3 or
-//! later by `idle_transaction_timeout` and its write and read-only kin; MySQL by the
-//! attempts' connections' `wait_timeout`, so there such a connection idle for about
-//! `timeout` is made anew), and gives up its wait for the gate by then
-//! (`innodb_lock_wait_timeout`, never raised above the server's, at least 1 s) — the
-//! server does not see a client leave while a statement waits.
+//! `DELETE` on `<prefix>_shared`, and `CREATE` unless they exist already; on MariaDB
+//! they need 10.3 or later. An attempt at one holds its name's gate row in a short
+//! transaction: the server ends it when its client goes silent inside it for twice
+//! `timeout` in whole seconds (MariaDB by `idle_transaction_timeout` and its write and
+//! read-only kin; MySQL by the attempts' connections' `wait_timeout`, so there such a
+//! connection idle for about `timeout` is made anew), and gives up its wait for the
+//! gate by then (`innodb_lock_wait_timeout`, never raised above the server's, at least
+//! 1 s) — the server does not see a client leave while a statement waits.
 //! Not yet: fair (FIFO) mode, waiting by notification.
 
 use std::str::FromStr;
@@ -331,17 +331,8 @@ fn wait_timeout(heartbeat: Duration) -> u64 {
 }
 
 /// The setup of the semaphore and read-write lock attempts' connections, and how
-/// long one of them may stay idle in the client's set.
-///
-/// An attempt's transaction holds its name's gate row, so the server ends one whose
-/// client went silent inside it (a stopped process, a partition) after twice the
-/// statement timeout in whole seconds, `limit` (a client that is running waits for
-/// nothing between its statements), and gives up a wait for the gate (whose client
-/// gave up after `timeout`: the server does not see a client leave while a statement
-/// waits) after `limit` too, or the server's `lock_wait` when that is less. MariaDB
-/// ends the silent transaction by `idle_transaction_timeout`, which spares idle
-/// connections; MySQL has none, so there the connection's `wait_timeout` is `limit`
-/// and the client drops an idle one after half of it, before the server does.
+/// long one of them may stay idle in the client's set: the limits the module
+/// documentation states, `lock_wait` being the server's own lock wait limit.
 fn shared_setup(timeout: Duration, mariadb: bool, lock_wait: u64) -> (String, Duration) {
     // Whole seconds, at least 1 and at most what `wait_timeout` takes (a year).
     let twice = timeout.saturating_mul(2);
@@ -830,11 +821,12 @@ impl Dialect for Mysql {
         // A deadlock (the first gate rows of a name racing) rolls the transaction back
         // and a lock wait timeout leaves it open: either way it is rolled back and
         // begun again.
-        // All the tries within one timeout: a server whose own lock wait limit is
-        // shorter answers 1205 early, and the attempt must not outlast its timeout.
+        // The tries and the rollbacks between them within one timeout: a server whose
+        // own lock wait limit is shorter answers 1205 early.
         let mut tries = 0;
         let mut c = self.conn_from(&self.shared_own, &self.shared_setup).await?;
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let start = tokio::time::Instant::now();
+        let deadline = start.checked_add(self.timeout).unwrap_or(start);
         let (fence, rows) = loop {
             let answer = tokio::time::timeout_at(deadline, async {
                 // Each statement's result, then the live rows: the gate's (the second)
@@ -862,7 +854,7 @@ impl Dialect for Mysql {
             }
             timed(
                 BACKEND,
-                self.timeout,
+                deadline.saturating_duration_since(tokio::time::Instant::now()),
                 c.conn.execute(sqlx::raw_sql("ROLLBACK")),
             )
             .await?;
@@ -1072,4 +1064,50 @@ pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
         durable,
         Duration::from_secs(1),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The attempts' limits: twice the timeout rounded up to whole seconds (at least
+    /// 1, at most a year), the lock wait never above the server's (at least 1 s), and
+    /// on MySQL idle connections dropped after half the limit.
+    #[test]
+    fn attempts_limits() {
+        let ms = Duration::from_millis;
+        for (timeout, mariadb, server_wait, limit, lock_wait, drop_after) in [
+            (ms(300), true, 50, 1, 1, Duration::MAX),
+            (ms(1200), true, 50, 3, 3, Duration::MAX),
+            (ms(5000), false, 50, 10, 10, ms(5000)),
+            (ms(5000), false, 4, 10, 4, ms(5000)),
+            (ms(5000), true, 0, 10, 1, Duration::MAX),
+            (
+                Duration::from_secs(1_000_000_000),
+                false,
+                50,
+                31_536_000,
+                50,
+                ms(15_768_000_000),
+            ),
+        ] {
+            let (setup, dropped) = shared_setup(timeout, mariadb, server_wait);
+            let idle = if mariadb {
+                format!(
+                    "idle_transaction_timeout = {limit}, idle_write_transaction_timeout = {limit}, \
+                     idle_readonly_transaction_timeout = {limit}"
+                )
+            } else {
+                format!("wait_timeout = {limit}")
+            };
+            assert!(
+                setup.ends_with(&format!(
+                    "SET SESSION {idle}, innodb_lock_wait_timeout = {lock_wait}"
+                )),
+                "{timeout:?} {mariadb} {server_wait}: {setup}"
+            );
+            assert!(setup.starts_with(SESSION_SETUP), "{setup}");
+            assert_eq!(dropped, drop_after, "{timeout:?}");
+        }
+    }
 }

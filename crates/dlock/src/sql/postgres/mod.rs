@@ -265,8 +265,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let _ = probe.close().await;
     let pool = super::pool_options::<sqlx::Postgres>(opts.pool.max(2), own_idle, opts.timeout)
         .connect_lazy_with(connect.clone());
-    // An attempt's transaction waits for its client only between statements sent
-    // back to back: twice the statement timeout is generous.
+    // The limit on an attempt's hold of its name's gate (the module documentation).
     let sql = Statements::new(
         &opts.prefix,
         opts.lock_delay,

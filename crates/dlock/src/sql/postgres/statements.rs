@@ -69,10 +69,11 @@ pub(super) struct SharedStatements {
 }
 
 impl SharedStatements {
-    /// `idle_in_tx`: how long an attempt's transaction may wait for its client.
-    fn new(p: &str, idle_in_tx: std::time::Duration) -> Self {
+    /// `gate_limit`: how long an attempt's transaction may wait for its client, and
+    /// how long it may wait for its name's gate (the module documentation says why).
+    fn new(p: &str, gate_limit: std::time::Duration) -> Self {
         // Within the settings' range (an `int` of milliseconds).
-        let idle_ms = idle_in_tx.as_millis().clamp(1, i32::MAX as u128);
+        let limit_ms = gate_limit.as_millis().clamp(1, i32::MAX as u128);
         let notify_remove = notify_if_marked("$6", "$7");
         SharedStatements {
             tables: format!(
@@ -108,16 +109,14 @@ impl SharedStatements {
             // meanwhile as dead. "Now" is the clock's (`clock_timestamp`): every
             // statement of a batch has the batch's arrival, before the wait, as its
             // `statement_timestamp`.
-            // The attempt holds its name's gate until it ends: a client that stops
-            // inside it must not keep the gate, and a wait for the gate must not
-            // outlast its client for long (the server does not see a client leave
-            // while a statement waits) — `SET LOCAL`: for this transaction only, and
-            // through a connection pooler too, where a connection's startup options
-            // would not reach the session or be refused.
+            // Then the limits on the attempt's hold of the gate (the module
+            // documentation), `SET LOCAL`: for this transaction only, and through a
+            // connection pooler too, where a connection's startup options would not
+            // reach the session or be refused.
             begin: format!(
                 "BEGIN ISOLATION LEVEL READ COMMITTED;
-                 SET LOCAL idle_in_transaction_session_timeout = {idle_ms};
-                 SET LOCAL lock_timeout = {idle_ms};
+                 SET LOCAL idle_in_transaction_session_timeout = {limit_ms};
+                 SET LOCAL lock_timeout = {limit_ms};
                  INSERT INTO {p}_shared_gate AS g (lock_key, family, fence)
                  VALUES (decode('{{key}}', 'hex'), '{{family}}', 1)
                  ON CONFLICT (lock_key, family) DO UPDATE SET fence = g.fence + 1
@@ -198,12 +197,12 @@ impl Statements {
 
     /// `lock_delay`: how long a lease that ran out without a release still blocks
     /// other owners (a number in the SQL text, not user input).
-    /// `shared_idle_in_tx`: how long a semaphore's or read-write lock's attempt may
-    /// wait for its client inside its transaction.
+    /// `gate_limit`: how long a semaphore's or read-write lock's attempt may wait for
+    /// its client inside its transaction, or for its name's gate.
     pub(super) fn new(
         p: &str,
         lock_delay: std::time::Duration,
-        shared_idle_in_tx: std::time::Duration,
+        gate_limit: std::time::Duration,
     ) -> Self {
         let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
         // What a renewal inserts should the row be gone (deleted by hand: the name
@@ -215,7 +214,7 @@ impl Statements {
         let notify_break = notify_if_marked("$3", "$4");
         let notify_release = notify_if_marked("$4", "$5");
         Statements {
-            shared: SharedStatements::new(p, shared_idle_in_tx),
+            shared: SharedStatements::new(p, gate_limit),
             schema: format!(
                 "CREATE TABLE IF NOT EXISTS {p}_locks (
                     lock_key   bytea PRIMARY KEY,
