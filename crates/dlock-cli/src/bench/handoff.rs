@@ -9,6 +9,13 @@
 //! tasks, each on its own connection, blocked in `BLPOP` on one list; the holder passes
 //! on by `LPUSH`ing the token back. Redis serves blocked clients first come, first
 //! served, so this is what a fair, notified hand-off costs with nothing else around it.
+//!
+//! For a SQL lease URL, a *limit* in the same run: the least a lease hand-off does —
+//! the lease limit's owner-checked `UPDATE` that frees the row, an in-process wake of
+//! the next task in line (first come, first served), and that task's upsert that takes
+//! the freed row and draws its next token ([`crate::bench::raw_sql::lease_limit_take`]),
+//! both on one connection that passes from task to task. Each hand-off is two committed
+//! writes and two round trips, one after the other, whatever the client.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,11 +54,13 @@ pub struct HandoffRun {
     pub skipped: Skipped,
 }
 
-/// dlock's run and, where there is one, the floor's.
+/// dlock's run and, where there is one, the floor's and the limit's.
 #[derive(Debug, Serialize)]
 pub struct Handoff {
     pub dlock: HandoffRun,
     pub floor: Option<HandoffRun>,
+    /// SQL lease mode: the least a lease hand-off does (the module docs).
+    pub limit: Option<HandoffRun>,
 }
 
 /// Note a grant by `task`, released at once.
@@ -128,10 +137,56 @@ pub async fn run(
         (Some(u), Waiting::Notified) => Some(blpop_floor(u, name, waiters, duration).await?),
         _ => None,
     };
+    let lease = crate::bench::raw_sql::target(url).is_some_and(|(_, mode)| mode == "lease");
+    let limit = if lease && waiting == Waiting::Notified {
+        Some(lease_limit(url, waiters, duration).await?)
+    } else {
+        None
+    };
     Ok(Handoff {
         dlock: dlock_run,
         floor,
+        limit,
     })
+}
+
+/// The lease hand-off limit (the module docs): `waiters` tasks take turns on the lease
+/// limit's row for `duration`, through one bare connection, which passes to the next
+/// task in line (first come, first served: tokio's mutex queues fairly) once the
+/// holder's release has returned. Every grant must find the row free.
+async fn lease_limit(url: &str, waiters: u32, duration: Duration) -> Result<HandoffRun, Failure> {
+    use crate::bench::raw_sql::{SqlConn, lease_limit_free, lease_limit_table, lease_limit_take};
+    let mut conn = SqlConn::connect(url).await?;
+    lease_limit_table(&mut conn).await?;
+    let turn = Arc::new(tokio::sync::Mutex::new(conn));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..waiters {
+        let (turn, events) = (Arc::clone(&turn), Arc::clone(&events));
+        set.spawn(async move {
+            let owner = i64::from(task) + 1;
+            while Instant::now() < deadline {
+                let mut conn = turn.lock().await;
+                if Instant::now() >= deadline {
+                    break;
+                }
+                if !lease_limit_take(&mut conn, owner).await? {
+                    return Err(Failure::internal(
+                        "bare SQL client: the lease hand-off limit found its row held",
+                    ));
+                }
+                record(&events, task);
+                lease_limit_free(&mut conn, owner).await?;
+            }
+            Ok::<(), Failure>(())
+        });
+    }
+    crate::bench::tasks::join_or_stop(set).await?;
+    let seconds = start.elapsed().as_secs_f64();
+    let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
+    Ok(summarize(events, waiters, seconds))
 }
 
 /// `waiters` tasks of this process loop on `name` for `duration` (each acquisition

@@ -603,6 +603,17 @@ fn print_report(r: &Report) {
                 h.dlock.handoff.p99_us as f64 / f.handoff.p99_us.max(1) as f64
             );
         }
+        if let Some(l) = &h.limit {
+            print_handoff(
+                "limit (bare release, in-process wake, bare grant; same run)",
+                l,
+            );
+            outln!(
+                "  dlock / limit: p50 {:.2}x, p99 {:.2}x",
+                h.dlock.handoff.p50_us as f64 / l.handoff.p50_us.max(1) as f64,
+                h.dlock.handoff.p99_us as f64 / l.handoff.p99_us.max(1) as f64
+            );
+        }
     }
     if let Some(p) = &r.polling {
         outln!(

@@ -146,7 +146,30 @@ impl SqlConn {
 /// release frees it if `owner` still holds it. An acquisition that grants nothing is
 /// an error: every cycle of the limit must take the lock, or its rate says nothing.
 async fn lease_limit_cycle(conn: &mut SqlConn, owner: i64) -> Result<(), Failure> {
-    let granted = match conn {
+    if !lease_limit_take(conn, owner).await? {
+        return Err(Failure::internal(
+            "bare SQL client: the lease limit's acquisition found its row held",
+        ));
+    }
+    lease_limit_free(conn, owner).await
+}
+
+/// The lease limit's table, its row free (its owner and token start afresh).
+pub async fn lease_limit_table(conn: &mut SqlConn) -> Result<(), Failure> {
+    conn.batch(
+        "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
+         owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
+         owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL)",
+    )
+    .await?;
+    conn.exec("DELETE FROM dlock_bench_floor_lease").await
+}
+
+/// The lease limit's acquisition: whether `owner` took row 1 (free, or its lease
+/// ended), drawing the row's next token, in one statement.
+pub async fn lease_limit_take(conn: &mut SqlConn, owner: i64) -> Result<bool, Failure> {
+    Ok(match conn {
         SqlConn::Pg(c) => sqlx::query_scalar::<_, i64>(
             "INSERT INTO dlock_bench_floor_lease AS l (id, owner, fence, expires_at) \
              VALUES (1, $1, 1, statement_timestamp() + interval '30 seconds') \
@@ -182,19 +205,18 @@ async fn lease_limit_cycle(conn: &mut SqlConn, owner: i64) -> Result<(), Failure
             .last_insert_id()
                 > 0
         }
-    };
-    if !granted {
-        return Err(Failure::internal(
-            "bare SQL client: the lease limit's acquisition found its row held",
-        ));
-    }
+    })
+}
+
+/// The lease limit's release: row 1 freed if `owner` still holds it.
+pub async fn lease_limit_free(conn: &mut SqlConn, owner: i64) -> Result<(), Failure> {
     conn.change(
         "UPDATE dlock_bench_floor_lease SET expires_at = '-infinity' WHERE id = 1 AND owner = $1",
         "UPDATE dlock_bench_floor_lease SET expires_at = '1970-01-02' WHERE id = 1 AND owner = ?",
         &[owner],
     )
-    .await?;
-    Ok(())
+    .await
+    .map(drop)
 }
 
 /// One bare cycle of `mode`'s statements, `i` distinguishing cycles.
@@ -301,14 +323,7 @@ impl SqlFloor {
             .await?;
         if mode == "lease" {
             // The lease limit's row (`lease_limit_cycle`).
-            conn.batch(
-                "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
-                 owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)",
-                "CREATE TABLE IF NOT EXISTS dlock_bench_floor_lease (id BIGINT PRIMARY KEY, \
-                 owner BIGINT NOT NULL, fence BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL)",
-            )
-            .await?;
-            conn.exec("DELETE FROM dlock_bench_floor_lease").await?;
+            lease_limit_table(&mut conn).await?;
         }
         conn.exec("DELETE FROM dlock_bench_floor_fence").await?;
         conn.exec("INSERT INTO dlock_bench_floor_fence (id, v) VALUES (1, 0)")

@@ -7,9 +7,12 @@ use crate::exit::Failure;
 
 /// Every task's value, in the order the tasks finished; at the first failure the other
 /// tasks are aborted and waited for, and that failure is returned.
-pub async fn join_or_stop<T: 'static>(
-    mut set: JoinSet<Result<T, dlock::Error>>,
-) -> Result<Vec<T>, Failure> {
+pub async fn join_or_stop<T: 'static, E: 'static>(
+    mut set: JoinSet<Result<T, E>>,
+) -> Result<Vec<T>, Failure>
+where
+    Failure: From<E>,
+{
     let mut done = Vec::with_capacity(set.len());
     while let Some(joined) = set.join_next().await {
         let failure = match joined {
