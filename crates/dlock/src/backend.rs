@@ -567,4 +567,9 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     fn keeps_lock_delay(&self) -> bool {
         false
     }
+
+    /// The core counts the hold lost (before its release after the loss, if any):
+    /// whatever the backend kept as "held here" for its own waiters goes now. Nothing
+    /// by default.
+    fn lost(&self) {}
 }

@@ -603,6 +603,9 @@ impl Hold {
     /// the next owner back while this holder hears of the loss and stops.
     async fn release_after_loss(keep: &mut Keep) {
         keep.next_renew = NEVER;
+        if let Some(held) = keep.held.as_ref() {
+            held.lost();
+        }
         if keep.held.as_ref().is_some_and(|h| !h.keeps_lock_delay())
             && let Some(held) = keep.held.take()
         {

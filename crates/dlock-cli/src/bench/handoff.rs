@@ -172,13 +172,13 @@ async fn lease_limit(url: &str, waiters: u32, duration: Duration) -> Result<Hand
                 if Instant::now() >= deadline {
                     break;
                 }
-                if !lease_limit_take(&mut conn, owner).await? {
+                if !bounded(lease_limit_take(&mut conn, owner)).await? {
                     return Err(Failure::internal(
                         "bare SQL client: the lease hand-off limit found its row held",
                     ));
                 }
                 record(&events, task);
-                lease_limit_free(&mut conn, owner).await?;
+                bounded(lease_limit_free(&mut conn, owner)).await?;
             }
             Ok::<(), Failure>(())
         });
@@ -187,6 +187,16 @@ async fn lease_limit(url: &str, waiters: u32, duration: Duration) -> Result<Hand
     let seconds = start.elapsed().as_secs_f64();
     let events = std::mem::take(&mut *events.lock().map_err(|_| Failure::internal("poisoned"))?);
     Ok(summarize(events, waiters, seconds))
+}
+
+/// A bare statement of the limit, given up after 30 s (as dlock's acquisitions here):
+/// a stalled server fails the run instead of hanging it.
+async fn bounded<T>(
+    statement: impl std::future::Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    tokio::time::timeout(Duration::from_secs(30), statement)
+        .await
+        .map_err(|_| Failure::internal("bare SQL client: no answer within 30s"))?
 }
 
 /// `waiters` tasks of this process loop on `name` for `duration` (each acquisition

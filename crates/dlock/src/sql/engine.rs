@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
 use super::renewer::LeaseRenewer;
 use super::session::{IdleConns, Pinned, Session};
-use super::{Mode, SqlOptions, SqlWaiter, hex, lock_key, metadata_from};
+use super::{
+    LocalHold, LocalHolds, LocalMark, Mode, SqlOptions, SqlWaiter, hex, lock_key, metadata_from,
+};
 use crate::backend::{
     AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Primitive, Waiter,
 };
@@ -32,6 +34,9 @@ pub(crate) struct SqlBackend<D: Dialect> {
     shared_ready: tokio::sync::OnceCell<()>,
     /// Renews lease-mode holds, many per statement.
     renewer: LeaseRenewer,
+    /// The lease-mode locks held here now and the attempts at them in flight (counted
+    /// only where releases notify): their waiters need no mark ([`LocalMark`]).
+    local: Arc<LocalHolds>,
 }
 
 impl<D: Dialect> std::fmt::Debug for SqlBackend<D> {
@@ -67,6 +72,7 @@ impl<D: Dialect> SqlBackend<D> {
             hub,
             durable,
             shared_ready: tokio::sync::OnceCell::new(),
+            local: Arc::default(),
         }
     }
 
@@ -101,6 +107,8 @@ impl<D: Dialect> SqlBackend<D> {
 
     async fn acquire_lease(&self, req: &AcquireRequest) -> Result<Attempt> {
         let key = lock_key(&req.name);
+        // Counted until the answer is in, and dropped with it if the caller gives up.
+        let _attempt = D::NATIVE_WAIT.then(|| self.local.enter(key));
         match self.dialect.lease_acquire(req, &key).await? {
             LeaseAnswer::Granted(fence) => Ok(Attempt::Acquired(Box::new(LeaseHeld {
                 dialect: Arc::clone(&self.dialect),
@@ -108,6 +116,7 @@ impl<D: Dialect> SqlBackend<D> {
                 hub: Arc::clone(&self.hub),
                 hold: Arc::new(self.hold(req, key, fence)),
                 lock_delay: !self.opts.lock_delay.is_zero(),
+                local: std::sync::Mutex::new(D::NATIVE_WAIT.then(|| self.local.enter(key))),
             }))),
             LeaseAnswer::Busy(retry_after) => Ok(Attempt::Busy { retry_after }),
         }
@@ -247,12 +256,30 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         // announces itself, and the watch is woken once the mark is taken, so the
         // attempt after that sees any release that stayed silent before.
         let watch = self.hub.watch(&key, waiter_class(req.primitive));
-        Ok(Box::new(SqlWaiter {
+        // A lease-mode lock held here is released here, which wakes this watch: its
+        // mark waits until the key is neither held nor being taken here ([`LocalMark`]).
+        let local =
+            (D::NATIVE_WAIT && self.opts.mode == Mode::Lease && req.primitive == Primitive::Lock)
+                .then(|| {
+                    let dialect = Arc::clone(&self.dialect);
+                    LocalMark {
+                        key,
+                        here: Arc::clone(&self.local),
+                        take: Box::new(move || dialect.mark_waiting(&key)),
+                    }
+                });
+        let mut waiter = SqlWaiter {
             watch,
             poll: self.opts.poll,
             jitter: D::POLL_JITTER,
-            _mark: self.dialect.mark_waiting(&key),
-        }))
+            mark: None,
+            local,
+        };
+        match waiter.local {
+            Some(_) => waiter.mark_as_needed(),
+            None => waiter.mark = self.dialect.mark_waiting(&key),
+        }
+        Ok(Box::new(waiter))
     }
 
     async fn holders(&self, name: &LockName, primitive: Primitive) -> Result<Vec<LockInfo>> {
@@ -318,6 +345,9 @@ struct LeaseHeld<D> {
     hub: Arc<WakeOne<[u8; 32]>>,
     hold: Arc<Hold>,
     lock_delay: bool,
+    /// Counted among the backend's local holds until it is released or dropped
+    /// ([`LocalMark`]).
+    local: std::sync::Mutex<Option<LocalHold>>,
 }
 
 impl<D> std::fmt::Debug for LeaseHeld<D> {
@@ -345,7 +375,11 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
     }
 
     async fn release(&self) -> Result<()> {
-        if self.dialect.lease_release(&self.hold).await? {
+        let freed = self.dialect.lease_release(&self.hold).await?;
+        // Uncounted before the wake-up: the task woken must not find the key still
+        // held here and wait unmarked behind a holder that has gone.
+        self.uncount();
+        if freed {
             self.hub.wake(&self.hold.key);
         }
         Ok(())
@@ -353,6 +387,25 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
 
     fn keeps_lock_delay(&self) -> bool {
         self.lock_delay
+    }
+
+    fn lost(&self) {
+        // Another process may take the key now (after the lease, and any lock-delay,
+        // with no release here): a waiter woken looks again and marks it.
+        if self.uncount() {
+            self.hub.wake(&self.hold.key);
+        }
+    }
+}
+
+impl<D> LeaseHeld<D> {
+    /// No longer counted among the backend's local holds; whether it still was.
+    fn uncount(&self) -> bool {
+        self.local
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .is_some()
     }
 }
 

@@ -34,6 +34,7 @@
 //! transaction; a renewal and a release one statement each. A holder that dies frees
 //! its permit when its lease ends (not with its connection, whatever the mode).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -379,14 +380,122 @@ pub(crate) struct SqlWaiter {
     pub poll: Duration,
     pub jitter: bool,
     /// The server-side mark that makes releases of the key notify (see
-    /// [`dialect::Dialect::mark_waiting`]), kept while the waiter lives.
-    pub _mark: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// [`dialect::Dialect::mark_waiting`]), kept while the waiter lives — or, with
+    /// `local`, while no hold or attempt of this backend has the key.
+    pub mark: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// A lease-mode lock's waiter on a server that notifies: see [`LocalMark`].
+    pub local: Option<LocalMark>,
+}
+
+/// The longest an unmarked [`LocalMark`] waiter's poller waits between looks.
+const UNMARKED_POLL: Duration = Duration::from_secs(1);
+
+/// A waiter's mark, taken only while the key is neither held nor being taken by this
+/// backend.
+///
+/// While a lease-mode hold of the backend has the key, its release wakes this
+/// process's waiters itself, and a `NOTIFY` would only cost the server a queue write
+/// and every listening process a message: so hand-offs within a process stay silent.
+/// An attempt of the backend in flight counts as here too: it is the hand-off under
+/// way (the task a release woke), and the waiter that lost to it must not mark the
+/// key in that instant and keep the mark for its whole wait. Before each wait the
+/// waiter looks again ([`LocalHolds::here`]): a key neither held nor being taken here
+/// (another process has it, or a hold was lost) gets its mark back, and the mark's
+/// taking wakes the waiter, whose next attempt sees any release that stayed silent
+/// meanwhile; a key here again gives it up (the bucket's mark lingers a second:
+/// `postgres::marks`). A hold the core counts lost is uncounted at once, and wakes a
+/// waiter to look ([`crate::backend::HeldLock::lost`]). A key that stops being here
+/// without a wake-up here (an attempt that found it held elsewhere and left, a release
+/// that failed) is seen by the key's poller within `poll` or [`UNMARKED_POLL`],
+/// whichever is shorter, and the other waiters within that times their number — as
+/// long as a missing mark costs them anyway.
+pub(crate) struct LocalMark {
+    pub key: [u8; 32],
+    pub here: Arc<LocalHolds>,
+    /// Asks for the key's mark ([`dialect::Dialect::mark_waiting`]).
+    pub take: Box<dyn Fn() -> Option<Box<dyn std::any::Any + Send + Sync>> + Send + Sync>,
+}
+
+impl std::fmt::Debug for LocalMark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalMark").finish_non_exhaustive()
+    }
+}
+
+impl SqlWaiter {
+    /// Mark the key unless it is here, or give the mark up if it is ([`LocalMark`]);
+    /// without `local`, the mark taken at the start stays.
+    pub(crate) fn mark_as_needed(&mut self) {
+        let Some(local) = &self.local else {
+            return;
+        };
+        if local.here.here(&local.key) {
+            self.mark = None;
+        } else if self.mark.is_none() {
+            self.mark = (local.take)();
+        }
+    }
+}
+
+/// The lease-mode locks a backend holds now and the attempts at them it has in flight,
+/// counted by key: what [`LocalMark`] asks.
+#[derive(Debug, Default)]
+pub(crate) struct LocalHolds(std::sync::Mutex<std::collections::HashMap<[u8; 32], u32>>);
+
+impl LocalHolds {
+    /// Count a hold of `key`, or an attempt at it, until the entry is dropped.
+    pub(crate) fn enter(self: &Arc<Self>, key: [u8; 32]) -> LocalHold {
+        *self.map().entry(key).or_default() += 1;
+        LocalHold {
+            here: Arc::clone(self),
+            key,
+        }
+    }
+
+    /// Whether a hold of `key` or an attempt at it is counted.
+    pub(crate) fn here(&self, key: &[u8; 32]) -> bool {
+        self.map().contains_key(key)
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 32], u32>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One counted hold or attempt ([`LocalHolds::enter`]): uncounted when dropped.
+#[derive(Debug)]
+pub(crate) struct LocalHold {
+    here: Arc<LocalHolds>,
+    key: [u8; 32],
+}
+
+impl Drop for LocalHold {
+    fn drop(&mut self) {
+        let mut map = self.here.map();
+        if let Some(n) = map.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl Waiter for SqlWaiter {
     async fn changed(&mut self, max: Duration) -> Result<()> {
-        let mut wait = self.watch.poll_every(self.poll).min(max);
+        self.mark_as_needed();
+        // Unmarked, the key's poller looks at least every UNMARKED_POLL: a key that
+        // stopped being here without a wake-up here (an attempt that left, a release
+        // that failed) gets its mark within that, whatever `poll`.
+        let poll = if self.local.is_some() && self.mark.is_none() {
+            self.poll.min(UNMARKED_POLL)
+        } else {
+            self.poll
+        };
+        let mut wait = self.watch.poll_every(poll).min(max);
         if self.jitter {
             let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
             wait = Duration::from_nanos(nanos / 2 + fastrand::u64(0..=nanos / 2));

@@ -17,6 +17,8 @@
 //! - granted: nobody marked the bucket, so it stays silent — and it holds that
 //!   exclusive lock until its commit. A mark taken meanwhile waits for the commit.
 //!
+//! (A lease-mode lock waiter asks only while its key is neither held nor being taken
+//! by its own backend, whose release wakes it anyway: `sql::LocalMark`.)
 //! A waiter's subscription asks for the mark and does not wait for it: when the task
 //! takes a bucket's mark, it wakes one local waiter of each key in the bucket, and
 //! that waiter's next attempt comes after the mark — it sees any release that stayed
