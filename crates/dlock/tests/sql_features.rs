@@ -1756,9 +1756,11 @@ async fn postgres_hand_offs_within_a_process_stay_silent() {
         tasks * rounds
     );
     // Marked, each of these releases would notify (a waiter of this process was there
-    // for nearly every one, 98 of 100 when measured so); a few are allowed for.
+    // for nearly every one: 98 of 100 when measured so). A mark taken in the instant
+    // between a release and the next attempt lingers a second or two, and makes the
+    // releases meanwhile notify: up to half are allowed for.
     assert!(
-        heard <= 10,
+        heard < tasks * rounds / 2,
         "{heard} of {} releases handed on within one process notified",
         tasks * rounds
     );
@@ -1772,10 +1774,13 @@ async fn postgres_hand_offs_within_a_process_stay_silent() {
 }
 
 /// PostgreSQL lease mode: a task that waited unmarked behind a holder of its own
-/// process, and then lost the lock to another process, marks the key itself: that
-/// process's release wakes it at once (its re-poll is a minute away). Rounds race a
-/// waiter of each process for a release, until the other process has won three (at
-/// most 60 rounds, and it must win one); every waiter must be served within seconds.
+/// process, and then lost the lock to another process, marks the key itself, and that
+/// process's release wakes it. Rounds race a waiter of each process for a release,
+/// until the other process has won three (at most 60 rounds, and it must win one);
+/// in those, once the other process's own mark has lapsed, a mark must be held (the
+/// local waiter's: without it the release would stay silent, and only the waiter's
+/// one-second look, not this test, would serve it). Every waiter must be served
+/// within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_waiter_that_lost_to_another_process_is_notified() {
     let Some(pg) = PgServer::start() else {
@@ -1784,6 +1789,9 @@ async fn postgres_a_waiter_that_lost_to_another_process_is_notified() {
     let url = format!("{}?poll=60s", pg.url());
     let (a, b) = two_lockers(&url).await;
     let name = unique("lost-to-remote");
+    let mut observer = sqlx::PgConnection::connect(&pg.url())
+        .await
+        .expect("observer");
     let mut lost_to_remote = 0;
     let mut rounds = 0;
     for round in 0..60 {
@@ -1816,13 +1824,21 @@ async fn postgres_a_waiter_that_lost_to_another_process_is_notified() {
                 lost_to_remote += 1;
                 // Past the linger of the other process's own mark (a second after its
                 // waiter left, checked every second): only the local waiter's mark
-                // can make the release notify.
-                (r.expect("join"), local, Duration::from_millis(2_500))
+                // can be there then.
+                (r.expect("join"), local, Duration::from_millis(3_000))
             }
         };
         let (_, got) = first;
         let got = got.expect("the first waiter");
         tokio::time::sleep(hold_for).await;
+        if hold_for > Duration::from_secs(1) {
+            until_marks(
+                &mut observer,
+                true,
+                &format!("round {round}: the local waiter did not mark the key it lost"),
+            )
+            .await;
+        }
         let released = Instant::now();
         got.release().await.expect("release");
         let (at, got) = second.await.expect("join");

@@ -156,8 +156,8 @@ pub async fn run(
 /// holder's release has returned. Every grant must find the row free.
 async fn lease_limit(url: &str, waiters: u32, duration: Duration) -> Result<HandoffRun, Failure> {
     use crate::bench::raw_sql::{SqlConn, lease_limit_free, lease_limit_table, lease_limit_take};
-    let mut conn = SqlConn::connect(url).await?;
-    lease_limit_table(&mut conn).await?;
+    let mut conn = bounded(SqlConn::connect(url)).await?;
+    bounded(lease_limit_table(&mut conn)).await?;
     let turn = Arc::new(tokio::sync::Mutex::new(conn));
     let events = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();

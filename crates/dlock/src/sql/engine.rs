@@ -375,14 +375,15 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
     }
 
     async fn release(&self) -> Result<()> {
-        let freed = self.dialect.lease_release(&self.hold).await?;
+        let released = self.dialect.lease_release(&self.hold).await;
         // Uncounted before the wake-up: the task woken must not find the key still
-        // held here and wait unmarked behind a holder that has gone.
+        // held here and wait unmarked behind a holder that has gone. A release that
+        // failed may have freed the row too: a waiter looks.
         self.uncount();
-        if freed {
+        if !matches!(released, Ok(false)) {
             self.hub.wake(&self.hold.key);
         }
-        Ok(())
+        released.map(drop)
     }
 
     fn keeps_lock_delay(&self) -> bool {

@@ -381,13 +381,15 @@ pub(crate) struct SqlWaiter {
     pub jitter: bool,
     /// The server-side mark that makes releases of the key notify (see
     /// [`dialect::Dialect::mark_waiting`]), kept while the waiter lives — or, with
-    /// `local`, while no hold or attempt of this backend has the key.
+    /// `local`, taken or given up before each wait ([`LocalMark`]).
     pub mark: Option<Box<dyn std::any::Any + Send + Sync>>,
     /// A lease-mode lock's waiter on a server that notifies: see [`LocalMark`].
     pub local: Option<LocalMark>,
 }
 
-/// The longest an unmarked [`LocalMark`] waiter's poller waits between looks.
+/// The longest an unmarked [`LocalMark`] waiter's poller waits between looks: no
+/// longer than a bucket's mark lingers after its last waiter (`postgres::marks`), so a
+/// key the process stopped marking is looked at again before releases go silent.
 const UNMARKED_POLL: Duration = Duration::from_secs(1);
 
 /// A waiter's mark, taken only while the key is neither held nor being taken by this
@@ -402,8 +404,8 @@ const UNMARKED_POLL: Duration = Duration::from_secs(1);
 /// waiter looks again ([`LocalHolds::here`]): a key neither held nor being taken here
 /// (another process has it, or a hold was lost) gets its mark back, and the mark's
 /// taking wakes the waiter, whose next attempt sees any release that stayed silent
-/// meanwhile; a key here again gives it up (the bucket's mark lingers a second:
-/// `postgres::marks`). A hold the core counts lost is uncounted at once, and wakes a
+/// meanwhile; a key here again gives it up (the bucket's mark lingers one to two
+/// seconds: `postgres::marks`). A hold the core counts lost is uncounted at once, and wakes a
 /// waiter to look ([`crate::backend::HeldLock::lost`]). A key that stops being here
 /// without a wake-up here (an attempt that found it held elsewhere and left, a release
 /// that failed) is seen by the key's poller within `poll` or [`UNMARKED_POLL`],

@@ -19,7 +19,8 @@
 //!
 //! (A lease-mode lock waiter asks only while its key is neither held nor being taken
 //! by its own backend, whose release wakes it anyway: `sql::LocalMark`.)
-//! A waiter's subscription asks for the mark and does not wait for it: when the task
+//!
+//! A waiter that asks for the mark does not wait for it: when the task
 //! takes a bucket's mark, it wakes one local waiter of each key in the bucket, and
 //! that waiter's next attempt comes after the mark — it sees any release that stayed
 //! silent before. A waiter is never stranded: its wait is still bounded by the re-poll

@@ -49,12 +49,10 @@
 //! space, and the release notifies only if it cannot take that pair exclusively. A
 //! release nobody waits for thus costs neither the server's notification queue nor any
 //! listener a message. One listener connection per backend wakes the waiters of the
-//! notified key in this process. A release also wakes the waiters of its own backend
-//! itself, so a lease-mode lock waiter marks its key only while no hold of its backend
-//! has the key and no attempt of its backend is taking it: a lock handed from task to
-//! task within a process stays silent. Before each wait it looks again: a key another
-//! process took (or a hold lost) is marked then, and the mark's taking wakes it to try
-//! once more; unmarked, the key's poller looks at least every second. A lease that ends without a release is re-polled at
+//! notified key in this process. A release that frees a key wakes one waiter of its
+//! own backend itself, so a lease-mode lock waiter marks its key only while its backend
+//! neither holds nor is taking it (`sql::LocalMark` says how): a lock handed from task
+//! to task within a process stays silent. A lease that ends without a release is re-polled at
 //! its expiry; a session that dies without a release is found by the fallback re-poll
 //! every `poll` (default 100 ms), which also bounds every wait should a mark be missing
 //! (one waiter per key and kind of hold in a process re-polls so; the others, woken
