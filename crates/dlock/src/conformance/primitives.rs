@@ -1109,19 +1109,26 @@ pub async fn primitives_under_faults(h: &Harness) {
     ));
     let stop = Instant::now() + Duration::from_secs(5);
     let granted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // Each attempt's own owner, and which locker made it: what a failure names.
+    let attempts: Arc<Mutex<HashMap<String, &'static str>>> = Arc::default();
     let mut tasks = Vec::new();
     for t in 0..12 {
-        let locker = if t % 2 == 0 {
-            near.clone()
+        let (locker, via) = if t % 2 == 0 {
+            (near.clone(), "behind the proxy")
         } else {
-            far.clone()
+            (far.clone(), "not behind the proxy")
         };
         let (sem_name, rw_name) = (sem_name.clone(), rw_name.clone());
         let (permits, holds) = (permits.clone(), holds.clone());
-        let granted = Arc::clone(&granted);
+        let (granted, attempts) = (Arc::clone(&granted), Arc::clone(&attempts));
         tasks.push(tokio::spawn(async move {
             while Instant::now() < stop {
-                let opts = crowd_opts(None);
+                let owner = Owner::random();
+                attempts
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(owner.as_str().to_owned(), via);
+                let opts = crowd_opts(Some(&owner));
                 let on_sem = t < 6;
                 let writer = !on_sem && fastrand::u8(0..3) == 0;
                 let attempt = async {
@@ -1188,12 +1195,22 @@ pub async fn primitives_under_faults(h: &Harness) {
     let within = Duration::from_secs(5);
     let fresh = h.locker().await;
     let sem = fresh.semaphore(&sem_name, 2);
-    // Who is still inside, when something is: the owners say which locker left it.
+    // Who is still inside, when something is, and which locker's attempt left it.
     let left = |what: &str, e: &Error, inside: crate::Result<Vec<crate::LockInfo>>| {
+        let attempts = attempts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let whose: Vec<&str> = inside.as_ref().map_or_else(
+            |_| Vec::new(),
+            |holders| {
+                holders
+                    .iter()
+                    .map(|h| attempts.get(&h.owner).copied().unwrap_or("of no attempt"))
+                    .collect()
+            },
+        );
         format!(
-            "{what} free after the faults: {e:?}; still inside: {inside:?} (owners: {} behind the proxy, {} not)",
-            near.owner(),
-            far.owner()
+            "{what} free after the faults: {e:?}; still inside: {inside:?}, left by attempts {whose:?}"
         )
     };
     let all = match sem

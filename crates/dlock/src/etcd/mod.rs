@@ -23,6 +23,11 @@
 //!   the longest-waiting one, so the releaser cannot take it straight back past them.
 //!   The slot belongs to an acquisition, never to an owner string, so one task's late
 //!   cleanup can never touch another task's key.
+//! - A put whose answer never came may still be applied by etcd after the attempt's
+//!   cleanup deleted the key. For 10 s after such a put, whoever frees the slot last
+//!   looks for the key again, at pauses doubling from 100 ms to 1 s, and deletes it —
+//!   with the slot closed for the look, so a local acquisition that found the key
+//!   there and took it as its own keeps it.
 //! - A release deletes the key only if its create revision is still the grant's token:
 //!   a key that went with an expired session is reported as a lost lock, not as a
 //!   successful release.
@@ -69,8 +74,9 @@
 //!   a waiting writer of another owner ([`crate::RwLock::downgrade`]).
 //! - The key is put before the listing that decides (a `try_` attempt lists first and
 //!   writes nothing when it would not be let in); a key whose put's reply was lost is
-//!   deleted when the attempt ends, and once more 10 s later (etcd may still apply a
-//!   put the client gave up on); a dead holder's keys go with its session.
+//!   deleted when the attempt ends, and looked for again for 10 s, as for a lock
+//!   (etcd may still apply a put the client gave up on); a dead holder's keys go with
+//!   its session.
 //!
 //! # Breaking a lock
 //! [`Locker::break_lock`](crate::Locker::break_lock) deletes the holder's key if its
@@ -108,7 +114,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use client::{Client, ConnectOptions, RpcError, create_revision_is, prefix_end, revision};
@@ -125,6 +131,7 @@ use crate::queue::StoredHolder;
 use crate::url::ConnectUrl;
 
 mod client;
+mod late_put;
 mod proto;
 mod session;
 mod shared;
@@ -195,6 +202,10 @@ struct Slot {
     held: bool,
     /// A put of the key has been sent (it may exist): leaving must delete it.
     maybe_put: bool,
+    /// A put of the key went unanswered: etcd may still apply it until then, after
+    /// the key's delete. Passed on with the slot; whoever frees it last looks for the
+    /// key until then ([`late_put`]).
+    late_until: Option<Instant>,
     /// When queued: the key created just before ours and its create revision (its
     /// deletion is watched; a key of the same name with another revision — another
     /// local contender of that process reusing the name — means it is gone).
@@ -385,7 +396,7 @@ impl Inner {
     /// The slot for `dir`, if `acquisition` has it, is free again: hand it to the
     /// local acquisition that has waited longest (reserved for it, its key not yet
     /// put) and wake that one only.
-    fn free_slot(&self, dir: &str, acquisition: AcquisitionId) {
+    fn free_slot(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId) {
         let mut slots = self.slots();
         let freed = match slots.get(dir) {
             Some(s) if s.acquisition == acquisition => slots.remove(dir),
@@ -394,6 +405,7 @@ impl Inner {
         let Some(freed) = freed else {
             return;
         };
+        let late_until = freed.late_until.filter(|t| *t > Instant::now());
         let mut local = self.local();
         let next = local.get_mut(dir).and_then(VecDeque::pop_front);
         if local.get(dir).is_some_and(VecDeque::is_empty) {
@@ -401,6 +413,8 @@ impl Inner {
         }
         drop(local);
         if let Some(next) = next {
+            // A late put lands on the next acquisition's key name, which takes it as
+            // its own (its put finds the key there): it frees the slot with the key.
             slots.insert(
                 dir.to_owned(),
                 Slot {
@@ -409,12 +423,72 @@ impl Inner {
                     key: freed.key,
                     held: false,
                     maybe_put: false,
+                    late_until,
                     predecessor: None,
                 },
             );
             drop(slots);
             next.wake.notify_one();
+        } else if let Some(until) = late_until {
+            drop(slots);
+            self.sweep_late_put(dir, freed.key, freed.session, until);
         }
+    }
+
+    /// Until `until`, delete `key` each time it turns up while no local acquisition
+    /// uses the slot. The slot is closed from the look that found the key until its
+    /// delete is answered: a local acquisition that took the key as its own (its put
+    /// found it there) must keep it, and it can only have done so while the slot was
+    /// free. Holds the backend weakly: a dropped backend revokes its session.
+    fn sweep_late_put(
+        self: &Arc<Self>,
+        dir: &str,
+        key: String,
+        session: Arc<Session>,
+        until: Instant,
+    ) {
+        let (inner, dir) = (Arc::downgrade(self), dir.to_owned());
+        late_put::sweep(Arc::clone(&session), until, move || {
+            let (inner, dir, key, session) = (
+                std::sync::Weak::clone(&inner),
+                dir.clone(),
+                key.clone(),
+                Arc::clone(&session),
+            );
+            async move {
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                if inner.slots().contains_key(&dir) {
+                    return;
+                }
+                let Some(revision) = late_put::find(&inner.client, &key).await else {
+                    return;
+                };
+                let look = AcquisitionId::new();
+                {
+                    let mut slots = inner.slots();
+                    if slots.contains_key(&dir) {
+                        // Taken meanwhile: the key is that acquisition's now.
+                        return;
+                    }
+                    slots.insert(
+                        dir.clone(),
+                        Slot {
+                            acquisition: look,
+                            session: Arc::clone(&session),
+                            key: key.clone(),
+                            held: true,
+                            maybe_put: false,
+                            late_until: None,
+                            predecessor: None,
+                        },
+                    );
+                }
+                late_put::delete_found(&inner.client, &session, &key, revision).await;
+                inner.free_slot(&dir, look);
+            }
+        });
     }
 
     /// Queue `acquisition` for `dir`'s slot unless the slot is free or already its
@@ -587,6 +661,7 @@ impl Inner {
                         key: key.clone(),
                         held: false,
                         maybe_put: true,
+                        late_until: None,
                         predecessor: None,
                     },
                 );
@@ -640,6 +715,23 @@ impl Inner {
         })))
     }
 
+    /// A put of `acquisition`'s key went unanswered: note how long etcd may still apply
+    /// it (see [`Slot::late_until`]); the error to report.
+    fn unanswered(
+        &self,
+        dir: &str,
+        acquisition: AcquisitionId,
+        session: &Session,
+        e: &RpcError,
+    ) -> Error {
+        if let Some(s) = self.slots().get_mut(dir)
+            && s.acquisition == acquisition
+        {
+            s.late_until = Some(Instant::now() + late_put::LATE_PUT);
+        }
+        session_err(session, e)
+    }
+
     /// Put this contender's key (owner and metadata), attached to the session lease.
     fn put_mine(req: &AcquireRequest, key: &str, session: &Session) -> RequestOp {
         op(Request::Put(proto::PutRequest {
@@ -672,7 +764,7 @@ impl Inner {
             .client
             .txn(txn)
             .await
-            .map_err(|e| session_err(&session, &e))?;
+            .map_err(|e| self.unanswered(dir, req.acquisition, &session, &e))?;
         if resp.succeeded {
             let rev = revision(resp.header.as_ref());
             return self.granted(dir, key, req, session, rev);
@@ -710,7 +802,7 @@ impl Inner {
         let resp = client
             .txn(txn)
             .await
-            .map_err(|e| session_err(&session, &e))?;
+            .map_err(|e| self.unanswered(dir, req.acquisition, &session, &e))?;
         let ranges: Vec<Option<&proto::RangeResponse>> = resp
             .responses
             .iter()
@@ -1460,5 +1552,203 @@ mod tests {
             q.try_acquire(&waiting).await.expect("q again"),
             Attempt::Acquired(_)
         ));
+    }
+
+    /// Put `key` under the current session's lease, as a late put would land.
+    async fn land_late(b: &EtcdBackend, key: &str) {
+        let session = b.inner.session().await.expect("session");
+        b.inner
+            .client
+            .put(proto::PutRequest {
+                key: key.as_bytes().to_vec(),
+                value: b"late".to_vec(),
+                lease: session.id,
+                ..proto::PutRequest::default()
+            })
+            .await
+            .expect("put");
+    }
+
+    /// Whether `key` exists, once it has had `within` to go.
+    async fn still_there_after(b: &EtcdBackend, key: &str, within: Duration) -> bool {
+        tokio::time::sleep(within).await;
+        let found = b
+            .inner
+            .client
+            .range(proto::RangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..proto::RangeRequest::default()
+            })
+            .await
+            .expect("range");
+        !found.kvs.is_empty()
+    }
+
+    /// An open backend on `etcd`, with `query` appended to its URL.
+    async fn backend(etcd: &dlock_testkit::EtcdServer, query: &str) -> Arc<EtcdBackend> {
+        let url = format!("{}{query}", etcd.url());
+        EtcdBackend::open(ConnectUrl::parse(&url).expect("url"))
+            .await
+            .expect("open")
+    }
+
+    /// Take `name` at once (a look of a sweep may close the slot for an instant).
+    async fn take(b: &EtcdBackend, name: &str) -> (AcquireRequest, Box<dyn HeldLock>) {
+        let started = std::time::Instant::now();
+        loop {
+            let req = request(name, 0);
+            match b.try_acquire(&req).await.expect("try_acquire") {
+                Attempt::Acquired(held) => return (req, held),
+                Attempt::Busy { .. } => {
+                    b.leave_queue(&req).await.expect("leave");
+                    assert!(
+                        started.elapsed() < Duration::from_secs(5),
+                        "a free lock stayed busy"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    /// Mark the slot of `name` as having had a put go unanswered.
+    fn unanswered_put(b: &EtcdBackend, name: &str) -> String {
+        let dir = b.inner.dir(&LockName::new(name).expect("name"));
+        let mut slots = b.inner.slots();
+        let slot = slots.get_mut(&dir).expect("slot");
+        slot.late_until = Some(Instant::now() + late_put::LATE_PUT);
+        slot.key.clone()
+    }
+
+    /// A lock whose acquisition had a put go unanswered: the put lands after the
+    /// release deleted the key (as etcd may apply it), and the key goes within about a
+    /// second instead of standing for the session's life.
+    #[tokio::test]
+    async fn a_late_lock_put_is_swept() {
+        let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+            return;
+        };
+        let b = backend(&etcd, "").await;
+        let (_, held) = take(&b, "late").await;
+        let key = unanswered_put(&b, "late");
+        held.release().await.expect("release");
+        land_late(&b, &key).await;
+        assert!(
+            !still_there_after(&b, &key, Duration::from_millis(2500)).await,
+            "a late put's key stood 2.5 s after the release"
+        );
+    }
+
+    /// The next local acquisition of the name puts the same key name while the sweep
+    /// runs: the sweep leaves its key alone.
+    #[tokio::test]
+    async fn the_sweep_leaves_a_local_holds_key_alone() {
+        let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+            return;
+        };
+        let b = backend(&etcd, "").await;
+        let (_, held) = take(&b, "late-kept").await;
+        let key = unanswered_put(&b, "late-kept");
+        held.release().await.expect("release");
+        let (_, taken) = take(&b, "late-kept").await;
+        assert!(
+            still_there_after(&b, &key, Duration::from_millis(2500)).await,
+            "the sweep deleted a key a local acquisition holds"
+        );
+        taken.release().await.expect("the hold's key was kept");
+    }
+
+    /// The window of an unanswered put goes with the slot to the local acquisition
+    /// that waited for it; when that one leaves without putting anything, the late
+    /// key is still swept.
+    #[tokio::test]
+    async fn a_handed_over_slot_keeps_the_late_window() {
+        let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+            return;
+        };
+        let b = backend(&etcd, "").await;
+        let (first, held) = take(&b, "late-handed").await;
+        let key = unanswered_put(&b, "late-handed");
+        let dir = b.inner.dir(&first.name);
+        let next = request("late-handed", 0);
+        assert!(
+            b.inner
+                .wait_for_slot(&dir, next.acquisition, &Arc::new(Notify::new())),
+            "the slot was free while held"
+        );
+        held.release().await.expect("release");
+        assert!(
+            b.inner
+                .slots()
+                .get(&dir)
+                .is_some_and(|s| s.acquisition == next.acquisition && s.late_until.is_some()),
+            "the slot went to the waiter without the late window"
+        );
+        b.leave_queue(&next).await.expect("leave");
+        land_late(&b, &key).await;
+        assert!(
+            !still_there_after(&b, &key, Duration::from_millis(2500)).await,
+            "a late put's key stood 2.5 s after the handed-over slot was left"
+        );
+    }
+
+    /// A put that etcd does not answer (the server is paused past the request
+    /// timeout) opens the late window; once etcd runs again, whatever it applies of
+    /// that put is gone within seconds of the attempt's leaving.
+    #[tokio::test]
+    async fn an_unanswered_put_opens_the_late_window() {
+        let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+            return;
+        };
+        let b = backend(&etcd, "?timeout=1s").await;
+        b.inner.session().await.expect("session");
+        let signal = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &etcd.pid().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} failed");
+        };
+        let req = request("late-paused", 0);
+        signal("-STOP");
+        let tried = b.try_acquire(&req).await;
+        let late = b
+            .inner
+            .slots()
+            .get(&b.inner.dir(&req.name))
+            .map(|s| (s.late_until.is_some(), s.key.clone()));
+        signal("-CONT");
+        assert!(tried.is_err(), "an attempt against a paused etcd succeeded");
+        let (opened, key) = late.expect("the attempt's slot");
+        assert!(opened, "an unanswered put did not open the late window");
+        let _ = b.leave_queue(&req).await;
+        assert!(
+            !still_there_after(&b, &key, Duration::from_millis(3000)).await,
+            "the paused attempt's key stood 3 s after it left"
+        );
+    }
+
+    /// A semaphore attempt whose put went unanswered leaves; the put lands after
+    /// that: its key goes within about a second.
+    #[tokio::test]
+    async fn a_late_shared_put_is_swept() {
+        let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+            return;
+        };
+        let b = backend(&etcd, "").await;
+        let req = AcquireRequest {
+            primitive: Primitive::Permit { permits: 2 },
+            ..request("late-permit", 1)
+        };
+        let session = b.inner.session().await.expect("session");
+        let dir = shared::dir(&b.inner, &req.name, req.primitive);
+        let key = format!("{dir}{:x}-{:x}-1", session.id, req.acquisition.get());
+        shared::keep_unanswered(&b.inner, &req, key.clone(), session);
+        b.leave_queue(&req).await.expect("leave");
+        land_late(&b, &key).await;
+        assert!(
+            !still_there_after(&b, &key, Duration::from_millis(2500)).await,
+            "a late put's key stood 2.5 s after its attempt left"
+        );
     }
 }

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use super::client::{Client, prefix_end, revision};
 use super::proto::{self, SortOrder, SortTarget};
 use super::session::Session;
-use super::{Inner, RECHECK, SCHEME, map_err};
+use super::{Inner, RECHECK, SCHEME, late_put, map_err};
 use crate::backend::{AcquireRequest, Attempt, HeldLock, LockInfo, Primitive, Waiter};
 use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
@@ -56,9 +56,17 @@ fn keep_waiting(
     );
 }
 
-/// How long after an unanswered put its key is deleted once more: a put that timed out
-/// on the client may still be applied by etcd (twice the default request timeout).
-const LATE_PUT: Duration = Duration::from_secs(10);
+/// For tests: `req`'s attempt put `key` and the put went unanswered.
+#[cfg(test)]
+pub(super) fn keep_unanswered(
+    inner: &Inner,
+    req: &AcquireRequest,
+    key: String,
+    session: Arc<Session>,
+) {
+    let slot = (dir(inner, &req.name, req.primitive), req.acquisition.get());
+    keep_waiting(inner, slot, key, session, 0, false);
+}
 
 /// The directory of a semaphore or read-write lock: `<prefix>%semaphore/<NAME>/` or
 /// `<prefix>%rwlock/<NAME>/` (no encoded name begins with `%` and a letter).
@@ -310,17 +318,21 @@ pub(super) async fn leave_queue(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
         return Ok(());
     };
     if !w.put_confirmed {
-        // The put may still be applied after this delete: delete once more later (the
-        // key is this attempt's alone, so nothing else can be hit).
-        let (client, session, key) = (inner.client.clone(), Arc::clone(&w.session), w.key.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                () = session.lost.cancelled() => {}
-                () = tokio::time::sleep(LATE_PUT) => {
-                    let _ = delete(&client, &session, &key).await;
+        // The put may still be applied after this delete: look for the key again for a
+        // while (it is this attempt's alone, so nothing else can be hit).
+        let (client, key, session) = (inner.client.clone(), w.key.clone(), Arc::clone(&w.session));
+        late_put::sweep(
+            Arc::clone(&w.session),
+            std::time::Instant::now() + late_put::LATE_PUT,
+            move || {
+                let (client, key, session) = (client.clone(), key.clone(), Arc::clone(&session));
+                async move {
+                    if let Some(revision) = late_put::find(&client, &key).await {
+                        late_put::delete_found(&client, &session, &key, revision).await;
+                    }
                 }
-            }
-        });
+            },
+        );
     }
     delete(&inner.client, &w.session, &w.key).await
 }
