@@ -522,7 +522,8 @@ impl Inner {
     }
 
     /// Delete a contender's key — only while its create revision is `revision`, if
-    /// given — and free its slot. `Ok(false)`: the key was not (or no longer) the one
+    /// given, else by whatever revision it has ([`Inner::delete_key`]) — and free its
+    /// slot. `Ok(false)`: the key was not (or no longer) the one
     /// with that revision. The key lives as long as the session, and the session
     /// outlives a reconnect: when the server cannot be reached, the slot stays closed
     /// and the delete is finished in the background once the server answers again (or
@@ -537,7 +538,7 @@ impl Inner {
     ) -> Result<bool> {
         match Self::delete_key(&self.client, key, revision).await {
             Ok(deleted) => {
-                self.free_slot(dir, acquisition);
+                self.free_slot_after_delete(dir, acquisition);
                 Ok(deleted)
             }
             Err(e) => {
@@ -554,7 +555,7 @@ impl Inner {
                                 .await
                                 .is_ok();
                             if done {
-                                inner.free_slot(&dir, acquisition);
+                                inner.free_slot_after_delete(&dir, acquisition);
                             }
                             done
                         }
@@ -565,28 +566,68 @@ impl Inner {
         }
     }
 
-    /// Delete `key` (if its create revision is `revision`, when given); whether a key
-    /// was deleted.
+    /// [`Inner::free_slot`] once the key's delete was answered. An unanswered put's
+    /// window runs on from that answer: a put may land at any time before it, however
+    /// late it came.
+    fn free_slot_after_delete(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId) {
+        if let Some(s) = self.slots().get_mut(dir)
+            && s.acquisition == acquisition
+            && let Some(until) = s.late_until.as_mut()
+        {
+            *until = (*until).max(Instant::now() + late_put::LATE_PUT);
+        }
+        self.free_slot(dir, acquisition);
+    }
+
+    /// Delete `key`: only while its create revision is `revision`, when given; else
+    /// whatever revision it has, looked up and deleted by that revision, until etcd
+    /// answers that no key of the name is left. Every delete is by revision: one that
+    /// went unanswered and that etcd applies late (as it may) can only hit a key that
+    /// is gone for good, never the next local acquisition's key of the same name.
+    /// Whether a key was deleted.
     async fn delete_key(
         client: &Client,
         key: &str,
         revision: Option<i64>,
     ) -> std::result::Result<bool, RpcError> {
-        let delete = proto::DeleteRangeRequest {
-            key: key.as_bytes().to_vec(),
-            ..proto::DeleteRangeRequest::default()
-        };
-        match revision {
-            None => Ok(client.delete_range(delete).await?.deleted > 0),
-            Some(rev) => {
-                let txn = proto::TxnRequest {
-                    compare: vec![create_revision_is(key.as_bytes(), rev, false)],
-                    success: vec![op(Request::DeleteRange(delete))],
-                    failure: Vec::new(),
-                };
-                Ok(client.txn(txn).await?.succeeded)
-            }
+        if let Some(rev) = revision {
+            return Self::delete_revision(client, key, rev).await;
         }
+        let mut deleted = false;
+        // Each round ends a revision; only late puts of this attempt can bring more.
+        for _ in 0..8 {
+            let found = client
+                .range(proto::RangeRequest {
+                    key: key.as_bytes().to_vec(),
+                    keys_only: true,
+                    ..proto::RangeRequest::default()
+                })
+                .await?;
+            let Some(kv) = found.kvs.first() else {
+                return Ok(deleted);
+            };
+            deleted |= Self::delete_revision(client, key, kv.create_revision).await?;
+        }
+        Err(RpcError::Transport(format!(
+            "{key} was put again and again while being deleted"
+        )))
+    }
+
+    /// Delete `key` while its create revision is `rev`; whether it was deleted.
+    async fn delete_revision(
+        client: &Client,
+        key: &str,
+        rev: i64,
+    ) -> std::result::Result<bool, RpcError> {
+        let txn = proto::TxnRequest {
+            compare: vec![create_revision_is(key.as_bytes(), rev, false)],
+            success: vec![op(Request::DeleteRange(proto::DeleteRangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..proto::DeleteRangeRequest::default()
+            }))],
+            failure: Vec::new(),
+        };
+        Ok(client.txn(txn).await?.succeeded)
     }
 
     /// The live session, opening a new one if there is none or it was lost.
@@ -1693,8 +1734,9 @@ mod tests {
     }
 
     /// A put that etcd does not answer (the server is paused past the request
-    /// timeout) opens the late window; once etcd runs again, whatever it applies of
-    /// that put is gone within seconds of the attempt's leaving.
+    /// timeout) opens the late window, in a first attempt and in a queued one; once
+    /// etcd runs again and the attempt has left, its key is swept even if it lands
+    /// after that.
     #[tokio::test]
     async fn an_unanswered_put_opens_the_late_window() {
         let Some(etcd) = dlock_testkit::EtcdServer::start() else {
@@ -1709,23 +1751,32 @@ mod tests {
                 .is_ok_and(|s| s.success());
             assert!(ok, "kill {sig} failed");
         };
-        let req = request("late-paused", 0);
-        signal("-STOP");
-        let tried = b.try_acquire(&req).await;
-        let late = b
-            .inner
-            .slots()
-            .get(&b.inner.dir(&req.name))
-            .map(|s| (s.late_until.is_some(), s.key.clone()));
-        signal("-CONT");
-        assert!(tried.is_err(), "an attempt against a paused etcd succeeded");
-        let (opened, key) = late.expect("the attempt's slot");
-        assert!(opened, "an unanswered put did not open the late window");
-        let _ = b.leave_queue(&req).await;
-        assert!(
-            !still_there_after(&b, &key, Duration::from_millis(3000)).await,
-            "the paused attempt's key stood 3 s after it left"
-        );
+        for attempt in [0, 1] {
+            let req = request(&format!("late-paused-{attempt}"), attempt);
+            signal("-STOP");
+            let tried = b.try_acquire(&req).await;
+            let late = b
+                .inner
+                .slots()
+                .get(&b.inner.dir(&req.name))
+                .map(|s| (s.late_until.is_some(), s.key.clone()));
+            signal("-CONT");
+            assert!(
+                tried.is_err(),
+                "attempt {attempt} against a paused etcd succeeded"
+            );
+            let (opened, key) = late.expect("the attempt's slot");
+            assert!(
+                opened,
+                "attempt {attempt}: an unanswered put did not open the late window"
+            );
+            let _ = b.leave_queue(&req).await;
+            land_late(&b, &key).await;
+            assert!(
+                !still_there_after(&b, &key, Duration::from_millis(2500)).await,
+                "attempt {attempt}: a late put's key stood 2.5 s after the attempt left"
+            );
+        }
     }
 
     /// A semaphore attempt whose put went unanswered leaves; the put lands after
