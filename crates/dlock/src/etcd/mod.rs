@@ -27,7 +27,10 @@
 //!   cleanup deleted the key. For 10 s after such a put, whoever frees the slot last
 //!   looks for the key again, at pauses doubling from 100 ms to 1 s, and deletes it —
 //!   with the slot closed for the look, so a local acquisition that found the key
-//!   there and took it as its own keeps it.
+//!   there and took it as its own keeps it. A waiter's leaving deletes its key by name
+//!   (that works even when answers are lost); when such a delete went unanswered, the
+//!   slot stays closed for 10 s after the retry that was answered, so the late delete
+//!   cannot hit the next local acquisition's key of the same name.
 //! - A release deletes the key only if its create revision is still the grant's token:
 //!   a key that went with an expired session is reported as a lost lock, not as a
 //!   successful release.
@@ -522,8 +525,10 @@ impl Inner {
     }
 
     /// Delete a contender's key — only while its create revision is `revision`, if
-    /// given, else by whatever revision it has ([`Inner::delete_key`]) — and free its
-    /// slot. `Ok(false)`: the key was not (or no longer) the one
+    /// given — and free its slot. A delete by name that went unanswered may be applied
+    /// late (as a put may, [`late_put`]): after one, the slot stays closed for
+    /// [`late_put::LATE_PUT`] after the retry that was answered, so no local
+    /// acquisition puts the name again while it may still land. `Ok(false)`: the key was not (or no longer) the one
     /// with that revision. The key lives as long as the session, and the session
     /// outlives a reconnect: when the server cannot be reached, the slot stays closed
     /// and the delete is finished in the background once the server answers again (or
@@ -554,7 +559,16 @@ impl Inner {
                             let done = Self::delete_key(&inner.client, &key, revision)
                                 .await
                                 .is_ok();
-                            if done {
+                            if done && revision.is_none() {
+                                // An earlier delete by name went unanswered and may
+                                // still land: were the slot free, it could hit the next
+                                // local acquisition's key of the same name (two
+                                // holders). The name stays closed here until it cannot.
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(late_put::LATE_PUT).await;
+                                    inner.free_slot_after_delete(&dir, acquisition);
+                                });
+                            } else if done {
                                 inner.free_slot_after_delete(&dir, acquisition);
                             }
                             done
@@ -579,38 +593,26 @@ impl Inner {
         self.free_slot(dir, acquisition);
     }
 
-    /// Delete `key`: only while its create revision is `revision`, when given; else
-    /// whatever revision it has, looked up and deleted by that revision, until etcd
-    /// answers that no key of the name is left. Every delete is by revision: one that
-    /// went unanswered and that etcd applies late (as it may) can only hit a key that
-    /// is gone for good, never the next local acquisition's key of the same name.
-    /// Whether a key was deleted.
+    /// Delete `key` (only while its create revision is `revision`, when given);
+    /// whether a key was deleted. Without a revision the delete goes by name: it takes
+    /// effect even when its answer is lost, and the caller keeps the name closed to
+    /// local acquisitions while an unanswered one may still land
+    /// ([`Inner::delete_and_free`]).
     async fn delete_key(
         client: &Client,
         key: &str,
         revision: Option<i64>,
     ) -> std::result::Result<bool, RpcError> {
-        if let Some(rev) = revision {
-            return Self::delete_revision(client, key, rev).await;
-        }
-        let mut deleted = false;
-        // Each round ends a revision; only late puts of this attempt can bring more.
-        for _ in 0..8 {
-            let found = client
-                .range(proto::RangeRequest {
+        match revision {
+            Some(rev) => Self::delete_revision(client, key, rev).await,
+            None => {
+                let delete = proto::DeleteRangeRequest {
                     key: key.as_bytes().to_vec(),
-                    keys_only: true,
-                    ..proto::RangeRequest::default()
-                })
-                .await?;
-            let Some(kv) = found.kvs.first() else {
-                return Ok(deleted);
-            };
-            deleted |= Self::delete_revision(client, key, kv.create_revision).await?;
+                    ..proto::DeleteRangeRequest::default()
+                };
+                Ok(client.delete_range(delete).await?.deleted > 0)
+            }
         }
-        Err(RpcError::Transport(format!(
-            "{key} was put again and again while being deleted"
-        )))
     }
 
     /// Delete `key` while its create revision is `rev`; whether it was deleted.
@@ -1777,6 +1779,57 @@ mod tests {
                 "attempt {attempt}: a late put's key stood 2.5 s after the attempt left"
             );
         }
+    }
+
+    /// A queued waiter leaves while etcd is paused past the request timeout: its
+    /// delete by name goes unanswered and is retried. Once a retry is answered the key
+    /// is gone, but the slot stays closed to this backend's acquisitions of the name
+    /// while the unanswered delete may still land on their key.
+    #[tokio::test]
+    async fn an_unanswered_leave_keeps_the_name_closed() {
+        let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+            return;
+        };
+        let (holder, b) = (
+            backend(&etcd, "").await,
+            backend(&etcd, "?timeout=1s").await,
+        );
+        let (_, held) = take(&holder, "late-leave").await;
+        let mut waiting = request("late-leave", 0);
+        assert!(matches!(
+            b.try_acquire(&waiting).await.expect("first"),
+            Attempt::Busy { .. }
+        ));
+        waiting.attempt = 1;
+        assert!(matches!(
+            b.try_acquire(&waiting).await.expect("queued"),
+            Attempt::Busy { .. }
+        ));
+        let dir = b.inner.dir(&waiting.name);
+        let key = b.inner.slots().get(&dir).expect("slot").key.clone();
+        let signal = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &etcd.pid().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} failed");
+        };
+        signal("-STOP");
+        let left = b.leave_queue(&waiting).await;
+        signal("-CONT");
+        assert!(left.is_err(), "a delete against a paused etcd was answered");
+        assert!(
+            !still_there_after(&b, &key, Duration::from_millis(2500)).await,
+            "the waiter's key stood 2.5 s after etcd came back"
+        );
+        assert!(
+            b.inner
+                .slots()
+                .get(&dir)
+                .is_some_and(|s| s.acquisition == waiting.acquisition && s.held),
+            "the name was open again while an unanswered delete could still land"
+        );
+        held.release().await.expect("release");
     }
 
     /// A semaphore attempt whose put went unanswered leaves; the put lands after
