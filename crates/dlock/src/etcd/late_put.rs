@@ -13,6 +13,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+
 use super::client::Client;
 use super::proto;
 use super::session::Session;
@@ -27,24 +29,32 @@ const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between two looks: a late key stands at most about this long.
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 
-/// In a task of its own, call `look` after 100 ms, then at pauses doubling to a second,
-/// until `until` or until `session` is lost (its keys went with it).
-pub(super) fn sweep<F, Fut>(session: Arc<Session>, until: Instant, mut look: F)
+/// In a task of its own, [`looks`] until `until` or until `session` is lost (its keys
+/// went with it).
+pub(super) fn sweep<F, Fut>(session: Arc<Session>, until: Instant, look: F)
 where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
-    tokio::spawn(async move {
-        let mut pause = FIRST_PAUSE;
-        while Instant::now() < until {
-            tokio::select! {
-                () = session.lost.cancelled() => return,
-                () = tokio::time::sleep(pause) => {}
-            }
-            look().await;
-            pause = (pause * 2).min(MAX_PAUSE);
+    tokio::spawn(async move { looks(&session.lost, until, look).await });
+}
+
+/// Call `look` after 100 ms, then at pauses doubling to a second, until `until` or
+/// until `lost` is cancelled.
+pub(super) async fn looks<F, Fut>(lost: &CancellationToken, until: Instant, mut look: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut pause = FIRST_PAUSE;
+    while Instant::now() < until {
+        tokio::select! {
+            () = lost.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
         }
-    });
+        look().await;
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
 }
 
 /// The create revision of `key`, if it exists (a look that gets no answer within a
@@ -60,11 +70,16 @@ pub(super) async fn find(client: &Client, key: &str) -> Option<i64> {
 }
 
 /// Delete `key` while its create revision is `revision`, asking until etcd answers
-/// (either way) or `session` is lost. Once answered, the key of that revision is gone
+/// (either way) or the session is `lost`. Once answered, the key of that revision is gone
 /// for good (revisions are never reused), so a try that went unanswered and lands
 /// later deletes nothing.
-pub(super) async fn delete_found(client: &Client, session: &Session, key: &str, revision: i64) {
-    while !session.lost.is_cancelled() {
+pub(super) async fn delete_found(
+    client: &Client,
+    lost: &CancellationToken,
+    key: &str,
+    revision: i64,
+) {
+    while !lost.is_cancelled() {
         if super::Inner::delete_key(client, key, Some(revision))
             .await
             .is_ok()

@@ -123,6 +123,7 @@ use async_trait::async_trait;
 use client::{Client, ConnectOptions, RpcError, create_revision_is, prefix_end, revision};
 use proto::{Request, RequestOp, Response, SortOrder, SortTarget};
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::backend::AcquisitionId;
 use crate::backend::{
@@ -400,6 +401,17 @@ impl Inner {
     /// local acquisition that has waited longest (reserved for it, its key not yet
     /// put) and wake that one only.
     fn free_slot(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId) {
+        self.free_slot_with(dir, acquisition, false);
+    }
+
+    /// [`Inner::free_slot`] once the key's delete was answered. An unanswered put's
+    /// window runs on from that answer: a put may land at any time before it, however
+    /// late it came.
+    fn free_slot_after_delete(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId) {
+        self.free_slot_with(dir, acquisition, true);
+    }
+
+    fn free_slot_with(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId, deleted: bool) {
         let mut slots = self.slots();
         let freed = match slots.get(dir) {
             Some(s) if s.acquisition == acquisition => slots.remove(dir),
@@ -408,7 +420,17 @@ impl Inner {
         let Some(freed) = freed else {
             return;
         };
-        let late_until = freed.late_until.filter(|t| *t > Instant::now());
+        let now = Instant::now();
+        let late_until = freed
+            .late_until
+            .map(|t| {
+                if deleted {
+                    t.max(now + late_put::LATE_PUT)
+                } else {
+                    t
+                }
+            })
+            .filter(|t| *t > now);
         let mut local = self.local();
         let next = local.get_mut(dir).and_then(VecDeque::pop_front);
         if local.get(dir).is_some_and(VecDeque::is_empty) {
@@ -488,7 +510,7 @@ impl Inner {
                         },
                     );
                 }
-                late_put::delete_found(&inner.client, &session, &key, revision).await;
+                late_put::delete_found(&inner.client, &session.lost, &key, revision).await;
                 inner.free_slot(&dir, look);
             }
         });
@@ -548,13 +570,15 @@ impl Inner {
             }
             Err(e) => {
                 let (inner, key, dir) = (Arc::clone(self), key.to_owned(), dir.to_owned());
+                let lost = session.lost.clone();
                 // Should the session end first, the key goes with it and
                 // `claim_slot` drops the slot.
                 crate::finish::release_later(
                     session.lost.clone(),
                     crate::finish::SESSION_RELEASE_RETRIES,
                     move || {
-                        let (inner, key, dir) = (Arc::clone(&inner), key.clone(), dir.clone());
+                        let (inner, key, dir, lost) =
+                            (Arc::clone(&inner), key.clone(), dir.clone(), lost.clone());
                         async move {
                             let done = Self::delete_key(&inner.client, &key, revision)
                                 .await
@@ -564,10 +588,13 @@ impl Inner {
                                 // still land: were the slot free, it could hit the next
                                 // local acquisition's key of the same name (two
                                 // holders). The name stays closed here until it cannot.
-                                tokio::spawn(async move {
-                                    tokio::time::sleep(late_put::LATE_PUT).await;
-                                    inner.free_slot_after_delete(&dir, acquisition);
-                                });
+                                tokio::spawn(Self::closed_after_unanswered_delete(
+                                    Arc::downgrade(&inner),
+                                    dir,
+                                    key,
+                                    acquisition,
+                                    lost,
+                                ));
                             } else if done {
                                 inner.free_slot_after_delete(&dir, acquisition);
                             }
@@ -580,17 +607,44 @@ impl Inner {
         }
     }
 
-    /// [`Inner::free_slot`] once the key's delete was answered. An unanswered put's
-    /// window runs on from that answer: a put may land at any time before it, however
-    /// late it came.
-    fn free_slot_after_delete(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId) {
-        if let Some(s) = self.slots().get_mut(dir)
-            && s.acquisition == acquisition
-            && let Some(until) = s.late_until.as_mut()
-        {
-            *until = (*until).max(Instant::now() + late_put::LATE_PUT);
+    /// After a delete by name of `key` went unanswered and a retry was answered: keep
+    /// `dir`'s slot closed (`acquisition` has it) for [`late_put::LATE_PUT`], then free
+    /// it. Meanwhile a key of that name that turns up is deleted by its revision: it can
+    /// only be the attempt's own put landing late, since no local acquisition puts the
+    /// name while the slot is closed, and no other process puts a key named by this
+    /// session's lease. Holds the backend weakly; ends early with the session (the next
+    /// session's key has another name).
+    async fn closed_after_unanswered_delete(
+        inner: std::sync::Weak<Self>,
+        dir: String,
+        key: String,
+        acquisition: AcquisitionId,
+        lost: CancellationToken,
+    ) {
+        let closed_by_us = |inner: &Self| {
+            inner
+                .slots()
+                .get(&dir)
+                .is_some_and(|s| s.acquisition == acquisition)
+        };
+        let until = Instant::now() + late_put::LATE_PUT;
+        late_put::looks(&lost, until, || async {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            if !closed_by_us(&inner) {
+                return;
+            }
+            if let Some(revision) = late_put::find(&inner.client, &key).await
+                && closed_by_us(&inner)
+            {
+                late_put::delete_found(&inner.client, &lost, &key, revision).await;
+            }
+        })
+        .await;
+        if let Some(inner) = inner.upgrade() {
+            inner.free_slot_after_delete(&dir, acquisition);
         }
-        self.free_slot(dir, acquisition);
     }
 
     /// Delete `key` (only while its create revision is `revision`, when given);
@@ -1525,7 +1579,7 @@ impl HeldLock for EtcdHeld {
         }
     }
 
-    fn loss_signal(&self) -> Option<tokio_util::sync::CancellationToken> {
+    fn loss_signal(&self) -> Option<CancellationToken> {
         Some(self.session.lost.clone())
     }
 }
@@ -1612,6 +1666,25 @@ mod tests {
             .expect("put");
     }
 
+    /// Land `key` late (as [`land_late`]) and assert it is gone within 2.5 s: `what`
+    /// names the moment the put lands after, for the failure message.
+    async fn assert_swept(b: &EtcdBackend, key: &str, what: &str) {
+        land_late(b, key).await;
+        assert!(
+            !still_there_after(b, key, Duration::from_millis(2500)).await,
+            "a late put's key stood 2.5 s after {what}"
+        );
+    }
+
+    /// Send `sig` (`-STOP`, `-CONT`) to the etcd server.
+    fn signal(etcd: &dlock_testkit::EtcdServer, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &etcd.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} failed");
+    }
+
     /// Whether `key` exists, once it has had `within` to go.
     async fn still_there_after(b: &EtcdBackend, key: &str, within: Duration) -> bool {
         tokio::time::sleep(within).await;
@@ -1675,11 +1748,7 @@ mod tests {
         let (_, held) = take(&b, "late").await;
         let key = unanswered_put(&b, "late");
         held.release().await.expect("release");
-        land_late(&b, &key).await;
-        assert!(
-            !still_there_after(&b, &key, Duration::from_millis(2500)).await,
-            "a late put's key stood 2.5 s after the release"
-        );
+        assert_swept(&b, &key, "the release").await;
     }
 
     /// The next local acquisition of the name puts the same key name while the sweep
@@ -1728,11 +1797,7 @@ mod tests {
             "the slot went to the waiter without the late window"
         );
         b.leave_queue(&next).await.expect("leave");
-        land_late(&b, &key).await;
-        assert!(
-            !still_there_after(&b, &key, Duration::from_millis(2500)).await,
-            "a late put's key stood 2.5 s after the handed-over slot was left"
-        );
+        assert_swept(&b, &key, "the handed-over slot was left").await;
     }
 
     /// A put that etcd does not answer (the server is paused past the request
@@ -1746,23 +1811,16 @@ mod tests {
         };
         let b = backend(&etcd, "?timeout=1s").await;
         b.inner.session().await.expect("session");
-        let signal = |sig: &str| {
-            let ok = std::process::Command::new("kill")
-                .args([sig, &etcd.pid().to_string()])
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "kill {sig} failed");
-        };
         for attempt in [0, 1] {
             let req = request(&format!("late-paused-{attempt}"), attempt);
-            signal("-STOP");
+            signal(&etcd, "-STOP");
             let tried = b.try_acquire(&req).await;
             let late = b
                 .inner
                 .slots()
                 .get(&b.inner.dir(&req.name))
                 .map(|s| (s.late_until.is_some(), s.key.clone()));
-            signal("-CONT");
+            signal(&etcd, "-CONT");
             assert!(
                 tried.is_err(),
                 "attempt {attempt} against a paused etcd succeeded"
@@ -1773,18 +1831,15 @@ mod tests {
                 "attempt {attempt}: an unanswered put did not open the late window"
             );
             let _ = b.leave_queue(&req).await;
-            land_late(&b, &key).await;
-            assert!(
-                !still_there_after(&b, &key, Duration::from_millis(2500)).await,
-                "attempt {attempt}: a late put's key stood 2.5 s after the attempt left"
-            );
+            assert_swept(&b, &key, &format!("attempt {attempt} left")).await;
         }
     }
 
     /// A queued waiter leaves while etcd is paused past the request timeout: its
     /// delete by name goes unanswered and is retried. Once a retry is answered the key
     /// is gone, but the slot stays closed to this backend's acquisitions of the name
-    /// while the unanswered delete may still land on their key.
+    /// while the unanswered delete may still land on their key; a late put of the key
+    /// meanwhile is swept all the same, and the name opens again after the window.
     #[tokio::test]
     async fn an_unanswered_leave_keeps_the_name_closed() {
         let Some(etcd) = dlock_testkit::EtcdServer::start() else {
@@ -1807,29 +1862,44 @@ mod tests {
         ));
         let dir = b.inner.dir(&waiting.name);
         let key = b.inner.slots().get(&dir).expect("slot").key.clone();
-        let signal = |sig: &str| {
-            let ok = std::process::Command::new("kill")
-                .args([sig, &etcd.pid().to_string()])
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "kill {sig} failed");
-        };
-        signal("-STOP");
+        signal(&etcd, "-STOP");
         let left = b.leave_queue(&waiting).await;
-        signal("-CONT");
+        signal(&etcd, "-CONT");
         assert!(left.is_err(), "a delete against a paused etcd was answered");
+        let back = std::time::Instant::now();
         assert!(
             !still_there_after(&b, &key, Duration::from_millis(2500)).await,
             "the waiter's key stood 2.5 s after etcd came back"
         );
-        assert!(
+        let closed = || {
             b.inner
                 .slots()
                 .get(&dir)
-                .is_some_and(|s| s.acquisition == waiting.acquisition && s.held),
+                .is_some_and(|s| s.acquisition == waiting.acquisition && s.held)
+        };
+        assert!(
+            closed(),
             "the name was open again while an unanswered delete could still land"
         );
+        assert_swept(&b, &key, "an unanswered leave, while the name was closed").await;
+        assert!(closed(), "the sweep opened the name before its time");
         held.release().await.expect("release");
+        // The window runs LATE_PUT from the answered retry, which came after `back`.
+        let deadline = back + late_put::LATE_PUT + Duration::from_secs(5);
+        while closed() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the name stayed closed 5 s past its window"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            back.elapsed() >= late_put::LATE_PUT - Duration::from_secs(2),
+            "the name opened {:?} after etcd came back, inside the window",
+            back.elapsed()
+        );
+        let (_, taken) = take(&b, "late-leave").await;
+        taken.release().await.expect("release the reopened name");
     }
 
     /// A semaphore attempt whose put went unanswered leaves; the put lands after
@@ -1849,10 +1919,6 @@ mod tests {
         let key = format!("{dir}{:x}-{:x}-1", session.id, req.acquisition.get());
         shared::keep_unanswered(&b.inner, &req, key.clone(), session);
         b.leave_queue(&req).await.expect("leave");
-        land_late(&b, &key).await;
-        assert!(
-            !still_there_after(&b, &key, Duration::from_millis(2500)).await,
-            "a late put's key stood 2.5 s after its attempt left"
-        );
+        assert_swept(&b, &key, "its attempt left").await;
     }
 }

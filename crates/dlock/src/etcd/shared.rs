@@ -328,7 +328,7 @@ pub(super) async fn leave_queue(inner: &Arc<Inner>, req: &AcquireRequest) -> Res
                 let (client, key, session) = (client.clone(), key.clone(), Arc::clone(&session));
                 async move {
                     if let Some(revision) = late_put::find(&client, &key).await {
-                        late_put::delete_found(&client, &session, &key, revision).await;
+                        late_put::delete_found(&client, &session.lost, &key, revision).await;
                     }
                 }
             },
