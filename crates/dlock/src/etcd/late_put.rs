@@ -70,16 +70,19 @@ pub(super) async fn find(client: &Client, key: &str) -> Option<i64> {
 }
 
 /// Delete `key` while its create revision is `revision`, asking until etcd answers
-/// (either way) or the session is `lost`. Once answered, the key of that revision is gone
-/// for good (revisions are never reused), so a try that went unanswered and lands
-/// later deletes nothing.
+/// (either way), the session is `lost`, or [`LATE_PUT`] has passed (etcd refusing
+/// every delete while keeping the session must not keep a caller, which may hold a
+/// name closed, for ever). Once answered, the key of that revision is gone for good
+/// (revisions are never reused), so a try that went unanswered and lands later
+/// deletes nothing.
 pub(super) async fn delete_found(
     client: &Client,
     lost: &CancellationToken,
     key: &str,
     revision: i64,
 ) {
-    while !lost.is_cancelled() {
+    let give_up = Instant::now() + LATE_PUT;
+    while !lost.is_cancelled() && Instant::now() < give_up {
         if super::Inner::delete_key(client, key, Some(revision))
             .await
             .is_ok()

@@ -30,7 +30,8 @@
 //!   there and took it as its own keeps it. A waiter's leaving deletes its key by name
 //!   (that works even when answers are lost); when such a delete went unanswered, the
 //!   slot stays closed for 10 s after the retry that was answered, so the late delete
-//!   cannot hit the next local acquisition's key of the same name.
+//!   cannot hit the next local acquisition's key of the same name; meanwhile the key is
+//!   looked for and deleted just the same (a late put of it cannot be anyone's).
 //! - A release deletes the key only if its create revision is still the grant's token:
 //!   a key that went with an expired session is reported as a lost lock, not as a
 //!   successful release.
@@ -481,17 +482,20 @@ impl Inner {
                 Arc::clone(&session),
             );
             async move {
-                let Some(inner) = inner.upgrade() else {
-                    return;
+                // The backend is held only between awaits: a dropped backend revokes
+                // its session even while a look waits for etcd.
+                let client = match inner.upgrade() {
+                    Some(inner) if !inner.slots().contains_key(&dir) => inner.client.clone(),
+                    _ => return,
                 };
-                if inner.slots().contains_key(&dir) {
-                    return;
-                }
-                let Some(revision) = late_put::find(&inner.client, &key).await else {
+                let Some(revision) = late_put::find(&client, &key).await else {
                     return;
                 };
                 let look = AcquisitionId::new();
                 {
+                    let Some(inner) = inner.upgrade() else {
+                        return;
+                    };
                     let mut slots = inner.slots();
                     if slots.contains_key(&dir) {
                         // Taken meanwhile: the key is that acquisition's now.
@@ -510,8 +514,10 @@ impl Inner {
                         },
                     );
                 }
-                late_put::delete_found(&inner.client, &session.lost, &key, revision).await;
-                inner.free_slot(&dir, look);
+                late_put::delete_found(&client, &session.lost, &key, revision).await;
+                if let Some(inner) = inner.upgrade() {
+                    inner.free_slot(&dir, look);
+                }
             }
         });
     }
@@ -612,8 +618,10 @@ impl Inner {
     /// it. Meanwhile a key of that name that turns up is deleted by its revision: it can
     /// only be the attempt's own put landing late, since no local acquisition puts the
     /// name while the slot is closed, and no other process puts a key named by this
-    /// session's lease. Holds the backend weakly; ends early with the session (the next
-    /// session's key has another name).
+    /// session's lease. This covers the window of an unanswered put too (it runs
+    /// [`late_put::LATE_PUT`] from the delete's answer, as here), so the slot is freed
+    /// without one. Holds the backend weakly, and only between awaits; ends early with
+    /// the session (the next session's key has another name).
     async fn closed_after_unanswered_delete(
         inner: std::sync::Weak<Self>,
         dir: String,
@@ -621,29 +629,36 @@ impl Inner {
         acquisition: AcquisitionId,
         lost: CancellationToken,
     ) {
-        let closed_by_us = |inner: &Self| {
-            inner
+        // Only this task frees the slot while it is closed, and `claim_slot` drops it
+        // only once its session is lost: between this check and the delete, the slot
+        // stays ours (or the session, and the key with it, is gone).
+        let closed_client = || {
+            let inner = inner.upgrade()?;
+            let ours = inner
                 .slots()
                 .get(&dir)
-                .is_some_and(|s| s.acquisition == acquisition)
+                .is_some_and(|s| s.acquisition == acquisition);
+            ours.then(|| inner.client.clone())
         };
         let until = Instant::now() + late_put::LATE_PUT;
         late_put::looks(&lost, until, || async {
-            let Some(inner) = inner.upgrade() else {
+            let Some(client) = closed_client() else {
                 return;
             };
-            if !closed_by_us(&inner) {
-                return;
-            }
-            if let Some(revision) = late_put::find(&inner.client, &key).await
-                && closed_by_us(&inner)
+            if let Some(revision) = late_put::find(&client, &key).await
+                && closed_client().is_some()
             {
-                late_put::delete_found(&inner.client, &lost, &key, revision).await;
+                late_put::delete_found(&client, &lost, &key, revision).await;
             }
         })
         .await;
         if let Some(inner) = inner.upgrade() {
-            inner.free_slot_after_delete(&dir, acquisition);
+            if let Some(s) = inner.slots().get_mut(&dir)
+                && s.acquisition == acquisition
+            {
+                s.late_until = None;
+            }
+            inner.free_slot(&dir, acquisition);
         }
     }
 
@@ -1861,7 +1876,8 @@ mod tests {
             Attempt::Busy { .. }
         ));
         let dir = b.inner.dir(&waiting.name);
-        let key = b.inner.slots().get(&dir).expect("slot").key.clone();
+        // Its put went unanswered too (the realistic double fault).
+        let key = unanswered_put(&b, "late-leave");
         signal(&etcd, "-STOP");
         let left = b.leave_queue(&waiting).await;
         signal(&etcd, "-CONT");
@@ -1885,11 +1901,11 @@ mod tests {
         assert!(closed(), "the sweep opened the name before its time");
         held.release().await.expect("release");
         // The window runs LATE_PUT from the answered retry, which came after `back`.
-        let deadline = back + late_put::LATE_PUT + Duration::from_secs(5);
+        let deadline = back + late_put::LATE_PUT + Duration::from_secs(10);
         while closed() {
             assert!(
                 std::time::Instant::now() < deadline,
-                "the name stayed closed 5 s past its window"
+                "the name stayed closed 10 s past its window"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
