@@ -70,19 +70,19 @@ pub(super) async fn find(client: &Client, key: &str) -> Option<i64> {
 }
 
 /// Delete `key` while its create revision is `revision`, asking until etcd answers
-/// (either way), the session is `lost`, or [`LATE_PUT`] has passed (etcd refusing
-/// every delete while keeping the session must not keep a caller, which may hold a
-/// name closed, for ever). Once answered, the key of that revision is gone for good
+/// (either way) or the session is `lost` (a dropped backend's session is revoked, so
+/// this ends with it too). Once answered, the key of that revision is gone for good
 /// (revisions are never reused), so a try that went unanswered and lands later
-/// deletes nothing.
+/// deletes nothing. It never gives up before that: a try that went unanswered may
+/// still land, and a caller that then freed the name could see the next local
+/// acquisition adopt the key and lose it to that late delete.
 pub(super) async fn delete_found(
     client: &Client,
     lost: &CancellationToken,
     key: &str,
     revision: i64,
 ) {
-    let give_up = Instant::now() + LATE_PUT;
-    while !lost.is_cancelled() && Instant::now() < give_up {
+    while !lost.is_cancelled() {
         if super::Inner::delete_key(client, key, Some(revision))
             .await
             .is_ok()

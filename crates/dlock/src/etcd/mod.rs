@@ -485,7 +485,7 @@ impl Inner {
                 // The backend is held only between awaits: a dropped backend revokes
                 // its session even while a look waits for etcd.
                 let client = match inner.upgrade() {
-                    Some(inner) if !inner.slots().contains_key(&dir) => inner.client.clone(),
+                    Some(backend) if !backend.slots().contains_key(&dir) => backend.client.clone(),
                     _ => return,
                 };
                 let Some(revision) = late_put::find(&client, &key).await else {
@@ -493,10 +493,10 @@ impl Inner {
                 };
                 let look = AcquisitionId::new();
                 {
-                    let Some(inner) = inner.upgrade() else {
+                    let Some(backend) = inner.upgrade() else {
                         return;
                     };
-                    let mut slots = inner.slots();
+                    let mut slots = backend.slots();
                     if slots.contains_key(&dir) {
                         // Taken meanwhile: the key is that acquisition's now.
                         return;
@@ -515,8 +515,8 @@ impl Inner {
                     );
                 }
                 late_put::delete_found(&client, &session.lost, &key, revision).await;
-                if let Some(inner) = inner.upgrade() {
-                    inner.free_slot(&dir, look);
+                if let Some(backend) = inner.upgrade() {
+                    backend.free_slot(&dir, look);
                 }
             }
         });
@@ -618,10 +618,8 @@ impl Inner {
     /// it. Meanwhile a key of that name that turns up is deleted by its revision: it can
     /// only be the attempt's own put landing late, since no local acquisition puts the
     /// name while the slot is closed, and no other process puts a key named by this
-    /// session's lease. This covers the window of an unanswered put too (it runs
-    /// [`late_put::LATE_PUT`] from the delete's answer, as here), so the slot is freed
-    /// without one. Holds the backend weakly, and only between awaits; ends early with
-    /// the session (the next session's key has another name).
+    /// session's lease. Holds the backend weakly, and only between awaits; ends early
+    /// with the session (the next session's key has another name).
     async fn closed_after_unanswered_delete(
         inner: std::sync::Weak<Self>,
         dir: String,
@@ -632,33 +630,29 @@ impl Inner {
         // Only this task frees the slot while it is closed, and `claim_slot` drops it
         // only once its session is lost: between this check and the delete, the slot
         // stays ours (or the session, and the key with it, is gone).
-        let closed_client = || {
-            let inner = inner.upgrade()?;
-            let ours = inner
+        let closed = |backend: &Self| {
+            backend
                 .slots()
                 .get(&dir)
-                .is_some_and(|s| s.acquisition == acquisition);
-            ours.then(|| inner.client.clone())
+                .is_some_and(|s| s.acquisition == acquisition)
         };
         let until = Instant::now() + late_put::LATE_PUT;
         late_put::looks(&lost, until, || async {
-            let Some(client) = closed_client() else {
-                return;
+            let client = match inner.upgrade() {
+                Some(backend) if closed(&backend) => backend.client.clone(),
+                _ => return,
             };
             if let Some(revision) = late_put::find(&client, &key).await
-                && closed_client().is_some()
+                && inner.upgrade().is_some_and(|backend| closed(&backend))
             {
                 late_put::delete_found(&client, &lost, &key, revision).await;
             }
         })
         .await;
-        if let Some(inner) = inner.upgrade() {
-            if let Some(s) = inner.slots().get_mut(&dir)
-                && s.acquisition == acquisition
-            {
-                s.late_until = None;
-            }
-            inner.free_slot(&dir, acquisition);
+        // Freed as after any answered delete: should the last look have gone
+        // unanswered, a put's window still sweeps on once the name is open.
+        if let Some(backend) = inner.upgrade() {
+            backend.free_slot_after_delete(&dir, acquisition);
         }
     }
 
