@@ -1912,6 +1912,63 @@ mod tests {
         taken.release().await.expect("release the reopened name");
     }
 
+    /// The name closed after an unanswered leave opens at once when the session is
+    /// lost (its key went with it; the next session's key has another name), and the
+    /// local acquisition waiting for it gets it.
+    #[tokio::test]
+    async fn a_lost_session_opens_the_closed_name() {
+        let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+            return;
+        };
+        let (holder, b) = (
+            backend(&etcd, "").await,
+            backend(&etcd, "?timeout=1s").await,
+        );
+        let (_, held) = take(&holder, "late-lost").await;
+        let mut waiting = request("late-lost", 0);
+        for attempt in [0, 1] {
+            waiting.attempt = attempt;
+            assert!(matches!(
+                b.try_acquire(&waiting).await.expect("attempt"),
+                Attempt::Busy { .. }
+            ));
+        }
+        let dir = b.inner.dir(&waiting.name);
+        signal(&etcd, "-STOP");
+        let left = b.leave_queue(&waiting).await;
+        signal(&etcd, "-CONT");
+        assert!(left.is_err(), "a delete against a paused etcd was answered");
+        // Closed once the retry is answered (well within 5 s of etcd's return).
+        let started = std::time::Instant::now();
+        let slot = || {
+            b.inner
+                .slots()
+                .get(&dir)
+                .map(|s| (s.acquisition, Arc::clone(&s.session)))
+        };
+        while slot().is_none_or(|(a, _)| a != waiting.acquisition) {
+            assert!(started.elapsed() < Duration::from_secs(5), "never closed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let next = request("late-lost", 0);
+        let wake = Arc::new(Notify::new());
+        assert!(
+            b.inner.wait_for_slot(&dir, next.acquisition, &wake),
+            "the closed name was free"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, session) = slot().expect("still closed");
+        session.lost.cancel();
+        tokio::time::timeout(Duration::from_secs(3), wake.notified())
+            .await
+            .expect("the waiter was not woken within 3 s of the session's loss");
+        assert!(
+            slot().is_some_and(|(a, _)| a == next.acquisition),
+            "the name did not go to the waiting acquisition"
+        );
+        held.release().await.expect("release");
+    }
+
     /// A semaphore attempt whose put went unanswered leaves; the put lands after
     /// that: its key goes within about a second.
     #[tokio::test]
