@@ -1844,56 +1844,78 @@ mod tests {
         }
     }
 
-    /// A queued waiter leaves while etcd is paused past the request timeout: its
-    /// delete by name goes unanswered and is retried. Once a retry is answered the key
-    /// is gone, but the slot stays closed to this backend's acquisitions of the name
-    /// while the unanswered delete may still land on their key; a late put of the key
-    /// meanwhile is swept all the same, and the name opens again after the window.
+    /// What [`left_unanswered`] leaves behind.
+    struct LeftUnanswered {
+        /// The other backend, and its hold of the name.
+        _holder: Arc<EtcdBackend>,
+        held: Box<dyn HeldLock>,
+        /// The backend whose waiter left, with a 1 s request timeout.
+        b: Arc<EtcdBackend>,
+        waiting: AcquireRequest,
+        dir: String,
+        key: String,
+    }
+
+    /// A queued waiter of `name` (its put went unanswered too: the realistic double
+    /// fault) leaves while etcd is paused past the request timeout, so its delete by
+    /// name goes unanswered and is retried once etcd is back.
+    async fn left_unanswered(etcd: &dlock_testkit::EtcdServer, name: &str) -> LeftUnanswered {
+        let (holder, b) = (backend(etcd, "").await, backend(etcd, "?timeout=1s").await);
+        let (_, held) = take(&holder, name).await;
+        let mut waiting = request(name, 0);
+        for attempt in [0, 1] {
+            waiting.attempt = attempt;
+            assert!(matches!(
+                b.try_acquire(&waiting).await.expect("attempt"),
+                Attempt::Busy { .. }
+            ));
+        }
+        let dir = b.inner.dir(&waiting.name);
+        let key = unanswered_put(&b, name);
+        signal(etcd, "-STOP");
+        let left = b.leave_queue(&waiting).await;
+        signal(etcd, "-CONT");
+        assert!(left.is_err(), "a delete against a paused etcd was answered");
+        LeftUnanswered {
+            _holder: holder,
+            held,
+            b,
+            waiting,
+            dir,
+            key,
+        }
+    }
+
+    /// After an unanswered leave ([`left_unanswered`]), once a retry is answered the
+    /// key is gone, but the slot stays closed to this backend's acquisitions of the
+    /// name while the unanswered delete may still land on their key; a late put of
+    /// the key meanwhile is swept all the same, and the name opens again after the
+    /// window.
     #[tokio::test]
     async fn an_unanswered_leave_keeps_the_name_closed() {
         let Some(etcd) = dlock_testkit::EtcdServer::start() else {
             return;
         };
-        let (holder, b) = (
-            backend(&etcd, "").await,
-            backend(&etcd, "?timeout=1s").await,
-        );
-        let (_, held) = take(&holder, "late-leave").await;
-        let mut waiting = request("late-leave", 0);
-        assert!(matches!(
-            b.try_acquire(&waiting).await.expect("first"),
-            Attempt::Busy { .. }
-        ));
-        waiting.attempt = 1;
-        assert!(matches!(
-            b.try_acquire(&waiting).await.expect("queued"),
-            Attempt::Busy { .. }
-        ));
-        let dir = b.inner.dir(&waiting.name);
-        // Its put went unanswered too (the realistic double fault).
-        let key = unanswered_put(&b, "late-leave");
-        signal(&etcd, "-STOP");
-        let left = b.leave_queue(&waiting).await;
-        signal(&etcd, "-CONT");
-        assert!(left.is_err(), "a delete against a paused etcd was answered");
+        let left = left_unanswered(&etcd, "late-leave").await;
+        let (b, dir, key) = (&left.b, &left.dir, &left.key);
         let back = std::time::Instant::now();
         assert!(
-            !still_there_after(&b, &key, Duration::from_millis(2500)).await,
+            !still_there_after(b, key, Duration::from_millis(2500)).await,
             "the waiter's key stood 2.5 s after etcd came back"
         );
         let closed = || {
             b.inner
                 .slots()
-                .get(&dir)
-                .is_some_and(|s| s.acquisition == waiting.acquisition && s.held)
+                .get(dir)
+                .is_some_and(|s| s.acquisition == left.waiting.acquisition && s.held)
         };
         assert!(
             closed(),
             "the name was open again while an unanswered delete could still land"
         );
-        assert_swept(&b, &key, "an unanswered leave, while the name was closed").await;
+        assert_swept(b, key, "an unanswered leave, while the name was closed").await;
         assert!(closed(), "the sweep opened the name before its time");
-        held.release().await.expect("release");
+        left.held.release().await.expect("release");
         // The window runs LATE_PUT from the answered retry, which came after `back`.
         let deadline = back + late_put::LATE_PUT + Duration::from_secs(10);
         while closed() {
@@ -1908,52 +1930,34 @@ mod tests {
             "the name opened {:?} after etcd came back, inside the window",
             back.elapsed()
         );
-        let (_, taken) = take(&b, "late-leave").await;
+        let (_, taken) = take(b, "late-leave").await;
         taken.release().await.expect("release the reopened name");
     }
 
-    /// The name closed after an unanswered leave opens at once when the session is
-    /// lost (its key went with it; the next session's key has another name), and the
-    /// local acquisition waiting for it gets it.
+    /// The name closed after an unanswered leave ([`left_unanswered`]) opens at once
+    /// when the session is lost (its key went with it; the next session's key has
+    /// another name), and the local acquisition waiting for it gets it.
     #[tokio::test]
     async fn a_lost_session_opens_the_closed_name() {
         let Some(etcd) = dlock_testkit::EtcdServer::start() else {
             return;
         };
-        let (holder, b) = (
-            backend(&etcd, "").await,
-            backend(&etcd, "?timeout=1s").await,
-        );
-        let (_, held) = take(&holder, "late-lost").await;
-        let mut waiting = request("late-lost", 0);
-        for attempt in [0, 1] {
-            waiting.attempt = attempt;
-            assert!(matches!(
-                b.try_acquire(&waiting).await.expect("attempt"),
-                Attempt::Busy { .. }
-            ));
-        }
-        let dir = b.inner.dir(&waiting.name);
-        signal(&etcd, "-STOP");
-        let left = b.leave_queue(&waiting).await;
-        signal(&etcd, "-CONT");
-        assert!(left.is_err(), "a delete against a paused etcd was answered");
-        // Closed once the retry is answered (well within 5 s of etcd's return).
-        let started = std::time::Instant::now();
+        let left = left_unanswered(&etcd, "late-lost").await;
+        let (b, dir) = (&left.b, &left.dir);
         let slot = || {
             b.inner
                 .slots()
-                .get(&dir)
+                .get(dir)
                 .map(|s| (s.acquisition, Arc::clone(&s.session)))
         };
-        while slot().is_none_or(|(a, _)| a != waiting.acquisition) {
-            assert!(started.elapsed() < Duration::from_secs(5), "never closed");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        assert!(
+            slot().is_some_and(|(a, _)| a == left.waiting.acquisition),
+            "the name was not closed by the leave"
+        );
         let next = request("late-lost", 0);
         let wake = Arc::new(Notify::new());
         assert!(
-            b.inner.wait_for_slot(&dir, next.acquisition, &wake),
+            b.inner.wait_for_slot(dir, next.acquisition, &wake),
             "the closed name was free"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1966,7 +1970,7 @@ mod tests {
             slot().is_some_and(|(a, _)| a == next.acquisition),
             "the name did not go to the waiting acquisition"
         );
-        held.release().await.expect("release");
+        left.held.release().await.expect("release");
     }
 
     /// A semaphore attempt whose put went unanswered leaves; the put lands after
