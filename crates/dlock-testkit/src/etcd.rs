@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::restart::{Restartable, relaunch};
-use crate::server::{ServerProcess, find_binary, free_port, skip};
+use crate::server::{ServerProcess, find_binary, free_port, listens_on, skip};
 use crate::tls::TestCerts;
 
 /// A running `etcd` (killed on Drop).
@@ -130,12 +130,16 @@ impl EtcdServer {
                 return Err(format!("etcd exited (port taken?); log:\n{log}"));
             }
             if healthy(addr) {
-                // A port taken by someone else makes our etcd exit: look once more.
-                std::thread::sleep(Duration::from_millis(50));
+                // Ready only when *our* process answers: another test's server may
+                // have taken the port between free_port() and our bind (ours then
+                // fails to bind; it is killed as it drops).
+                if listens_on(process.pid(), port) {
+                    return Ok(process);
+                }
                 if process.has_exited() {
                     continue;
                 }
-                return Ok(process);
+                return Err(format!("port {port} answered by another process"));
             }
             if Instant::now() > deadline {
                 let log = std::fs::read_to_string(&log).unwrap_or_default();

@@ -55,6 +55,42 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// Whether process `pid` holds a socket listening on 127.0.0.1:`port` (read from
+/// `/proc`): the server answering there is that process, not another test's that took
+/// the port between [`free_port`] and its own bind. For servers that cannot name
+/// themselves over their protocol (redis and ZooKeeper can, and are asked instead).
+#[must_use]
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    // 127.0.0.1 as the kernel prints it: in host byte order.
+    let local = [
+        format!("0100007F:{port:04X}"),
+        format!("7F000001:{port:04X}"),
+    ];
+    // Columns: sl, local_address, rem_address, st (0A: LISTEN), …, inode (10th).
+    let sockets: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let listening = cols.get(3) == Some(&"0A");
+            let here = cols.get(1).is_some_and(|a| local.iter().any(|l| l == a));
+            (listening && here)
+                .then(|| cols.get(9).map(|inode| format!("socket:[{inode}]")))
+                .flatten()
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
+    })
+}
+
 /// Set by [`servers_die_with_this_thread`].
 static DIE_WITH_STARTER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -720,5 +756,22 @@ impl PortHolder {
 impl Drop for PortHolder {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener of this process is found as this process's; the same port is no
+    /// other process's, and a port nobody listens on is nobody's.
+    #[test]
+    fn listens_on_tells_whose_port_it_is() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        assert!(listens_on(std::process::id(), port));
+        assert!(!listens_on(1, port), "pid 1 owns this test's port");
+        drop(listener);
+        assert!(!listens_on(std::process::id(), port));
     }
 }
