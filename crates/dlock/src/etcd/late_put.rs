@@ -19,7 +19,8 @@ use super::client::Client;
 use super::proto;
 use super::session::Session;
 
-/// How long after an unanswered put its key is looked for: twice the default request
+/// How long after an unanswered put's cleanup its key is looked for, and how long a
+/// name stays closed after an unanswered delete by name: twice the default request
 /// timeout.
 pub(super) const LATE_PUT: Duration = Duration::from_secs(10);
 

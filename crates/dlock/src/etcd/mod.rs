@@ -21,11 +21,13 @@
 //!   when it gave up). Other local acquisitions — other owners, or tasks sharing one
 //!   owner — queue in-process, first come first served: a release hands the slot to
 //!   the longest-waiting one, so the releaser cannot take it straight back past them.
-//!   The slot belongs to an acquisition, never to an owner string, so one task's late
-//!   cleanup can never touch another task's key.
+//!   The slot belongs to an acquisition under one session, never to an owner string,
+//!   so one task's late cleanup can never touch another task's key, nor an
+//!   acquisition's cleanup of a lost session's key the key it holds under the next.
 //! - A put whose answer never came may still be applied by etcd after the attempt's
-//!   cleanup deleted the key. For 10 s after such a put, whoever frees the slot last
-//!   looks for the key again, at pauses doubling from 100 ms to 1 s, and deletes it —
+//!   cleanup deleted the key. For 10 s after the cleanup's delete was answered,
+//!   whoever frees the slot last looks for the key again, at pauses doubling from
+//!   100 ms to 1 s, and deletes it —
 //!   with the slot closed for the look, so a local acquisition that found the key
 //!   there and took it as its own keeps it. A waiter's leaving deletes its key by name
 //!   (that works even when answers are lost); when such a delete went unanswered, the
@@ -203,7 +205,9 @@ struct Slot {
     acquisition: AcquisitionId,
     session: Arc<Session>,
     key: String,
-    /// Granted, or closed while its key's delete is pending: nobody else may use it.
+    /// Granted, or closed (while its key's delete is pending, for 10 s after an
+    /// unanswered delete by name, or while a sweep deletes a late key): nobody else
+    /// may use it.
     held: bool,
     /// A put of the key has been sent (it may exist): leaving must delete it.
     maybe_put: bool,
@@ -215,6 +219,16 @@ struct Slot {
     /// deletion is watched; a key of the same name with another revision — another
     /// local contender of that process reusing the name — means it is gone).
     predecessor: Option<(String, i64)>,
+}
+
+/// What a leaving acquisition has to do with its slot ([`EtcdBackend::leave_queue`]).
+enum Leaving {
+    /// The slot is not its own (any more).
+    Nothing,
+    /// Reserved for it under the session of this lease id, its key never put.
+    Free(i64),
+    /// Its key (maybe put) under this session is to be deleted; the slot is closed.
+    Delete(String, Arc<Session>),
 }
 
 struct Inner {
@@ -398,24 +412,38 @@ impl Inner {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The slot for `dir`, if `acquisition` has it, is free again: hand it to the
-    /// local acquisition that has waited longest (reserved for it, its key not yet
-    /// put) and wake that one only.
-    fn free_slot(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId) {
-        self.free_slot_with(dir, acquisition, false);
+    /// The slot for `dir`, if `acquisition` has it under the session `session` (its
+    /// lease id), is free again: hand it to the local acquisition that has waited
+    /// longest (reserved for it, its key not yet put) and wake that one only. The
+    /// session is part of the slot's identity: after a session was lost, the same
+    /// acquisition may hold the name again under a new session (another key), which a
+    /// late cleanup of the old one must not free.
+    fn free_slot(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId, session: i64) {
+        self.free_slot_with(dir, acquisition, session, false);
     }
 
-    /// [`Inner::free_slot`] once the key's delete was answered. An unanswered put's
-    /// window runs on from that answer: a put may land at any time before it, however
-    /// late it came.
-    fn free_slot_after_delete(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId) {
-        self.free_slot_with(dir, acquisition, true);
+    /// [`Inner::free_slot`] once the key's delete was answered (or once the name,
+    /// closed after an unanswered one, opens again). An unanswered put's window runs on
+    /// from that moment: a put may land at any time before it, however late it came.
+    fn free_slot_after_delete(
+        self: &Arc<Self>,
+        dir: &str,
+        acquisition: AcquisitionId,
+        session: i64,
+    ) {
+        self.free_slot_with(dir, acquisition, session, true);
     }
 
-    fn free_slot_with(self: &Arc<Self>, dir: &str, acquisition: AcquisitionId, deleted: bool) {
+    fn free_slot_with(
+        self: &Arc<Self>,
+        dir: &str,
+        acquisition: AcquisitionId,
+        session: i64,
+        deleted: bool,
+    ) {
         let mut slots = self.slots();
         let freed = match slots.get(dir) {
-            Some(s) if s.acquisition == acquisition => slots.remove(dir),
+            Some(s) if s.acquisition == acquisition && s.session.id == session => slots.remove(dir),
             _ => None,
         };
         let Some(freed) = freed else {
@@ -516,7 +544,7 @@ impl Inner {
                 }
                 late_put::delete_found(&client, &session.lost, &key, revision).await;
                 if let Some(backend) = inner.upgrade() {
-                    backend.free_slot(&dir, look);
+                    backend.free_slot(&dir, look, session.id);
                 }
             }
         });
@@ -556,8 +584,9 @@ impl Inner {
     /// given — and free its slot. A delete by name that went unanswered may be applied
     /// late (as a put may, [`late_put`]): after one, the slot stays closed for
     /// [`late_put::LATE_PUT`] after the retry that was answered, so no local
-    /// acquisition puts the name again while it may still land. `Ok(false)`: the key was not (or no longer) the one
-    /// with that revision. The key lives as long as the session, and the session
+    /// acquisition puts the name again while it may still land
+    /// ([`Inner::closed_after_unanswered_delete`]). `Ok(false)`: the key was not (or no
+    /// longer) the one with that revision. The key lives as long as the session, and the session
     /// outlives a reconnect: when the server cannot be reached, the slot stays closed
     /// and the delete is finished in the background once the server answers again (or
     /// the session ends and takes the key).
@@ -571,12 +600,12 @@ impl Inner {
     ) -> Result<bool> {
         match Self::delete_key(&self.client, key, revision).await {
             Ok(deleted) => {
-                self.free_slot_after_delete(dir, acquisition);
+                self.free_slot_after_delete(dir, acquisition, session.id);
                 Ok(deleted)
             }
             Err(e) => {
                 let (inner, key, dir) = (Arc::clone(self), key.to_owned(), dir.to_owned());
-                let lost = session.lost.clone();
+                let (lost, session_id) = (session.lost.clone(), session.id);
                 // Should the session end first, the key goes with it and
                 // `claim_slot` drops the slot.
                 crate::finish::release_later(
@@ -598,11 +627,11 @@ impl Inner {
                                     Arc::downgrade(&inner),
                                     dir,
                                     key,
-                                    acquisition,
+                                    (acquisition, session_id),
                                     lost,
                                 ));
                             } else if done {
-                                inner.free_slot_after_delete(&dir, acquisition);
+                                inner.free_slot_after_delete(&dir, acquisition, session_id);
                             }
                             done
                         }
@@ -614,7 +643,8 @@ impl Inner {
     }
 
     /// After a delete by name of `key` went unanswered and a retry was answered: keep
-    /// `dir`'s slot closed (`acquisition` has it) for [`late_put::LATE_PUT`], then free
+    /// `dir`'s slot closed (`acquisition` has it under the session of lease id
+    /// `session`) for [`late_put::LATE_PUT`], then free
     /// it. Meanwhile a key of that name that turns up is deleted by its revision: it can
     /// only be the attempt's own put landing late, since no local acquisition puts the
     /// name while the slot is closed, and no other process puts a key named by this
@@ -624,7 +654,7 @@ impl Inner {
         inner: std::sync::Weak<Self>,
         dir: String,
         key: String,
-        acquisition: AcquisitionId,
+        (acquisition, session): (AcquisitionId, i64),
         lost: CancellationToken,
     ) {
         // Only this task frees the slot while it is closed, and `claim_slot` drops it
@@ -634,7 +664,7 @@ impl Inner {
             backend
                 .slots()
                 .get(&dir)
-                .is_some_and(|s| s.acquisition == acquisition)
+                .is_some_and(|s| s.acquisition == acquisition && s.session.id == session)
         };
         let until = Instant::now() + late_put::LATE_PUT;
         late_put::looks(&lost, until, || async {
@@ -652,7 +682,7 @@ impl Inner {
         // Freed as after any answered delete: should the last look have gone
         // unanswered, a put's window still sweeps on once the name is open.
         if let Some(backend) = inner.upgrade() {
-            backend.free_slot_after_delete(&dir, acquisition);
+            backend.free_slot_after_delete(&dir, acquisition, session);
         }
     }
 
@@ -877,7 +907,7 @@ impl Inner {
         }
         // Not queued (nothing was put): the slot is given back for other local
         // acquisitions.
-        self.free_slot(dir, req.acquisition);
+        self.free_slot(dir, req.acquisition, session.id);
         Ok(Attempt::Busy {
             retry_after: Some(RECHECK),
         })
@@ -926,7 +956,7 @@ impl Inner {
                     // Our key is gone although the slot says queued: the session lease
                     // ended under us (then etcd says so, and the session is lost), or
                     // someone deleted the key (then only this attempt ends).
-                    self.free_slot(dir, req.acquisition);
+                    self.free_slot(dir, req.acquisition, session.id);
                     session::confirm(client, &session).await;
                     return Err(Error::connection(
                         SCHEME,
@@ -1001,7 +1031,7 @@ impl Backend for EtcdBackend {
         };
         if let Err(e) = session.check() {
             // The key (if any) went with the session.
-            inner.free_slot(&dir, req.acquisition);
+            inner.free_slot(&dir, req.acquisition, session.id);
             return Err(e);
         }
         let queued = inner
@@ -1062,27 +1092,27 @@ impl Backend for EtcdBackend {
             }
             match slots.get_mut(&dir) {
                 Some(s) if s.acquisition == req.acquisition && !s.held => {
-                    if !s.maybe_put {
-                        // Reserved for it, never used: nothing to delete.
-                        None
-                    } else {
+                    if s.maybe_put {
                         // Closed to every local acquisition until the key is gone: a
                         // later one must not reuse a key whose delete is still pending.
                         s.held = true;
-                        Some(Some((s.key.clone(), Arc::clone(&s.session))))
+                        Leaving::Delete(s.key.clone(), Arc::clone(&s.session))
+                    } else {
+                        // Reserved for it, never used: nothing to delete.
+                        Leaving::Free(s.session.id)
                     }
                 }
-                _ => Some(None),
+                // Not its slot (any more): nothing of this acquisition's is left.
+                _ => Leaving::Nothing,
             }
         };
         match slot {
-            // Not its slot (any more): nothing of this acquisition's is left.
-            Some(None) => Ok(()),
-            None => {
-                inner.free_slot(&dir, req.acquisition);
+            Leaving::Nothing => Ok(()),
+            Leaving::Free(session) => {
+                inner.free_slot(&dir, req.acquisition, session);
                 Ok(())
             }
-            Some(Some((key, session))) => inner
+            Leaving::Delete(key, session) => inner
                 .delete_and_free(&session, &key, None, &dir, req.acquisition)
                 .await
                 .map(drop),
@@ -1565,7 +1595,8 @@ impl HeldLock for EtcdHeld {
         };
         if self.session.check().is_err() {
             // The key went (or goes) with the lease; nothing of ours is left to delete.
-            self.inner.free_slot(&self.dir, self.acquisition);
+            self.inner
+                .free_slot(&self.dir, self.acquisition, self.session.id);
             return Err(lost());
         }
         let deleted = self
@@ -1944,6 +1975,11 @@ mod tests {
         };
         let left = left_unanswered(&etcd, "late-lost").await;
         let (b, dir) = (&left.b, &left.dir);
+        // A retry answered (the key gone) starts the closed window this test ends.
+        assert!(
+            !still_there_after(b, &left.key, Duration::from_millis(2500)).await,
+            "the waiter's key stood 2.5 s after etcd came back"
+        );
         let slot = || {
             b.inner
                 .slots()
@@ -1960,7 +1996,6 @@ mod tests {
             b.inner.wait_for_slot(dir, next.acquisition, &wake),
             "the closed name was free"
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
         let (_, session) = slot().expect("still closed");
         session.lost.cancel();
         tokio::time::timeout(Duration::from_secs(3), wake.notified())
@@ -1971,6 +2006,37 @@ mod tests {
             "the name did not go to the waiting acquisition"
         );
         left.held.release().await.expect("release");
+    }
+
+    /// A cleanup that carries another session (a lost one's, answered late) leaves
+    /// the slot of the same acquisition under its current session alone: freed, the
+    /// next local acquisition would put the same key name, find it there and take it
+    /// as its own beside the holder (review helper-61).
+    #[tokio::test]
+    async fn a_lost_sessions_cleanup_leaves_the_next_sessions_slot() {
+        let Some(etcd) = dlock_testkit::EtcdServer::start() else {
+            return;
+        };
+        let b = backend(&etcd, "").await;
+        let (req, held) = take(&b, "reclaimed").await;
+        let dir = b.inner.dir(&req.name);
+        let session = b.inner.session().await.expect("session").id;
+        b.inner
+            .free_slot(&dir, req.acquisition, session.wrapping_add(1));
+        b.inner
+            .free_slot_after_delete(&dir, req.acquisition, session.wrapping_sub(1));
+        assert!(
+            b.inner
+                .slots()
+                .get(&dir)
+                .is_some_and(|s| s.acquisition == req.acquisition && s.held),
+            "another session's cleanup freed the holder's slot"
+        );
+        held.release().await.expect("release");
+        assert!(
+            !b.inner.slots().contains_key(&dir),
+            "the release kept the slot"
+        );
     }
 
     /// A semaphore attempt whose put went unanswered leaves; the put lands after
