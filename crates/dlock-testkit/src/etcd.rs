@@ -133,13 +133,22 @@ impl EtcdServer {
                 // Ready only when *our* process answers: another test's server may
                 // have taken the port between free_port() and our bind (ours then
                 // fails to bind; it is killed as it drops).
-                if listens_on(process.pid(), port) {
-                    return Ok(process);
+                match listens_on(process.pid(), port) {
+                    Some(true) => return Ok(process),
+                    Some(false) if !process.has_exited() => {
+                        return Err(format!("port {port} answered by another process"));
+                    }
+                    Some(false) => continue,
+                    None => {
+                        // /proc cannot tell: a port taken by someone else makes our
+                        // etcd exit, so look once more.
+                        std::thread::sleep(Duration::from_millis(50));
+                        if process.has_exited() {
+                            continue;
+                        }
+                        return Ok(process);
+                    }
                 }
-                if process.has_exited() {
-                    continue;
-                }
-                return Err(format!("port {port} answered by another process"));
             }
             if Instant::now() > deadline {
                 let log = std::fs::read_to_string(&log).unwrap_or_default();

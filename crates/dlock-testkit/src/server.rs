@@ -57,13 +57,13 @@ pub fn free_port() -> u16 {
 
 /// Whether process `pid` holds a socket listening on 127.0.0.1:`port` (read from
 /// `/proc`): the server answering there is that process, not another test's that took
-/// the port between [`free_port`] and its own bind. For servers that cannot name
-/// themselves over their protocol (redis and ZooKeeper can, and are asked instead).
+/// the port between [`free_port`] and its own bind. `None` when `/proc` cannot tell
+/// (not mounted, or the process's descriptors unreadable). For servers that cannot
+/// name themselves over their protocol (redis and ZooKeeper can, and are asked
+/// instead).
 #[must_use]
-pub fn listens_on(pid: u32, port: u16) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
-        return false;
-    };
+pub fn listens_on(pid: u32, port: u16) -> Option<bool> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
     // 127.0.0.1 as the kernel prints it: in host byte order.
     let local = [
         format!("0100007F:{port:04X}"),
@@ -82,13 +82,11 @@ pub fn listens_on(pid: u32, port: u16) -> bool {
                 .flatten()
         })
         .collect();
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.flatten().any(|fd| {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    Some(fds.flatten().any(|fd| {
         std::fs::read_link(fd.path())
             .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
-    })
+    }))
 }
 
 /// Set by [`servers_die_with_this_thread`].
@@ -763,15 +761,22 @@ impl Drop for PortHolder {
 mod tests {
     use super::*;
 
-    /// A listener of this process is found as this process's; the same port is no
-    /// other process's, and a port nobody listens on is nobody's.
+    /// A listener of this process is found as this process's; the same port is not
+    /// another process's, and once closed it is nobody's.
     #[test]
     fn listens_on_tells_whose_port_it_is() {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
-        assert!(listens_on(std::process::id(), port));
-        assert!(!listens_on(1, port), "pid 1 owns this test's port");
+        assert_eq!(listens_on(std::process::id(), port), Some(true));
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let others = listens_on(other.id(), port);
+        let _ = other.kill();
+        let _ = other.wait();
+        assert_eq!(others, Some(false), "another process owns this test's port");
         drop(listener);
-        assert!(!listens_on(std::process::id(), port));
+        assert_eq!(listens_on(std::process::id(), port), Some(false));
     }
 }
