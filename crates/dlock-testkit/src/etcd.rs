@@ -176,6 +176,16 @@ impl EtcdServer {
         self.process.pid()
     }
 
+    /// SIGSTOP etcd: it answers nothing until [`EtcdServer::resume`] (or its drop).
+    pub fn pause(&self) {
+        self.process.pause();
+    }
+
+    /// SIGCONT after [`EtcdServer::pause`].
+    pub fn resume(&self) {
+        self.process.resume();
+    }
+
     /// SIGKILL etcd and start it again on the same ports and data dir (its keys and
     /// leases survive; etcd restarts every lease's countdown).
     ///

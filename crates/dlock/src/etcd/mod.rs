@@ -1716,15 +1716,6 @@ mod tests {
         );
     }
 
-    /// Send `sig` (`-STOP`, `-CONT`) to the etcd server.
-    fn signal(etcd: &dlock_testkit::EtcdServer, sig: &str) {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &etcd.pid().to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill {sig} failed");
-    }
-
     /// Whether `key` exists, once it has had `within` to go.
     async fn still_there_after(b: &EtcdBackend, key: &str, within: Duration) -> bool {
         tokio::time::sleep(within).await;
@@ -1853,14 +1844,14 @@ mod tests {
         b.inner.session().await.expect("session");
         for attempt in [0, 1] {
             let req = request(&format!("late-paused-{attempt}"), attempt);
-            signal(&etcd, "-STOP");
+            etcd.pause();
             let tried = b.try_acquire(&req).await;
             let late = b
                 .inner
                 .slots()
                 .get(&b.inner.dir(&req.name))
                 .map(|s| (s.late_until.is_some(), s.key.clone()));
-            signal(&etcd, "-CONT");
+            etcd.resume();
             assert!(
                 tried.is_err(),
                 "attempt {attempt} against a paused etcd succeeded"
@@ -1903,9 +1894,9 @@ mod tests {
         }
         let dir = b.inner.dir(&waiting.name);
         let key = unanswered_put(&b, name);
-        signal(etcd, "-STOP");
+        etcd.pause();
         let left = b.leave_queue(&waiting).await;
-        signal(etcd, "-CONT");
+        etcd.resume();
         assert!(left.is_err(), "a delete against a paused etcd was answered");
         LeftUnanswered {
             _holder: holder,
