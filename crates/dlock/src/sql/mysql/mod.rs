@@ -740,20 +740,22 @@ impl Dialect for Mysql {
         let meta = metadata_json(&req.metadata);
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());
         let conn_id = u64::try_from(session).unwrap_or(0);
-        let done = retrying(self.timeout, || {
-            sqlx::query(AssertSqlSafe(&*self.sql.row_holder))
-                .bind(&key[..])
-                .bind(name)
-                .bind(owner)
-                .bind(&meta)
-                .bind(conn_id)
-                .bind(name)
-                .bind(owner)
-                .bind(&meta)
-                .bind(conn_id)
-                .execute(&self.pool)
-        })
-        .await?;
+        // On a connection of the backend's own: sqlx's pool would test the connection
+        // it gets back with one more round trip, every cycle.
+        let done = self
+            .own_execute(|| {
+                sqlx::query(AssertSqlSafe(&*self.sql.row_holder))
+                    .bind(&key[..])
+                    .bind(name)
+                    .bind(owner)
+                    .bind(&meta)
+                    .bind(conn_id)
+                    .bind(name)
+                    .bind(owner)
+                    .bind(&meta)
+                    .bind(conn_id)
+            })
+            .await?;
         Ok(done.last_insert_id())
     }
 
