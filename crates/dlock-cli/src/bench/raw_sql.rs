@@ -5,7 +5,7 @@
 use dlock::url::ConnectUrl;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{Connection, Executor};
+use sqlx::{Connection, Executor, Row};
 
 use crate::bench::take::Shape;
 use crate::exit::Failure;
@@ -81,6 +81,14 @@ impl SqlConn {
         match self {
             SqlConn::Pg(c) => c.execute(sql).await.map(drop).map_err(err),
             SqlConn::My(c) => c.execute(sql).await.map(drop).map_err(err),
+        }
+    }
+
+    /// One round trip with no statement (the protocol's ping).
+    pub async fn ping(&mut self) -> Result<(), Failure> {
+        match self {
+            SqlConn::Pg(c) => c.ping().await.map_err(err),
+            SqlConn::My(c) => c.ping().await.map_err(err),
         }
     }
 
@@ -257,19 +265,66 @@ async fn floor_cycle(conn: &mut SqlConn, mode: &str, i: i64) -> Result<(), Failu
 }
 
 /// Row mode's transaction and locking read in one round trip, as the least client
-/// does (PostgreSQL: the read prepared at connect, `SqlFloor::connect`).
-async fn row_lock(conn: &mut SqlConn) -> Result<(), Failure> {
-    let locked = conn
-        .batch(
-            "BEGIN; EXECUTE dlock_bench_floor_lock",
+/// does (PostgreSQL: the read prepared at connect, `SqlFloor::connect`). The locked
+/// row's answer: PostgreSQL the transaction's id, which the token's statement asks
+/// about; MySQL the row's id. A missing row is an error, the transaction rolled back.
+async fn row_lock(conn: &mut SqlConn) -> Result<i64, Failure> {
+    let locked = match conn {
+        SqlConn::Pg(c) => sqlx::raw_sql("BEGIN; EXECUTE dlock_bench_floor_lock")
+            .fetch_optional(&mut *c)
+            .await
+            .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose()),
+        SqlConn::My(c) => sqlx::raw_sql(
             "BEGIN; SELECT id FROM dlock_bench_floor_row WHERE id = 1 FOR UPDATE NOWAIT",
         )
-        .await;
-    if locked.is_err() {
-        // The BEGIN may have run: leave no transaction open behind the error.
-        let _ = conn.exec("ROLLBACK").await;
+        .fetch_optional(&mut *c)
+        .await
+        .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose()),
+    };
+    let locked = match locked {
+        Ok(Some(answer)) => return Ok(answer),
+        Ok(None) => Failure::internal("bare SQL client: the row limit's row is missing"),
+        Err(e) => err(e),
+    };
+    // The BEGIN may have run: leave no transaction open behind the error.
+    let _ = conn.exec("ROLLBACK").await;
+    Err(locked)
+}
+
+/// Row mode's fencing token, drawn on `counter` while `conn`'s transaction holds the
+/// row, and the proof a correct lock needs before the token counts: that the
+/// transaction still held the row after the token was drawn (else a later holder may
+/// have drawn a lower one). PostgreSQL: the token's statement reads the status of the
+/// transaction `xact` (from [`row_lock`]); MySQL, which shows another session's
+/// transaction only to `PROCESS`: one more round trip on the locking session.
+async fn row_token(conn: &mut SqlConn, counter: &mut SqlConn, xact: i64) -> Result<(), Failure> {
+    let alive = match counter {
+        SqlConn::Pg(c) => sqlx::query_scalar::<_, bool>(
+            "UPDATE dlock_bench_floor_fence SET v = v + 1 WHERE id = 1 \
+             RETURNING txid_status($1) = 'in progress'",
+        )
+        .bind(xact)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(err)?,
+        SqlConn::My(_) => {
+            counter
+                .change(
+                    "",
+                    "UPDATE dlock_bench_floor_fence SET v = LAST_INSERT_ID(v + 1) WHERE id = ?",
+                    &[1],
+                )
+                .await?;
+            conn.ping().await.is_ok()
+        }
+    };
+    if alive {
+        Ok(())
+    } else {
+        Err(Failure::internal(
+            "bare SQL client: the row limit's transaction ended while its token was drawn",
+        ))
     }
-    locked
 }
 
 /// One bare counted grant and its release, in every mode (dlock's semaphores and
@@ -336,7 +391,7 @@ impl SqlFloor {
         if let (SqlConn::Pg(_), "row") = (&conn, mode.as_str()) {
             conn.batch(
                 "PREPARE dlock_bench_floor_lock AS \
-                 SELECT id FROM dlock_bench_floor_row WHERE id = 1 FOR UPDATE NOWAIT",
+                 SELECT txid_current() FROM dlock_bench_floor_row WHERE id = 1 FOR UPDATE NOWAIT",
                 "",
             )
             .await?;
@@ -393,22 +448,14 @@ impl SqlFloor {
                 let Some(counter) = self.counter.as_mut() else {
                     return floor_cycle(&mut self.conn, &self.mode, i).await;
                 };
-                row_lock(&mut self.conn).await?;
-                let counted = counter
-                    .change(
-                        "UPDATE dlock_bench_floor_fence SET v = v + 1 WHERE id = $1",
-                        "UPDATE dlock_bench_floor_fence SET v = LAST_INSERT_ID(v + 1) WHERE id = ?",
-                        &[1],
-                    )
-                    .await;
+                let xact = row_lock(&mut self.conn).await?;
                 // Never leave the row locked: the run's next cycles would all fail.
-                let end = if counted.is_ok() {
-                    "COMMIT"
-                } else {
-                    "ROLLBACK"
-                };
-                self.conn.exec(end).await?;
-                counted.map(drop)
+                if let Err(e) = row_token(&mut self.conn, counter, xact).await {
+                    // The token's failure is the cause, whatever the rollback answers.
+                    let _ = self.conn.exec("ROLLBACK").await;
+                    return Err(e);
+                }
+                self.conn.exec("COMMIT").await
             }
             (Shape::Fenced, ..) => floor_cycle(&mut self.conn, &self.mode, i).await,
         }
@@ -419,7 +466,8 @@ impl SqlFloor {
     /// statement: that statement and the unlock are the mode's limit
     /// (`Shape::Fenced`). A row lock's transaction cannot commit the token while it
     /// holds the row: the limit is the floor's statements with the counter's increment
-    /// on a second connection between the lock and the commit. A lease's token is a
+    /// on a second connection between the lock and the commit, and the proof that the
+    /// transaction still held the row after it ([`row_token`]). A lease's token is a
     /// write the bare insert and delete do not make either: its limit takes a free or
     /// ended lease and draws the row's next token in one statement, then frees it.
     pub fn limit(&self) -> Option<&'static str> {
@@ -437,10 +485,18 @@ impl SqlFloor {
                 "GET_LOCK and a fencing counter's increment in one statement (a one-row \
                  UPDATE … LAST_INSERT_ID), then RELEASE_LOCK",
             ),
+            ("row", SqlConn::Pg(_)) => Some(
+                "BEGIN and SELECT … FOR UPDATE NOWAIT in one round trip, a fencing \
+                 counter's increment (a one-row UPDATE) committed on a second connection \
+                 that also reads whether the locking transaction is still in progress \
+                 (txid_status: else a later holder may have drawn a lower token), COMMIT",
+            ),
             ("row", _) => Some(
                 "BEGIN and SELECT … FOR UPDATE NOWAIT in one round trip, a fencing \
                  counter's increment (a one-row UPDATE) committed on a second connection, \
-                 COMMIT",
+                 a ping on the locking session to prove it still held the row after that \
+                 (else a later holder may have drawn a lower token; MySQL shows another \
+                 session's transaction only to PROCESS), COMMIT",
             ),
             _ => None,
         }

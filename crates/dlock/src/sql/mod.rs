@@ -102,8 +102,8 @@ pub(crate) struct SqlOptions {
     pub timeout: Duration,
     /// Heartbeat interval on a pinned connection (session modes).
     pub heartbeat: Duration,
-    /// Most connections for lease statements; as many again for semaphore and
-    /// read-write lock attempts, and for the rest (sqlx's pool).
+    /// Most connections for lease statements and row mode's tokens; as many again for
+    /// semaphore and read-write lock attempts, and for the rest (sqlx's pool).
     pub pool: u32,
     /// Most pinned connections (= locks held at once, session modes).
     pub sessions: u32,

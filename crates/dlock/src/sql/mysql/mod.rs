@@ -57,7 +57,7 @@
 //! | `poll` | `10ms` (jittered) | waiting: re-poll interval |
 //! | `timeout` | `5s` | connecting, and per statement (twice it: how long a semaphore's or read-write lock's attempt may leave its name's gate taken, below) |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
-//! | `pool` | `10` | connections for lease statements, as many for semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
+//! | `pool` | `10` | connections for lease statements and row mode's tokens, as many for semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
 //! | `ssl_mode` | `preferred` | `disabled`, `preferred`, `required`, `verify_ca`, `verify_identity` |
 //! | `ssl_ca` | none | PEM file of the CA that signs the server |
@@ -303,7 +303,8 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
 /// MySQL's and MariaDB's statements and errors.
 struct Mysql {
     pool: MySqlPool,
-    /// The lease statements' connections (see `own_conns`), set up as the pool's.
+    /// The lease and row-token statements' connections (see `own_conns`), set up as
+    /// the pool's.
     own: OwnConns<MySqlConnection>,
     /// The connections of semaphore and read-write lock attempts, set up alike: a
     /// crowd waiting for one name's gate must not take every place the lease
@@ -363,7 +364,7 @@ fn shared_setup(timeout: Duration, mariadb: bool, lock_wait: u64) -> (String, Du
 }
 
 impl Mysql {
-    /// A connection for one lease statement: put it back after a statement that
+    /// A connection for one lease or row-token statement: put it back after a statement that
     /// succeeded (`self.own.put`), drop it otherwise.
     async fn own_conn(&self) -> Result<OwnConn<MySqlConnection>> {
         self.conn_from(&self.own, SESSION_SETUP).await

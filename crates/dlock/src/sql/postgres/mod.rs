@@ -72,7 +72,7 @@
 //! | `poll` | `100ms` (a fallback: releases notify) | waiting: re-poll interval |
 //! | `timeout` | `5s` | connecting, and per statement (twice it: how long a semaphore's or read-write lock's attempt may leave its name's gate taken, below) |
 //! | `heartbeat` | `1s` | session modes: ping interval of the pinned connection (a failed ping fires `lost()`) |
-//! | `pool` | `10` | connections for lease statements, as many for semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`, row mode's records) |
+//! | `pool` | `10` | connections for lease statements and row mode's tokens, as many for semaphores and read-write locks, and as many for the rest (`inspect`, `list`, `break`) |
 //! | `sessions` | `100` | idle pinned connections kept for session modes |
 //! | `advisory_key` | `sha256` | advisory mode: `sha256` (first 8 bytes of the name's SHA-256) or `number` (the name as a decimal int8) |
 //! | `sslmode` | `prefer` | `disable`, `prefer`, `require`, `verify-ca`, `verify-full` |
