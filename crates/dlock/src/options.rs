@@ -140,7 +140,12 @@ impl Metadata {
     /// The metadata as the backends store it (JSON). This process's own, the default
     /// of every acquisition, was serialized once and is borrowed: nothing is
     /// serialized or allocated per acquisition.
-    #[cfg(any(feature = "sqlite", feature = "redis", feature = "postgres", feature = "mysql"))]
+    #[cfg(any(
+        feature = "sqlite",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql"
+    ))]
     pub(crate) fn to_json(&self) -> std::borrow::Cow<'static, str> {
         match self.own_json() {
             Some(json) => std::borrow::Cow::Borrowed(json),
@@ -151,7 +156,12 @@ impl Metadata {
     }
 
     /// The JSON of this process's own metadata, when this is it.
-    #[cfg(any(feature = "sqlite", feature = "redis", feature = "postgres", feature = "mysql"))]
+    #[cfg(any(
+        feature = "sqlite",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql"
+    ))]
     pub(crate) fn own_json(&self) -> Option<&'static str> {
         let (own, json) = own_metadata();
         (std::ptr::eq(self, &**own) || self == &**own).then_some(json.as_str())
