@@ -137,15 +137,26 @@ impl Metadata {
         Arc::clone(&own_metadata().0)
     }
 
+    /// The same with a note.
+    #[must_use]
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+}
+
+/// What only the backends that store metadata (as JSON) need: ZooKeeper and etcd keep
+/// none, and a library built with only those would carry dead code.
+#[cfg(any(
+    feature = "sqlite",
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql"
+))]
+impl Metadata {
     /// The metadata as the backends store it (JSON). This process's own, the default
     /// of every acquisition, was serialized once and is borrowed: nothing is
     /// serialized or allocated per acquisition.
-    #[cfg(any(
-        feature = "sqlite",
-        feature = "redis",
-        feature = "postgres",
-        feature = "mysql"
-    ))]
     pub(crate) fn to_json(&self) -> std::borrow::Cow<'static, str> {
         match self.own_json() {
             Some(json) => std::borrow::Cow::Borrowed(json),
@@ -156,22 +167,9 @@ impl Metadata {
     }
 
     /// The JSON of this process's own metadata, when this is it.
-    #[cfg(any(
-        feature = "sqlite",
-        feature = "redis",
-        feature = "postgres",
-        feature = "mysql"
-    ))]
     pub(crate) fn own_json(&self) -> Option<&'static str> {
         let (own, json) = own_metadata();
         (std::ptr::eq(self, &**own) || self == &**own).then_some(json.as_str())
-    }
-
-    /// The same with a note.
-    #[must_use]
-    pub fn with_note(mut self, note: impl Into<String>) -> Self {
-        self.note = Some(note.into());
-        self
     }
 }
 

@@ -364,8 +364,8 @@ fn shared_setup(timeout: Duration, mariadb: bool, lock_wait: u64) -> (String, Du
 }
 
 impl Mysql {
-    /// A connection for one lease or row-token statement: put it back after a statement that
-    /// succeeded (`self.own.put`), drop it otherwise.
+    /// A connection for one lease or row-token statement: put it back after a
+    /// statement that succeeded (`self.own.put`), drop it otherwise.
     async fn own_conn(&self) -> Result<OwnConn<MySqlConnection>> {
         self.conn_from(&self.own, SESSION_SETUP).await
     }
