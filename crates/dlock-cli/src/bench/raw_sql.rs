@@ -101,6 +101,26 @@ impl SqlConn {
         }
     }
 
+    /// [`SqlConn::batch`], answering the first column (an i64) of the first row any of
+    /// its statements returned, if one did.
+    pub async fn batch_i64(
+        &mut self,
+        pg: &'static str,
+        my: &'static str,
+    ) -> Result<Option<i64>, Failure> {
+        let row = match self {
+            SqlConn::Pg(c) => sqlx::raw_sql(pg)
+                .fetch_optional(&mut *c)
+                .await
+                .and_then(|r| r.map(|r| r.try_get::<i64, _>(0)).transpose()),
+            SqlConn::My(c) => sqlx::raw_sql(my)
+                .fetch_optional(&mut *c)
+                .await
+                .and_then(|r| r.map(|r| r.try_get::<i64, _>(0)).transpose()),
+        };
+        row.map_err(err)
+    }
+
     /// Run `sql` with one i64 bound (`$1` on PostgreSQL, `?` on MySQL) and return the
     /// first column of the first row as i64, if any.
     pub async fn one_i64(
@@ -269,26 +289,20 @@ async fn floor_cycle(conn: &mut SqlConn, mode: &str, i: i64) -> Result<(), Failu
 /// row's answer: PostgreSQL the transaction's id, which the token's statement asks
 /// about; MySQL the row's id. A missing row is an error, the transaction rolled back.
 async fn row_lock(conn: &mut SqlConn) -> Result<i64, Failure> {
-    let locked = match conn {
-        SqlConn::Pg(c) => sqlx::raw_sql("BEGIN; EXECUTE dlock_bench_floor_lock")
-            .fetch_optional(&mut *c)
-            .await
-            .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose()),
-        SqlConn::My(c) => sqlx::raw_sql(
+    let locked = conn
+        .batch_i64(
+            "BEGIN; EXECUTE dlock_bench_floor_lock",
             "BEGIN; SELECT id FROM dlock_bench_floor_row WHERE id = 1 FOR UPDATE NOWAIT",
         )
-        .fetch_optional(&mut *c)
-        .await
-        .and_then(|row| row.map(|r| r.try_get::<i64, _>(0)).transpose()),
-    };
-    let locked = match locked {
+        .await;
+    let cause = match locked {
         Ok(Some(answer)) => return Ok(answer),
         Ok(None) => Failure::internal("bare SQL client: the row limit's row is missing"),
-        Err(e) => err(e),
+        Err(e) => e,
     };
     // The BEGIN may have run: leave no transaction open behind the error.
     let _ = conn.exec("ROLLBACK").await;
-    Err(locked)
+    Err(cause)
 }
 
 /// Row mode's fencing token, drawn on `counter` while `conn`'s transaction holds the
