@@ -656,18 +656,23 @@ impl Dialect for Mysql {
     ) -> Result<Option<u64>> {
         let meta = metadata_json(&req.metadata);
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());
-        let done = sqlx::query(AssertSqlSafe(&*self.sql.named_acquire))
-            .bind(&key[..])
-            .bind(name)
-            .bind(owner)
-            .bind(&meta)
-            .bind(server_name)
-            .bind(name)
-            .bind(owner)
-            .bind(&meta)
-            .execute(conn)
-            .await
-            .map_err(|e| db_err(BACKEND, &e))?;
+        let (n, o, m) = (name.len(), owner.len(), meta.len());
+        let lens = [key.len(), n, o, m, server_name.len(), n, o, m];
+        let done = sqlx::query_with(
+            AssertSqlSafe(&*self.sql.named_acquire),
+            reserved::<MySqlArguments>(&lens),
+        )
+        .bind(&key[..])
+        .bind(name)
+        .bind(owner)
+        .bind(&meta)
+        .bind(server_name)
+        .bind(name)
+        .bind(owner)
+        .bind(&meta)
+        .execute(conn)
+        .await
+        .map_err(|e| db_err(BACKEND, &e))?;
         Ok(match done.last_insert_id() {
             0 => None,
             fence => Some(fence),
@@ -680,11 +685,14 @@ impl Dialect for Mysql {
         server_name: &String,
         _hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error> {
-        sqlx::query("SELECT RELEASE_LOCK(?)")
-            .bind(server_name)
-            .execute(conn)
-            .await
-            .map(drop)
+        sqlx::query_with(
+            "SELECT RELEASE_LOCK(?)",
+            reserved::<MySqlArguments>(&[server_name.len()]),
+        )
+        .bind(server_name)
+        .execute(conn)
+        .await
+        .map(drop)
     }
 
     async fn row_lock(&self, conn: &mut MySqlConnection, key: &[u8; 32]) -> Result<RowLock> {
@@ -745,16 +753,20 @@ impl Dialect for Mysql {
         // it gets back with one more round trip, every cycle.
         let done = self
             .own_execute(|| {
-                sqlx::query(AssertSqlSafe(&*self.sql.row_holder))
-                    .bind(&key[..])
-                    .bind(name)
-                    .bind(owner)
-                    .bind(&meta)
-                    .bind(conn_id)
-                    .bind(name)
-                    .bind(owner)
-                    .bind(&meta)
-                    .bind(conn_id)
+                let (n, o, m) = (name.len(), owner.len(), meta.len());
+                sqlx::query_with(
+                    AssertSqlSafe(&*self.sql.row_holder),
+                    reserved::<MySqlArguments>(&[key.len(), n, o, m, 8, n, o, m, 8]),
+                )
+                .bind(&key[..])
+                .bind(name)
+                .bind(owner)
+                .bind(&meta)
+                .bind(conn_id)
+                .bind(name)
+                .bind(owner)
+                .bind(&meta)
+                .bind(conn_id)
             })
             .await?;
         Ok(done.last_insert_id())

@@ -593,15 +593,19 @@ impl Dialect for Postgres {
         key: &[u8; 32],
         akey: &i64,
     ) -> Result<Option<u64>> {
-        let fence = sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.advisory_acquire))
-            .bind(*akey)
-            .bind(&key[..])
-            .bind(req.name.as_str())
-            .bind(req.owner.as_str())
-            .bind(metadata_json(&req.metadata))
-            .fetch_optional(conn)
-            .await
-            .map_err(|e| db_err(BACKEND, &e))?;
+        let meta = metadata_json(&req.metadata);
+        let (name, owner) = (req.name.as_str(), req.owner.as_str());
+        let args = reserved::<PgArguments>(&[8, key.len(), name.len(), owner.len(), meta.len()]);
+        let fence =
+            sqlx::query_scalar_with::<_, i64, _>(AssertSqlSafe(&*self.sql.advisory_acquire), args)
+                .bind(*akey)
+                .bind(&key[..])
+                .bind(name)
+                .bind(owner)
+                .bind(meta)
+                .fetch_optional(conn)
+                .await
+                .map_err(|e| db_err(BACKEND, &e))?;
         Ok(fence.map(fence_u64))
     }
 
@@ -611,10 +615,12 @@ impl Dialect for Postgres {
         akey: &i64,
         hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error> {
-        sqlx::query(AssertSqlSafe(&*self.sql.advisory_release))
+        let (channel, key_hex) = (&*self.sql.channel, &hold.key_hex);
+        let args = reserved::<PgArguments>(&[8, channel.len(), key_hex.len()]);
+        sqlx::query_with(AssertSqlSafe(&*self.sql.advisory_release), args)
             .bind(*akey)
-            .bind(&*self.sql.channel)
-            .bind(&hold.key_hex)
+            .bind(channel)
+            .bind(key_hex)
             .execute(conn)
             .await
             .map(drop)
@@ -663,14 +669,18 @@ impl Dialect for Postgres {
         xact: Option<i64>,
     ) -> Result<u64> {
         let mut c = self.own_conn().await?;
-        let token = sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.row_holder))
-            .bind(&key[..])
-            .bind(req.name.as_str())
-            .bind(req.owner.as_str())
-            .bind(metadata_json(&req.metadata))
-            .bind(i32::try_from(session).unwrap_or(0))
-            .bind(xact.unwrap_or(0))
-            .fetch_one(&mut c.conn);
+        let meta = metadata_json(&req.metadata);
+        let (name, owner) = (req.name.as_str(), req.owner.as_str());
+        let args = reserved::<PgArguments>(&[key.len(), name.len(), owner.len(), meta.len(), 4, 8]);
+        let token =
+            sqlx::query_scalar_with::<_, i64, _>(AssertSqlSafe(&*self.sql.row_holder), args)
+                .bind(&key[..])
+                .bind(name)
+                .bind(owner)
+                .bind(meta)
+                .bind(i32::try_from(session).unwrap_or(0))
+                .bind(xact.unwrap_or(0))
+                .fetch_one(&mut c.conn);
         let fence = match tokio::time::timeout(self.timeout, token).await {
             Ok(Ok(fence)) => fence,
             Ok(Err(e)) if has_code(&e, &["22P02"]) => {
