@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgMatches, Args, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 /// Parse a duration flag (`500ms`, `30s`, `2m`).
 fn duration(text: &str) -> Result<Duration, String> {
@@ -78,47 +78,111 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// A subcommand's arguments, built only when that subcommand is the one given: clap
+/// otherwise builds every subcommand's arguments (`bench` and `check` have dozens) on
+/// every start, which is part of each short `dlock run` (BENCHMARKS.md, the command
+/// line). Help, completions and the manual page build them all, as before.
+#[derive(Debug)]
+pub struct Deferred<T>(pub T);
+
+impl<T: Args> Args for Deferred<T> {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd.defer(augment_later::<T>)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        cmd.defer(augment_later_for_update::<T>)
+    }
+
+    fn group_id() -> Option<clap::Id> {
+        T::group_id()
+    }
+}
+
+/// `T`'s arguments, added when the subcommand is built. The subcommand keeps the
+/// description it had (the variant's doc comment, set before): added at once, the
+/// struct's own would have come first and been replaced by it.
+fn augment_later<T: Args>(cmd: clap::Command) -> clap::Command {
+    let (about, long_about) = (text(cmd.get_about()), text(cmd.get_long_about()));
+    T::augment_args(cmd).about(about).long_about(long_about)
+}
+
+/// A description as it was: set again, or none.
+fn text(
+    about: Option<&clap::builder::StyledStr>,
+) -> clap::builder::Resettable<clap::builder::StyledStr> {
+    about.map_or(clap::builder::Resettable::Reset, |a| {
+        clap::builder::Resettable::Value(a.clone())
+    })
+}
+
+/// [`augment_later`] for an update.
+fn augment_later_for_update<T: Args>(cmd: clap::Command) -> clap::Command {
+    let (about, long_about) = (text(cmd.get_about()), text(cmd.get_long_about()));
+    T::augment_args_for_update(cmd)
+        .about(about)
+        .long_about(long_about)
+}
+
+impl<T: FromArgMatches> FromArgMatches for Deferred<T> {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches(matches).map(Deferred)
+    }
+
+    fn from_arg_matches_mut(matches: &mut ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches_mut(matches).map(Deferred)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
+    }
+
+    fn update_from_arg_matches_mut(&mut self, matches: &mut ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches_mut(matches)
+    }
+}
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a command while holding a lock.
-    Run(RunArgs),
+    Run(Deferred<RunArgs>),
     /// Campaign for leadership of an election and run a command while leader (stopped
     /// when leadership is lost).
-    Elect(ElectArgs),
+    Elect(Deferred<ElectArgs>),
     /// Show an election's leader (value, term, holder), once or at every change.
-    Leader(LeaderArgs),
+    Leader(Deferred<LeaderArgs>),
     /// Show who holds locks.
-    Status(StatusArgs),
+    Status(Deferred<StatusArgs>),
     /// Force a stuck lock free (an operator's tool): its holder loses it at its next
     /// renewal and the next holder gets a higher fencing token.
-    Break(BreakArgs),
+    Break(Deferred<BreakArgs>),
     /// List every held lock (whose name begins with PREFIX): every backend but Redis
     /// and Redlock, which say they cannot.
-    List(ListArgs),
+    List(Deferred<ListArgs>),
     /// List the backends this build knows and what each guarantees.
-    Backends(BackendsArgs),
+    Backends(Deferred<BackendsArgs>),
     /// Demonstrations of what a lock prevents.
     #[command(subcommand)]
     Demo(DemoCommand),
     /// Measure lock throughput and latency on a backend.
-    Bench(BenchArgs),
+    Bench(Deferred<BenchArgs>),
     /// Internal: one worker process of `demo flash-sale`.
     #[command(hide = true)]
-    DemoWorker(DemoWorkerArgs),
+    DemoWorker(Deferred<DemoWorkerArgs>),
     /// Internal: one worker process of `bench`.
     #[command(hide = true)]
-    BenchWorker(BenchWorkerArgs),
+    BenchWorker(Deferred<BenchWorkerArgs>),
     /// Prove what a backend guarantees: workers update a fenced store under the lock
     /// while faults are injected; prints overlaps, stale operations, token order,
     /// recovery times; exits 1 if a hard guarantee was broken.
-    Check(CheckArgs),
+    Check(Deferred<CheckArgs>),
     /// Internal: one worker process of `check`.
     #[command(hide = true)]
-    CheckWorker(CheckWorkerArgs),
+    CheckWorker(Deferred<CheckWorkerArgs>),
     /// Print a shell completion script (e.g. `dlock completions bash >
     /// /etc/bash_completion.d/dlock`).
-    Completions(CompletionsArgs),
+    Completions(Deferred<CompletionsArgs>),
     /// Print the manual page, in roff (e.g. `dlock manpage > dlock.1; man ./dlock.1`).
     Manpage,
 }

@@ -14,7 +14,7 @@ mod status;
 
 use clap::Parser;
 
-use crate::args::{Cli, Command, DemoCommand};
+use crate::args::{Cli, Command, Deferred, DemoCommand};
 use crate::exit::Failure;
 
 fn main() {
@@ -38,20 +38,20 @@ fn main() {
     // (`check`, `bench`), on the stack of every short `dlock run`.
     let code = runtime.block_on(async move {
         match cli.command {
-            Command::Run(a) => Box::pin(run::run(a, reaper)).await,
-            Command::Elect(a) => Box::pin(elect::elect(a, reaper)).await,
-            Command::Leader(a) => Box::pin(elect::leader(a)).await,
-            Command::Status(a) => Box::pin(status::status(a)).await,
-            Command::List(a) => Box::pin(status::list(a)).await,
-            Command::Break(a) => Box::pin(status::break_lock(a)).await,
-            Command::Backends(a) => status::backends(&a),
+            Command::Run(Deferred(a)) => Box::pin(run::run(a, reaper)).await,
+            Command::Elect(Deferred(a)) => Box::pin(elect::elect(a, reaper)).await,
+            Command::Leader(Deferred(a)) => Box::pin(elect::leader(a)).await,
+            Command::Status(Deferred(a)) => Box::pin(status::status(a)).await,
+            Command::List(Deferred(a)) => Box::pin(status::list(a)).await,
+            Command::Break(Deferred(a)) => Box::pin(status::break_lock(a)).await,
+            Command::Backends(Deferred(a)) => status::backends(&a),
             Command::Demo(DemoCommand::FlashSale(a)) => Box::pin(demo::flash_sale(a)).await,
-            Command::Bench(a) => Box::pin(bench::bench(a)).await,
-            Command::DemoWorker(a) => Box::pin(demo::worker(a)).await,
-            Command::BenchWorker(a) => Box::pin(bench::worker(a)).await,
-            Command::Check(a) => Box::pin(check::check(a)).await,
-            Command::CheckWorker(a) => Box::pin(check::worker(a)).await,
-            Command::Completions(a) => output::completions(a.shell),
+            Command::Bench(Deferred(a)) => Box::pin(bench::bench(a)).await,
+            Command::DemoWorker(Deferred(a)) => Box::pin(demo::worker(a)).await,
+            Command::BenchWorker(Deferred(a)) => Box::pin(bench::worker(a)).await,
+            Command::Check(Deferred(a)) => Box::pin(check::check(a)).await,
+            Command::CheckWorker(Deferred(a)) => Box::pin(check::worker(a)).await,
+            Command::Completions(Deferred(a)) => output::completions(a.shell),
             Command::Manpage => output::manpage(),
         }
     });
