@@ -10,9 +10,9 @@
 //! that new rows start above. Only an open that finds the file's last collection (row
 //! `collected` there) an hour old, missing or an hour ahead (the clock went back)
 //! collects, and only if it can take the write lock at once (else a later open does);
-//! its scan for dead rows holds other writers off meanwhile. Every other open makes two
-//! reads, its tables in `sqlite_master` and the stamp, and none of dlock's tables is
-//! scanned. `dlock_queue` holds fair-mode waiters, each entry expiring
+//! its scan for dead rows holds other writers off meanwhile. Every other open makes one
+//! read (its tables in `sqlite_master` and the stamp, in one statement), and none of
+//! dlock's tables is scanned. `dlock_queue` holds fair-mode waiters, each entry expiring
 //! [`LockOptions::queue_entry_ttl`](crate::LockOptions::queue_entry_ttl) after its
 //! waiter's last refresh: a waiter that dies holds up the queue at most that long.
 //!
@@ -1021,6 +1021,41 @@ mod tests {
         match b.try_acquire(&request(name)).await.expect("acquire") {
             Attempt::Acquired(h) => h,
             Attempt::Busy { .. } => panic!("{name} busy"),
+        }
+    }
+
+    /// The open's one read tells a missing schema whatever is missing: a table its
+    /// statement names (it cannot even be prepared) or another one; a file that has
+    /// them all needs nothing.
+    #[tokio::test]
+    async fn upkeep_finds_any_missing_table() {
+        let dir = tempfile::tempdir().expect("dir");
+        let b = open_in(&dir, "t.db").await;
+        let upkeep = || async { b.inner.upkeep_due().await.expect("check") };
+        assert_eq!(upkeep().await, Upkeep::Nothing);
+        for (drop, then) in [
+            (
+                "DROP TABLE dlock_shared",
+                "an older schema without dlock_shared",
+            ),
+            (
+                "DROP TABLE dlock_counters",
+                "a file without the table the read names",
+            ),
+        ] {
+            sqlx::query(drop)
+                .execute(&b.inner.writer)
+                .await
+                .expect("drop");
+            assert_eq!(upkeep().await, Upkeep::CreateSchema, "{then}");
+            b.inner.run(Op::Schema).await.expect("schema");
+            // A stampless file's dead rows are looked for at once.
+            let want = if drop.contains("counters") {
+                Upkeep::Collect
+            } else {
+                Upkeep::Nothing
+            };
+            assert_eq!(upkeep().await, want, "after {then}");
         }
     }
 

@@ -261,16 +261,33 @@ pub(super) enum Upkeep {
     Collect,
 }
 
-/// Find out, with reads only, whether the schema must be created or dead rows
+/// Find out, with one read, whether the schema must be created or dead rows
 /// collected: the common case (neither) then takes no write lock, and costs two
 /// lookups whatever the number of rows (the tables are scanned for dead rows at most
 /// once per [`COLLECT_EVERY`], by [`collect`]).
 pub(super) async fn upkeep_due(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<Upkeep> {
-    if !schema_present(conn).await? {
+    // Both lookups in one statement (one trip to the connection's thread, on every
+    // open). It names `dlock_counters`, so a file without that table cannot even
+    // prepare it: the schema is missing then.
+    let found: sqlx::Result<(i64, Option<i64>)> = sqlx::query_as(
+        "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
+                 AND name IN ('dlock_locks', 'dlock_counters', 'dlock_queue', 'dlock_shared')), \
+                (SELECT value FROM dlock_counters WHERE name = 'collected')",
+    )
+    .fetch_one(&mut *conn)
+    .await;
+    let (tables, collected) = match found {
+        Ok(found) => found,
+        Err(sqlx::Error::Database(e)) if e.message().starts_with("no such table") => {
+            return Ok(Upkeep::CreateSchema);
+        }
+        Err(e) => return Err(e),
+    };
+    if tables != 4 {
         return Ok(Upkeep::CreateSchema);
     }
     // Due, it is a write (the stamp) even when nothing has died.
-    Ok(if collection_due(collected_at(conn).await?, now.wall_ms) {
+    Ok(if collection_due(collected, now.wall_ms) {
         Upkeep::Collect
     } else {
         Upkeep::Nothing
