@@ -254,6 +254,8 @@ pub fn lock_key(name: &LockName) -> [u8; 32] {
             Some(key) if memo_name.as_str() == name => *key,
             _ => {
                 let key = hash(name);
+                // No key while the name changes: nothing half-written can answer.
+                *memo_key = None;
                 memo_name.clear();
                 memo_name.push_str(name);
                 *memo_key = Some(key);

@@ -261,14 +261,14 @@ pub(super) enum Upkeep {
     Collect,
 }
 
-/// Find out, with one read, whether the schema must be created or dead rows
-/// collected: the common case (neither) then takes no write lock, and costs two
-/// lookups whatever the number of rows (the tables are scanned for dead rows at most
+/// Find out, with reads only (one statement, unless a table seems missing), whether
+/// the schema must be created or dead rows collected: the common case (neither) then
+/// takes no write lock, and costs two lookups whatever the number of rows (the tables are scanned for dead rows at most
 /// once per [`COLLECT_EVERY`], by [`collect`]).
 pub(super) async fn upkeep_due(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<Upkeep> {
     // Both lookups in one statement (one trip to the connection's thread, on every
     // open). It names `dlock_counters`, so a file without that table cannot even
-    // prepare it: the schema is missing then.
+    // prepare it.
     let found: sqlx::Result<(i64, Option<i64>)> = sqlx::query_as(
         "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
                  AND name IN ('dlock_locks', 'dlock_counters', 'dlock_queue', 'dlock_shared')), \
@@ -276,22 +276,30 @@ pub(super) async fn upkeep_due(conn: &mut SqliteConnection, now: &Now) -> sqlx::
     )
     .fetch_one(&mut *conn)
     .await;
-    let (tables, collected) = match found {
-        Ok(found) => found,
+    match found {
+        Ok((4, collected)) => Ok(due(collected, now)),
+        Ok(_) => Ok(Upkeep::CreateSchema),
+        // A table is missing — or this connection's copy of the schema is older than
+        // the file's, and SQLite could not read the new one (busy): the schema's own
+        // lookup tells the two apart, and waits out a busy file like any read.
         Err(sqlx::Error::Database(e)) if e.message().starts_with("no such table") => {
-            return Ok(Upkeep::CreateSchema);
+            if !schema_present(conn).await? {
+                return Ok(Upkeep::CreateSchema);
+            }
+            Ok(due(collected_at(conn).await?, now))
         }
-        Err(e) => return Err(e),
-    };
-    if tables != 4 {
-        return Ok(Upkeep::CreateSchema);
+        Err(e) => Err(e),
     }
-    // Due, it is a write (the stamp) even when nothing has died.
-    Ok(if collection_due(collected, now.wall_ms) {
+}
+
+/// Whether a file with dlock's schema and this collection stamp needs collecting. Due,
+/// it is a write (the stamp) even when nothing has died.
+fn due(collected: Option<i64>, now: &Now) -> Upkeep {
+    if collection_due(collected, now.wall_ms) {
         Upkeep::Collect
     } else {
         Upkeep::Nothing
-    })
+    }
 }
 
 /// Whether a collection stamped at `collected` (wall ms; none: a database from before
