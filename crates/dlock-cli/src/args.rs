@@ -99,29 +99,26 @@ impl<T: Args> Args for Deferred<T> {
     }
 }
 
-/// `T`'s arguments, added when the subcommand is built. The subcommand keeps the
-/// description it had (the variant's doc comment, set before): added at once, the
-/// struct's own would have come first and been replaced by it.
+/// `T`'s arguments, added when the subcommand is built.
 fn augment_later<T: Args>(cmd: clap::Command) -> clap::Command {
-    let (about, long_about) = (text(cmd.get_about()), text(cmd.get_long_about()));
-    T::augment_args(cmd).about(about).long_about(long_about)
-}
-
-/// A description as it was: set again, or none.
-fn text(
-    about: Option<&clap::builder::StyledStr>,
-) -> clap::builder::Resettable<clap::builder::StyledStr> {
-    about.map_or(clap::builder::Resettable::Reset, |a| {
-        clap::builder::Resettable::Value(a.clone())
-    })
+    keeping_about(cmd, T::augment_args)
 }
 
 /// [`augment_later`] for an update.
 fn augment_later_for_update<T: Args>(cmd: clap::Command) -> clap::Command {
+    keeping_about(cmd, T::augment_args_for_update)
+}
+
+/// `augment(cmd)`, the subcommand keeping the description it had (the variant's doc
+/// comment, set before): added at once, the struct's own would have come first and
+/// been replaced by it.
+fn keeping_about(cmd: clap::Command, augment: fn(clap::Command) -> clap::Command) -> clap::Command {
+    use clap::builder::Resettable;
+    let text = |t: Option<&clap::builder::StyledStr>| {
+        t.map_or(Resettable::Reset, |t| Resettable::Value(t.clone()))
+    };
     let (about, long_about) = (text(cmd.get_about()), text(cmd.get_long_about()));
-    T::augment_args_for_update(cmd)
-        .about(about)
-        .long_about(long_about)
+    augment(cmd).about(about).long_about(long_about)
 }
 
 impl<T: FromArgMatches> FromArgMatches for Deferred<T> {

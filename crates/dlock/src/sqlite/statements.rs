@@ -210,14 +210,28 @@ pub(super) enum Outcome {
     Refused,
 }
 
+/// How many of dlock's four tables exist (a query: one source for [`schema_present`]
+/// and [`upkeep_due`]).
+macro_rules! tables_present {
+    () => {
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
+         AND name IN ('dlock_locks', 'dlock_counters', 'dlock_queue', 'dlock_shared')"
+    };
+}
+
+/// The last collection's stamp (a query: one source for [`collected_at`] and
+/// [`upkeep_due`]).
+macro_rules! collection_stamp {
+    () => {
+        "SELECT value FROM dlock_counters WHERE name = 'collected'"
+    };
+}
+
 /// Whether all of dlock's tables exist.
 async fn schema_present(conn: &mut SqliteConnection) -> sqlx::Result<bool> {
-    let present: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
-         AND name IN ('dlock_locks', 'dlock_counters', 'dlock_queue', 'dlock_shared')",
-    )
-    .fetch_one(&mut *conn)
-    .await?;
+    let present: i64 = sqlx::query_scalar(tables_present!())
+        .fetch_one(&mut *conn)
+        .await?;
     Ok(present == 4)
 }
 
@@ -240,7 +254,7 @@ pub(super) async fn create_schema(conn: &mut SqliteConnection, now: &Now) -> sql
 
 /// The last collection's stamp (wall ms), if the file has one.
 async fn collected_at(conn: &mut SqliteConnection) -> sqlx::Result<Option<i64>> {
-    sqlx::query_scalar("SELECT value FROM dlock_counters WHERE name = 'collected'")
+    sqlx::query_scalar(collection_stamp!())
         .fetch_optional(&mut *conn)
         .await
 }
@@ -263,17 +277,19 @@ pub(super) enum Upkeep {
 
 /// Find out, with reads only (one statement, unless a table seems missing), whether
 /// the schema must be created or dead rows collected: the common case (neither) then
-/// takes no write lock, and costs two lookups whatever the number of rows (the tables are scanned for dead rows at most
-/// once per [`COLLECT_EVERY`], by [`collect`]).
+/// takes no write lock, and costs two lookups whatever the number of rows (the tables
+/// are scanned for dead rows at most once per [`COLLECT_EVERY`], by [`collect`]).
 pub(super) async fn upkeep_due(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<Upkeep> {
     // Both lookups in one statement (one trip to the connection's thread, on every
     // open). It names `dlock_counters`, so a file without that table cannot even
     // prepare it.
-    let found: sqlx::Result<(i64, Option<i64>)> = sqlx::query_as(
-        "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
-                 AND name IN ('dlock_locks', 'dlock_counters', 'dlock_queue', 'dlock_shared')), \
-                (SELECT value FROM dlock_counters WHERE name = 'collected')",
-    )
+    let found: sqlx::Result<(i64, Option<i64>)> = sqlx::query_as(concat!(
+        "SELECT (",
+        tables_present!(),
+        "), (",
+        collection_stamp!(),
+        ")"
+    ))
     .fetch_one(&mut *conn)
     .await;
     match found {
