@@ -11,7 +11,9 @@
 //!   committed by the statement that grants it. An acquire that waited for the row
 //!   longer than four fifths of `timeout` grants nothing: its client has given up (the
 //!   server does not notice), and a grant no one hears of would block the name for a
-//!   TTL. One autocommitted statement per acquire and release, and renewals batched
+//!   TTL. One autocommitted statement per acquire and release (a waiter whose
+//!   second or later try finds the name busy asks a second, for how long the lease has
+//!   left: when to try again should no release be announced), and renewals batched
 //!   (one statement per TTL for those waiting together): works through transaction
 //!   poolers (PgBouncer). Reentrant for the same owner.
 //! - `mode=advisory`: a session `pg_try_advisory_lock(key)` on a pinned connection;
@@ -457,30 +459,39 @@ impl Dialect for Postgres {
         let meta = metadata_json(&req.metadata);
         let (name, owner) = (req.name.as_str(), req.owner.as_str());
         let args = reserved::<PgArguments>(&[key.len(), name.len(), owner.len(), 8, meta.len(), 8]);
-        let row = timed(
+        let fence = timed(
             BACKEND,
             self.timeout,
-            sqlx::query_as_with::<_, (Option<i64>, Option<i64>), _>(
-                AssertSqlSafe(&*self.sql.acquire),
-                args,
-            )
-            .bind(&key[..])
-            .bind(name)
-            .bind(owner)
-            .bind(micros(req.ttl))
-            .bind(meta)
-            .bind(micros(super::grant_budget(self.timeout)))
-            .fetch_optional(&mut c.conn),
+            sqlx::query_scalar_with::<_, i64, _>(AssertSqlSafe(&*self.sql.acquire), args)
+                .bind(&key[..])
+                .bind(name)
+                .bind(owner)
+                .bind(micros(req.ttl))
+                .bind(meta)
+                .bind(micros(super::grant_budget(self.timeout)))
+                .fetch_optional(&mut c.conn),
         )
         .await?;
+        let answer = match fence {
+            Some(fence) => LeaseAnswer::Granted(fence_u64(fence)),
+            // A first attempt's busy answer only makes the locker subscribe and ask
+            // again at once (`Locker::acquire`); a later one's sets how long it
+            // waits when no release is announced (a holder gone without one).
+            None if req.attempt == 0 => LeaseAnswer::Busy(None),
+            None => {
+                let left = timed(
+                    BACKEND,
+                    self.timeout,
+                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.busy_left))
+                        .bind(&key[..])
+                        .fetch_optional(&mut c.conn),
+                )
+                .await?;
+                LeaseAnswer::Busy(left.map(|ms| Duration::from_millis(ms.max(1).unsigned_abs())))
+            }
+        };
         self.own.put(c);
-        Ok(match row {
-            Some((Some(fence), _)) => LeaseAnswer::Granted(fence_u64(fence)),
-            Some((None, remaining)) => LeaseAnswer::Busy(
-                remaining.map(|ms| Duration::from_millis(ms.max(1).unsigned_abs())),
-            ),
-            None => LeaseAnswer::Busy(None),
-        })
+        Ok(answer)
     }
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {

@@ -23,6 +23,9 @@ pub(super) struct Statements {
     pub add_xact: String,
     pub channel: String,
     pub acquire: String,
+    /// How long a busy name's lease has left (ms), lock delay included: asked
+    /// after a busy acquire, so the acquire itself stays one small statement.
+    pub busy_left: String,
     pub renew: String,
     /// [`Statements::renew`] for several holds: see [`super::super::renewer`].
     pub renew_many: String,
@@ -257,7 +260,7 @@ impl Statements {
             // statement may run and still grant (µs, below the client's timeout: a
             // statement that waited for the row past it grants nothing, as its client
             // has given up and would never know of the grant).
-            // Granted: one row (fence, NULL). Busy: one row (NULL, remaining ms) or none.
+            // Granted: one row (the fence). Busy: none (`busy_left` tells for how long).
             // An existing row is decided once it is locked, which the statement may
             // have waited for (or been preempted before) while other clients changed
             // it: the update draws the token then (the `nextval` of the inserted values
@@ -269,8 +272,7 @@ impl Statements {
             // has ended since). Another owner's lease is judged by the statement's
             // start, which can only find it live longer.
             acquire: format!(
-                "WITH ins AS (
-                    INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
+                "INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
                     VALUES ($1, $2, $3, 1, nextval('{p}_fence'), statement_timestamp() + $4 * interval '1 microsecond', $5)
                     ON CONFLICT (lock_key) DO UPDATE SET
                         (holds, fence, expires_at, metadata, name, owner) = (
@@ -285,13 +287,15 @@ impl Statements {
                                          AND l.expires_at > clock_timestamp() AS live) v)
                     WHERE (l.owner = $3 OR l.holds <= 0 OR l.expires_at + {delay} <= statement_timestamp())
                       AND clock_timestamp() < statement_timestamp() + $6 * interval '1 microsecond'
-                    RETURNING l.fence)
-                 SELECT fence, NULL::bigint FROM ins
-                 UNION ALL
-                 SELECT NULL::bigint,
-                        (EXTRACT(EPOCH FROM (l.expires_at + {delay} - statement_timestamp())) * 1000)::bigint
-                 FROM {p}_locks l
-                 WHERE l.lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
+                 RETURNING l.fence"
+            ),
+            // Binds: 1 key. One row (ms; ≤ 0: free now, released since the acquire
+            // included) unless the row is gone.
+            busy_left: format!(
+                "SELECT CASE WHEN l.holds > 0
+                        THEN (EXTRACT(EPOCH FROM (l.expires_at + {delay} - statement_timestamp())) * 1000)::bigint
+                        ELSE 0 END
+                 FROM {p}_locks l WHERE l.lock_key = $1"
             ),
             // Never shortens the lease: other holds of the owner rely on it. A lease
             // that has run out is not renewed, judged by the clock once the row is
@@ -345,13 +349,14 @@ impl Statements {
                  SELECT count(*) FROM b
                  LEFT JOIN LATERAL (SELECT {notify_break}) n ON true"
             ),
+            // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. A row (holds
+            // left) when released; notifies at the last hold. The announcement is a
+            // `RETURNING` expression, evaluated once for the updated row (a join
+            // around a CTE would cost the server more than the update itself).
             release: format!(
-                "WITH r AS (
-                    UPDATE {p}_locks SET holds = holds - 1
-                    WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
-                    RETURNING holds)
-                 SELECT r.holds FROM r
-                 LEFT JOIN LATERAL (SELECT {notify_release} WHERE r.holds = 0) n ON true"
+                "UPDATE {p}_locks SET holds = holds - 1
+                 WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
+                 RETURNING holds, (CASE WHEN holds = 0 THEN {notify_release} END) IS NULL"
             ),
             // Binds: 1 key.
             names_lease: format!("SELECT name FROM {p}_locks WHERE left(name, length($1)) = $1 ORDER BY name COLLATE \"C\" LIMIT $2"),
