@@ -91,6 +91,12 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
 
     /// Lease mode: grant, re-enter or refuse, in one autocommitted statement.
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer>;
+    /// Lease mode: how long the lease of a name found busy has left, lock delay
+    /// included, where the server can tell in a statement of its own (`None`: it
+    /// cannot, or the row is gone).
+    async fn lease_busy_left(&self, _key: &[u8; 32]) -> Result<Option<Duration>> {
+        Ok(None)
+    }
     /// Lease mode: extend to at least `ttl` from now (never shorten); `false` when the
     /// hold is gone.
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool>;

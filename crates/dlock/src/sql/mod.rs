@@ -488,6 +488,12 @@ impl LocalHolds {
         self.map().contains_key(key)
     }
 
+    /// Whether a hold of `key` or an attempt at it is counted besides the caller's own
+    /// (`counted`: whether the caller's is).
+    pub(crate) fn here_besides(&self, key: &[u8; 32], counted: bool) -> bool {
+        self.map().get(key).is_some_and(|&n| n > u32::from(counted))
+    }
+
     fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 32], u32>> {
         self.0
             .lock()

@@ -472,26 +472,24 @@ impl Dialect for Postgres {
                 .fetch_optional(&mut c.conn),
         )
         .await?;
-        let answer = match fence {
-            Some(fence) => LeaseAnswer::Granted(fence_u64(fence)),
-            // A first attempt's busy answer only makes the locker subscribe and ask
-            // again at once (`Locker::acquire`); a later one's sets how long it
-            // waits when no release is announced (a holder gone without one).
-            None if req.attempt == 0 => LeaseAnswer::Busy(None),
-            None => {
-                let left = timed(
-                    BACKEND,
-                    self.timeout,
-                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.busy_left))
-                        .bind(&key[..])
-                        .fetch_optional(&mut c.conn),
-                )
-                .await?;
-                LeaseAnswer::Busy(left.map(|ms| Duration::from_millis(ms.max(1).unsigned_abs())))
-            }
-        };
         self.own.put(c);
-        Ok(answer)
+        Ok(fence.map_or(LeaseAnswer::Busy(None), |f| {
+            LeaseAnswer::Granted(fence_u64(f))
+        }))
+    }
+
+    async fn lease_busy_left(&self, key: &[u8; 32]) -> Result<Option<Duration>> {
+        let mut c = self.own_conn().await?;
+        let left = timed(
+            BACKEND,
+            self.timeout,
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(&*self.sql.busy_left))
+                .bind(&key[..])
+                .fetch_optional(&mut c.conn),
+        )
+        .await?;
+        self.own.put(c);
+        Ok(left.map(|ms| Duration::from_millis(ms.max(1).unsigned_abs())))
     }
 
     async fn lease_renew(&self, hold: &Hold, ttl: Duration) -> Result<bool> {
