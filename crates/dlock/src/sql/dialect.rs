@@ -32,8 +32,9 @@ pub(crate) struct Hold {
 pub(crate) enum LeaseAnswer {
     /// Granted with this fencing token.
     Granted(u64),
-    /// Held by another owner; how long its lease has left, when the server said.
-    Busy(Option<Duration>),
+    /// Held by another owner (how long its lease has left is asked apart:
+    /// [`Dialect::lease_busy_left`]).
+    Busy,
 }
 
 /// What the locking read of a name's row (row mode) found.

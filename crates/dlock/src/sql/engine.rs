@@ -118,16 +118,19 @@ impl<D: Dialect> SqlBackend<D> {
                 lock_delay: !self.opts.lock_delay.is_zero(),
                 local: std::sync::Mutex::new(D::NATIVE_WAIT.then(|| self.local.enter(key))),
             }))),
-            LeaseAnswer::Busy(None)
+            LeaseAnswer::Busy
                 if req.attempt > 0 && !self.local.here_besides(&key, counted.is_some()) =>
             {
                 // How long the wait may last should no release be announced (a holder
                 // gone without one), asked in a round trip of its own: so only by a
                 // waiter (a first attempt's answer only makes the locker subscribe and
                 // ask again at once), and only of a key no other hold or attempt of
-                // this backend has: their release wakes it here anyway (asked on every
-                // busy try, it cost hand-offs within a process a fifth of their rate).
-                // A hint only: without it the waiter looks again after its poll.
+                // this backend has. A hold of it wakes the waiter here when it
+                // releases, and an attempt in flight is most often the hand-off under
+                // way, which then holds; asked on every busy try, the hint cost
+                // hand-offs within a process a fifth of their rate. A hint only:
+                // without it the waiter looks again within `poll` or a second, whichever
+                // is shorter.
                 let retry_after = match self.dialect.lease_busy_left(&key).await {
                     Ok(left) => left,
                     Err(e) => {
@@ -137,7 +140,7 @@ impl<D: Dialect> SqlBackend<D> {
                 };
                 Ok(Attempt::Busy { retry_after })
             }
-            LeaseAnswer::Busy(retry_after) => Ok(Attempt::Busy { retry_after }),
+            LeaseAnswer::Busy => Ok(Attempt::Busy { retry_after: None }),
         }
     }
 

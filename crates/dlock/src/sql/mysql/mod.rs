@@ -516,7 +516,7 @@ impl Dialect for Mysql {
             })
             .await?;
         Ok(match done.last_insert_id() {
-            0 => LeaseAnswer::Busy(None),
+            0 => LeaseAnswer::Busy,
             fence => LeaseAnswer::Granted(fence),
         })
     }

@@ -12,8 +12,9 @@
 //!   longer than four fifths of `timeout` grants nothing: its client has given up (the
 //!   server does not notice), and a grant no one hears of would block the name for a
 //!   TTL. One autocommitted statement per acquire and release (a waiter whose
-//!   second or later try finds the name busy asks a second, for how long the lease has
-//!   left: when to try again should no release be announced), and renewals batched
+//!   second or later try finds the name busy, while no hold or attempt of its backend
+//!   has the key, asks a second: how long the lease has left, when to try again should
+//!   no release be announced), and renewals batched
 //!   (one statement per TTL for those waiting together): works through transaction
 //!   poolers (PgBouncer). Reentrant for the same owner.
 //! - `mode=advisory`: a session `pg_try_advisory_lock(key)` on a pinned connection;
@@ -54,8 +55,11 @@
 //! notified key in this process. A release that frees a key wakes one waiter of its
 //! own backend itself, so a lease-mode lock waiter marks its key only while its backend
 //! neither holds nor is taking it (`sql::LocalMark` says how): a lock handed from task
-//! to task within a process stays silent. A lease that ends without a release is re-polled at
-//! its expiry; a session that dies without a release is found by the fallback re-poll
+//! to task within a process stays silent. A lease that ends without a release is
+//! re-polled at its expiry (a waiter asks how long it has left, in a statement of its
+//! own, when its second or later try finds the name busy and no hold or attempt of its
+//! backend has the key; otherwise within `poll` or a second, whichever is shorter); a
+//! session that dies without a release is found by the fallback re-poll
 //! every `poll` (default 100 ms), which also bounds every wait should a mark be missing
 //! (one waiter per key and kind of hold in a process re-polls so; the others, woken
 //! one at a time by releases in this process, every `poll` times their number).
@@ -473,9 +477,7 @@ impl Dialect for Postgres {
         )
         .await?;
         self.own.put(c);
-        Ok(fence.map_or(LeaseAnswer::Busy(None), |f| {
-            LeaseAnswer::Granted(fence_u64(f))
-        }))
+        Ok(fence.map_or(LeaseAnswer::Busy, |f| LeaseAnswer::Granted(fence_u64(f))))
     }
 
     async fn lease_busy_left(&self, key: &[u8; 32]) -> Result<Option<Duration>> {
