@@ -127,8 +127,8 @@ impl<D: Dialect> SqlBackend<D> {
                 // ask again at once), and only of a key no other hold or attempt of
                 // this backend has. A hold of it wakes the waiter here when it
                 // releases, and an attempt in flight is most often the hand-off under
-                // way, which then holds; asked on every busy try, the hint cost
-                // hand-offs within a process a fifth of their rate. A hint only:
+                // way, which then holds; asked on every busy try, the hint cost each
+                // waiter that a woken one beat a round trip. A hint only:
                 // without it the waiter looks again within `poll` or a second, whichever
                 // is shorter.
                 let retry_after = match self.dialect.lease_busy_left(&key).await {

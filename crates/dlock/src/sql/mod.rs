@@ -237,7 +237,7 @@ pub(crate) fn valid_prefix(p: &str) -> bool {
 pub fn lock_key(name: &LockName) -> [u8; 32] {
     // The last name this thread hashed, and its key: a process that takes the same
     // name again and again (a job's, a leader's, a busy item's) hashes it once. Without
-    // SHA instructions in the CPU, SHA-256 runs in software, a large part of an
+    // SHA instructions in the CPU, SHA-256 runs in software, a noticeable share of an
     // uncontended cycle's client work (callgrind). A different name costs one
     // comparison more. Only ever a copy of a pure function's answer, found by the
     // whole name: never another name's key.

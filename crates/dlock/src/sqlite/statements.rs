@@ -277,8 +277,9 @@ pub(super) enum Upkeep {
 
 /// Find out, with reads only (one statement, unless a table seems missing), whether
 /// the schema must be created or dead rows collected: the common case (neither) then
-/// takes no write lock, and costs two lookups whatever the number of rows (the tables
-/// are scanned for dead rows at most once per [`COLLECT_EVERY`], by [`collect`]).
+/// takes no write lock, and costs one statement of two lookups whatever the number of
+/// rows (the tables are scanned for dead rows at most once per [`COLLECT_EVERY`], by
+/// [`collect`]).
 pub(super) async fn upkeep_due(conn: &mut SqliteConnection, now: &Now) -> sqlx::Result<Upkeep> {
     // Both lookups in one statement (one trip to the connection's thread, on every
     // open). It names `dlock_counters`, so a file without that table cannot even

@@ -352,7 +352,7 @@ impl Statements {
             // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. A row (holds
             // left) when released; notifies at the last hold. The announcement is a
             // `RETURNING` expression, evaluated once for the updated row (a join
-            // around a CTE would cost the server more than the update itself).
+            // around a CTE costs the server more to set up on every run).
             release: format!(
                 "UPDATE {p}_locks SET holds = holds - 1
                  WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
