@@ -37,9 +37,10 @@
 //! true)`).
 //!
 //! In session modes the holder (owner, token, metadata, backend pid) is recorded in
-//! `<prefix>_holders` for `inspect`. A heartbeat pings the pinned connection every
-//! `heartbeat` (default 1 s) and closes it when a ping fails or takes longer than that,
-//! firing `lost()`. The server is asked to end a session silent for five heartbeats (at
+//! `<prefix>_holders` for `inspect`. The pinned connection is pinged every `heartbeat`
+//! (default 1 s; the keeper's renewals, or a heartbeat of the hold's own when renewal
+//! is off) and closed when a ping fails or takes longer than that (or than the
+//! `timeout`, if shorter), firing `lost()` first. The server is asked to end a session silent for five heartbeats (at
 //! least 5 s; `idle_session_timeout` needs PostgreSQL 14, `idle_in_transaction_session_timeout`
 //! covers row mode) and to probe a silent client with TCP keepalives (idle 2 s,
 //! interval 1 s, 3 probes): a cut-off holder declares the loss after one to two
@@ -1037,8 +1038,70 @@ pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use sqlx::{Connection, PgConnection};
+
     use super::AdvisoryKey;
+    use super::statements::Statements;
     use crate::name::LockName;
+
+    /// Row mode's token statement answers a token only while the transaction that
+    /// locked the row is open: once it has ended, it fails (22P02) and writes no record
+    /// (a later holder's record stays).
+    #[tokio::test(flavor = "current_thread")]
+    async fn row_token_only_while_the_locking_transaction_is_open() {
+        let Some(pg) = dlock_testkit::PgServer::start() else {
+            return;
+        };
+        let url = format!("{}?mode=row", pg.url());
+        // The schema (holders table, token sequence) comes with the first lock.
+        let locker = crate::Locker::connect(&url).await.expect("connect");
+        drop(locker.lock("schema").await.expect("lock"));
+        let sql = Statements::new("dlock", Duration::ZERO, Duration::from_secs(5)).row_holder;
+        let mut locking = PgConnection::connect(&pg.url()).await.expect("connect");
+        let mut other = PgConnection::connect(&pg.url()).await.expect("connect");
+        sqlx::query("BEGIN")
+            .execute(&mut locking)
+            .await
+            .expect("begin");
+        let xact: i64 = sqlx::query_scalar("SELECT txid_current()")
+            .fetch_one(&mut locking)
+            .await
+            .expect("xact");
+        let key = [7u8; 32];
+        let token = |owner: &'static str| {
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(&key[..])
+                .bind("row-token")
+                .bind(owner)
+                .bind("{}")
+                .bind(1_i32)
+                .bind(xact)
+        };
+        let open = token("first")
+            .fetch_one(&mut other)
+            .await
+            .expect("token while open");
+        sqlx::query("COMMIT")
+            .execute(&mut locking)
+            .await
+            .expect("commit");
+        let ended = token("second").fetch_one(&mut other).await;
+        let code = ended
+            .as_ref()
+            .err()
+            .and_then(|e| e.as_database_error())
+            .and_then(|e| e.code().map(|c| c.into_owned()));
+        assert_eq!(code.as_deref(), Some("22P02"), "{ended:?}");
+        let (owner, fence): (String, i64) =
+            sqlx::query_as("SELECT owner, fence FROM dlock_holders WHERE lock_key = $1")
+                .bind(&key[..])
+                .fetch_one(&mut other)
+                .await
+                .expect("record");
+        assert_eq!((owner.as_str(), fence), ("first", open));
+    }
 
     /// One lock, one name: only the canonical spelling of a number is a key.
     #[test]
