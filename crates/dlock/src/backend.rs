@@ -519,10 +519,13 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// [`crate::Error::NotOwner`] when the server no longer lists this owner (the lock
-    /// is lost); connection errors (the core retries until its local deadline).
+    /// is lost), or [`crate::Error::LockLost`] with the reason, where the backend knows
+    /// it; connection errors (the core retries until its local deadline).
     ///
     /// # Cancel safety
-    /// Need not be cancel safe.
+    /// The core stops waiting at the lease's local end, and a caller may drop an
+    /// `extend`: what a renewal cut off halfway leaves behind must not make a later
+    /// renewal or the release act on another answer than its own.
     async fn renew(&self, ttl: Duration) -> Result<()>;
 
     /// Give up this hold (owner-checked on the server). Idempotent: a second call, or a
@@ -554,6 +557,23 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     fn suspect_flag(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {
         None
     }
+
+    /// How often a hold whose lock lives as long as a connection's session must prove
+    /// that session alive, where a renewal is such a proof (SQL session modes: a ping of
+    /// the pinned connection, which on failure or after this long without an answer
+    /// closes it and answers [`crate::Error::LockLost`], the session lost). The keeper then renews it at
+    /// least this often; one it does not renew at all is told [`HeldLock::watch_alone`].
+    /// `None` by default.
+    fn prove_alive_every(&self) -> Option<Duration> {
+        None
+    }
+
+    /// The keeper will not renew this hold (renewal is off), though
+    /// [`HeldLock::prove_alive_every`] asks for proofs: the hold proves its session
+    /// alive on its own from now on and reports a failed proof through
+    /// [`HeldLock::loss_signal`]. Called before `loss_signal`, at most once. Nothing by
+    /// default.
+    fn watch_alone(&self) {}
 
     /// A token the backend cancels when it learns, unprompted, that the lock is gone
     /// (session expired, connection died). `None` when it only learns on renewal.

@@ -272,6 +272,17 @@ impl Hold {
         plan: KeeperPlan,
     ) -> Arc<Hold> {
         let margin = held.clock_drift(plan.ttl).max(drift_margin(plan.ttl));
+        // A hold whose renewal proves its session alive is renewed at least as often as
+        // it asks; one that is not renewed at all proves it by itself (before its loss
+        // signal is read: it has one only then).
+        let renew_every = match (plan.renew_every, held.prove_alive_every()) {
+            (Some(every), Some(proof)) => Some(every.min(proof)),
+            (None, Some(_)) => {
+                held.watch_alone();
+                None
+            }
+            (every, None) => every,
+        };
         let loss = held.loss_signal();
         let suspect = held.suspect_flag();
         // A maximum hold time too long to represent is no maximum.
@@ -284,7 +295,7 @@ impl Hold {
         } else {
             (lease_deadline, false)
         };
-        let renew_every_ns = plan.renew_every.map_or(NEVER, nanos_of);
+        let renew_every_ns = renew_every.map_or(NEVER, nanos_of);
         let next_renew = if renew_every_ns < deadline {
             renew_every_ns
         } else {
@@ -543,11 +554,17 @@ impl Hold {
                 });
                 Ok(())
             }
-            Err(Error::NotOwner { .. } | Error::LockLost { .. }) => {
+            Err(e @ (Error::NotOwner { .. } | Error::LockLost { .. })) => {
                 // The owner-checked release still runs: a backend that disowned the
                 // hold locally (a ZooKeeper session given up while the server may
                 // keep it) deletes what may be left of it, as after any other loss.
-                if self.mark_lost(LossReason::NotOwner) {
+                // A backend that knows why (a session that did not prove itself
+                // alive) says so.
+                let reason = match e {
+                    Error::LockLost { reason, .. } => reason,
+                    _ => LossReason::NotOwner,
+                };
+                if self.mark_lost(reason) {
                     Self::release_after_loss(keep).await;
                 }
                 keep.next_renew = NEVER;
@@ -617,8 +634,9 @@ impl Hold {
     }
 
     /// How a successor of this hold should be kept: the lease asked for at the last
-    /// grant or extension, the renewal interval (`None`: off), and the end of the
-    /// maximum hold time, if any.
+    /// grant or extension, the renewal interval (`None`: off; for a hold whose renewals
+    /// prove its session alive, at most [`HeldLock::prove_alive_every`]), and the end
+    /// of the maximum hold time, if any.
     pub(crate) async fn keeping(&self) -> (Duration, Option<Duration>, Option<Instant>) {
         let keep = self.keep.lock().await;
         let hold_until = (keep.hold_until != NEVER).then(|| self.instant(keep.hold_until));
@@ -639,7 +657,8 @@ impl Hold {
         self.check_deadline(&mut keep).await?;
         keep.ttl_ns = nanos_of(ttl);
         if keep.renew_every_ns != NEVER {
-            keep.renew_every_ns = nanos_of(ttl / 3);
+            let proof = keep.held.as_ref().and_then(|h| h.prove_alive_every());
+            keep.renew_every_ns = nanos_of(proof.map_or(ttl / 3, |p| p.min(ttl / 3)));
         }
         let result = self.renew_once(&mut keep).await;
         self.reschedule(&mut keep);
@@ -788,6 +807,91 @@ mod tests {
             plan(Duration::from_secs(30), Some(Duration::from_secs(10)), None),
         );
         (hold, gone, releases)
+    }
+
+    /// A hold whose renewals prove its session alive (SQL session modes), every 1 s:
+    /// counts its renewals and whether it was told to watch itself.
+    #[derive(Debug, Default)]
+    struct Proving {
+        renewals: Arc<std::sync::atomic::AtomicU32>,
+        alone: Arc<std::sync::atomic::AtomicU32>,
+        /// The next renewal answers that the session is gone.
+        fail: Arc<AtomicBool>,
+    }
+
+    #[async_trait::async_trait]
+    impl HeldLock for Proving {
+        fn fencing_token(&self) -> u64 {
+            1
+        }
+        async fn renew(&self, _ttl: Duration) -> Result<()> {
+            self.renewals.fetch_add(1, Ordering::SeqCst);
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(Error::LockLost {
+                    name: String::new(),
+                    reason: LossReason::SessionLost("no answer to a ping".into()),
+                });
+            }
+            Ok(())
+        }
+        async fn release(&self) -> Result<()> {
+            Ok(())
+        }
+        fn prove_alive_every(&self) -> Option<Duration> {
+            Some(Duration::from_secs(1))
+        }
+        fn watch_alone(&self) {
+            self.alone.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Renewed at least as often as the session must be proven alive, whatever the
+    /// renewal interval asked for and after an extension; never told to watch itself;
+    /// a failed proof is a loss, with the backend's reason.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_hold_is_renewed_as_often_as_it_must_prove_itself() {
+        let held = Proving::default();
+        let (renewals, alone, fail) = (
+            Arc::clone(&held.renewals),
+            Arc::clone(&held.alone),
+            Arc::clone(&held.fail),
+        );
+        let hold = start(
+            Box::new(held),
+            plan(Duration::from_secs(30), Some(Duration::from_secs(10)), None),
+        );
+        tokio::time::sleep(Duration::from_millis(5_500)).await;
+        assert_eq!(renewals.load(Ordering::SeqCst), 5, "one proof a second");
+        hold.extend(Duration::from_secs(60)).await.expect("extend");
+        let after = renewals.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        assert_eq!(
+            renewals.load(Ordering::SeqCst) - after,
+            3,
+            "an extension kept the proofs a second apart"
+        );
+        assert_eq!(alone.load(Ordering::SeqCst), 0);
+        fail.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        assert!(hold.is_lost(), "a failed proof is a loss");
+        assert!(
+            matches!(hold.reason(), Some(LossReason::SessionLost(_))),
+            "{:?}",
+            hold.reason()
+        );
+    }
+
+    /// With renewal off, the keeper never renews such a hold: it is told, once, to
+    /// prove itself alive on its own.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_hold_without_renewal_watches_itself() {
+        let held = Proving::default();
+        let (renewals, alone) = (Arc::clone(&held.renewals), Arc::clone(&held.alone));
+        let hold = start(Box::new(held), plan(Duration::from_secs(30), None, None));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(alone.load(Ordering::SeqCst), 1);
+        assert_eq!(renewals.load(Ordering::SeqCst), 0);
+        assert!(!hold.is_lost());
     }
 
     /// The backend's loss signal counts the moment it fires — before the watcher task

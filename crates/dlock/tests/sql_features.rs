@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use dlock::{Error, Locker};
+use dlock::{Error, LockOptions, Locker, Renewal};
 use dlock_testkit::{Fault, FaultProxy, MariaDbServer, PG_PASSWORD, PgServer};
 use sqlx::Connection;
 use tokio::time::Instant;
@@ -25,16 +25,18 @@ fn unique(label: &str) -> String {
 }
 
 /// The holder reaches the server through a proxy that then goes silent. Returns
-/// (cut → holder's `lost()`, cut → another client holds the lock).
+/// (cut → holder's `lost()`, cut → another client holds the lock). The holder takes
+/// the lock with `opts`.
 async fn cut_off(
     direct: &str,
     via_proxy: &str,
     proxy: &FaultProxy,
     name: &str,
+    opts: &LockOptions,
 ) -> (Duration, Duration) {
     let holder = Locker::connect(via_proxy).await.expect("holder connects");
     let other = Locker::connect(direct).await.expect("other connects");
-    let g = holder.lock(name).await.expect("lock");
+    let g = holder.lock_with(name, opts).await.expect("lock");
     assert!(other.try_lock(name).await.expect("try").is_none());
     let proxy_cut = Instant::now();
     proxy.set(Fault::Blackhole);
@@ -104,7 +106,8 @@ async fn cut_off_session_holder_hears_before_the_server_frees() {
     ] {
         proxy.set(Fault::None);
         let through = via(&direct, port, proxy);
-        let (lost, freed) = cut_off(&direct, &through, proxy, &unique("cut")).await;
+        let opts = LockOptions::new();
+        let (lost, freed) = cut_off(&direct, &through, proxy, &unique("cut"), &opts).await;
         eprintln!(
             "figure: {label}: cut-off holder lost() after {lost:?}; server freed the lock after {freed:?}"
         );
@@ -116,6 +119,141 @@ async fn cut_off_session_holder_hears_before_the_server_frees() {
             lost < Duration::from_secs(4),
             "{label}: lost() after {lost:?}"
         );
+    }
+}
+
+/// The same with renewal off: the keeper's renewals are what prove a session alive,
+/// so a hold the keeper does not renew pings its connection by itself (the session's
+/// heartbeat), and a cut-off holder still hears of the loss first. A lease of 60 s:
+/// its local end is not what tells the holder here. One advisory (PostgreSQL) and one
+/// row-lock (MariaDB) hold, the two ways a session lock is given back.
+#[tokio::test(flavor = "current_thread")]
+async fn cut_off_session_holder_without_renewal_hears_before_the_server_frees() {
+    let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
+        return;
+    };
+    let pg_proxy = proxied(pg_addr(&pg)).await;
+    let maria_proxy = proxied(SocketAddr::from(([127, 0, 0, 1], maria.port()))).await;
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .renewal(Renewal::Off);
+    for (label, direct, proxy, port) in [
+        (
+            "pg advisory",
+            format!("{}?mode=advisory", pg.url()),
+            &pg_proxy,
+            pg.port(),
+        ),
+        (
+            "mariadb row",
+            format!("{}?mode=row", maria.url()),
+            &maria_proxy,
+            maria.port(),
+        ),
+    ] {
+        proxy.set(Fault::None);
+        let through = via(&direct, port, proxy);
+        let (lost, freed) = cut_off(&direct, &through, proxy, &unique("cutoff"), &opts).await;
+        eprintln!(
+            "figure: {label}, renewal off: cut-off holder lost() after {lost:?}; server freed the lock after {freed:?}"
+        );
+        assert!(
+            lost < freed,
+            "{label}: lost() {lost:?} after the server freed it {freed:?}"
+        );
+        assert!(
+            lost < Duration::from_secs(4),
+            "{label}: lost() after {lost:?}"
+        );
+    }
+}
+
+/// Session modes: an extension dropped before its ping was answered (here: replies
+/// held up by the proxy) leaves the pinned connection with an answer nobody read. No
+/// later statement may take that answer for its own (on MySQL, a `RELEASE_LOCK` or a
+/// ping reading an old `OK`): the next renewal declares the lock lost, the connection
+/// is closed after that, the server frees the lock, and the locker goes on with fresh
+/// connections.
+#[tokio::test(flavor = "current_thread")]
+async fn abandoned_ping_never_leaves_its_answer_to_the_next_statement() {
+    let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
+        return;
+    };
+    let pg_proxy = proxied(pg_addr(&pg)).await;
+    let maria_proxy = proxied(SocketAddr::from(([127, 0, 0, 1], maria.port()))).await;
+    for (label, direct, proxy, port) in [
+        (
+            "mariadb named",
+            format!("{}?mode=named", maria.url()),
+            &maria_proxy,
+            maria.port(),
+        ),
+        (
+            "mariadb row",
+            format!("{}?mode=row", maria.url()),
+            &maria_proxy,
+            maria.port(),
+        ),
+        (
+            "pg advisory",
+            format!("{}?mode=advisory", pg.url()),
+            &pg_proxy,
+            pg.port(),
+        ),
+    ] {
+        proxy.set(Fault::None);
+        let through = via(&direct, port, proxy);
+        let holder = Locker::connect(&through).await.expect("holder connects");
+        let other = Locker::connect(&direct).await.expect("other connects");
+        let name = unique("abandoned");
+        let g = holder.lock(&name).await.expect("lock");
+        proxy.set(Fault::Delay(Duration::from_millis(300)));
+        let cut = tokio::time::timeout(
+            Duration::from_millis(100),
+            g.extend(Duration::from_secs(30)),
+        )
+        .await;
+        assert!(cut.is_err(), "{label}: the extension was not cut off");
+        // The held-up answer arrives now, unread.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        proxy.set(Fault::None);
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), g.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{label}: never told the lock was lost"));
+        eprintln!(
+            "figure: {label}: lost() {:?} after the answer",
+            started.elapsed()
+        );
+        assert!(
+            matches!(g.loss_reason(), Some(dlock::LossReason::SessionLost(_))),
+            "{label}: {:?}",
+            g.loss_reason()
+        );
+        assert!(g.release().await.is_err(), "{label}: released a lost lock");
+        let taken = other
+            .lock_timeout(&name, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("{label}: the lock was never freed: {e}"));
+        taken.release().await.expect("release");
+        // The holder's locker goes on: its next connection is in step.
+        for i in 0..3 {
+            let g = holder
+                .lock(&format!("{name}-{i}"))
+                .await
+                .unwrap_or_else(|e| panic!("{label}: lock after: {e}"));
+            assert!(
+                other
+                    .try_lock(&format!("{name}-{i}"))
+                    .await
+                    .expect("try")
+                    .is_none(),
+                "{label}: two holders"
+            );
+            g.release()
+                .await
+                .unwrap_or_else(|e| panic!("{label}: release after: {e}"));
+        }
     }
 }
 

@@ -481,8 +481,16 @@ impl<D: Dialect> HeldLock for SessionHeld<D> {
             .await
     }
 
+    fn prove_alive_every(&self) -> Option<Duration> {
+        Some(self.session.prove_alive_every())
+    }
+
+    fn watch_alone(&self) {
+        self.session.watch_alone();
+    }
+
     fn loss_signal(&self) -> Option<CancellationToken> {
-        Some(self.session.loss_signal())
+        self.session.loss_signal()
     }
 }
 

@@ -13,8 +13,11 @@
 //! - session modes (`mode=advisory` on PostgreSQL, `mode=named` on MySQL, `mode=row` on
 //!   both): the lock is held by one database session on a pinned connection and ends
 //!   with it, so a holder that dies frees the lock as soon as the server sees its
-//!   connection close. A heartbeat on the pinned connection fires `lost()` when the
-//!   connection stops answering.
+//!   connection close. The pinned connection is pinged every `heartbeat` (the keeper's
+//!   renewals of a session hold are these pings; a hold taken with renewal off pings on
+//!   its own), and `lost()` fires when it stops answering. The keeper's pings run in
+//!   the locker's one timer task, on the runtime that took its first lock: a runtime
+//!   stalled for seconds delays them, as it delays every renewal.
 //!
 //! # Guarantees, and what a session mode cannot promise
 //! Lease mode: a renewal never shortens the lease (reentrant holds of one owner share

@@ -1,7 +1,8 @@
 //! The pinned connection of a session-mode hold (advisory, named, row): its heartbeat,
 //! the idle connections kept for the next acquisition, and the session side of a hold.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -11,73 +12,180 @@ use super::db_err;
 use crate::error::{Error, Result};
 use crate::notify::WakeOne;
 
-/// A connection pinned to one held lock (session modes). The heartbeat pings it every
-/// `interval`; when a ping fails or takes longer than `interval`, the connection is
-/// dropped (its socket closed, so the server frees the lock too) and `lost` is cancelled.
+/// A connection pinned to one held lock (session modes). Its session is proven alive
+/// every `interval` by a ping: the keeper's renewals do it (a session hold asks to be
+/// renewed at least that often, [`crate::backend::HeldLock::prove_alive_every`]), or,
+/// for a hold the keeper does not renew, a heartbeat task of its own
+/// ([`Pinned::watch_alone`]). When a ping fails or takes longer than `interval`, the
+/// connection is dropped (its socket closed, so the server frees the lock too), after
+/// the holder was told. A ping whose caller went away before its answer (a renewal cut
+/// off at the lease's local end, a dropped `extend`) leaves the connection out of step
+/// (the answer unread): it is used for nothing more, as if that ping had failed.
 #[derive(Debug)]
 pub(crate) struct Pinned<C> {
-    pub conn: Arc<Mutex<Option<C>>>,
-    pub lost: CancellationToken,
+    conn: Arc<PinnedConn<C>>,
+    interval: Duration,
+    /// Made by [`Pinned::watch_alone`] only: the loss signal its heartbeat cancels when
+    /// a ping fails, and the token that ends the heartbeat.
+    alone: OnceLock<Alone>,
+}
+
+/// The pinned connection itself (shared with a heartbeat task, if there is one):
+/// `None` once taken back or dropped.
+#[derive(Debug)]
+struct PinnedConn<C> {
+    slot: Mutex<Option<C>>,
+    /// A ping on it was abandoned before its answer came: the next answer read from
+    /// it could be that ping's.
+    out_of_step: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Alone {
+    lost: CancellationToken,
     stop: CancellationToken,
 }
 
+/// What [`Pinned::take`] found.
+pub(crate) enum Taken<C> {
+    /// The connection, in step: the lock is still held on it.
+    Conn(C),
+    /// A failed ping dropped it (or it was taken before): the lock went with it.
+    Gone,
+    /// Out of step (an abandoned ping): dropped now, which ends its session and frees
+    /// the lock.
+    Dropped,
+}
+
 impl<C: sqlx::Connection + 'static> Pinned<C> {
-    /// Pin `conn` and start its heartbeat.
+    /// Pin `conn`, to be proven alive every `interval`.
     pub(crate) fn new(conn: C, interval: Duration) -> Self {
-        let conn = Arc::new(Mutex::new(Some(conn)));
-        let lost = CancellationToken::new();
-        let stop = CancellationToken::new();
-        let (c2, l2, s2) = (Arc::clone(&conn), lost.clone(), stop.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = s2.cancelled() => return,
-                    () = tokio::time::sleep(interval) => {}
+        Pinned {
+            conn: Arc::new(PinnedConn {
+                slot: Mutex::new(Some(conn)),
+                out_of_step: AtomicBool::new(false),
+            }),
+            interval,
+            alone: OnceLock::new(),
+        }
+    }
+
+    /// How often the session must be proven alive.
+    pub(crate) fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Nobody renews this hold: start its heartbeat, which pings every `interval` and
+    /// cancels the returned loss signal when a ping fails. Once; a second call returns
+    /// the same signal.
+    pub(crate) fn watch_alone(&self) -> CancellationToken {
+        let alone = self.alone.get_or_init(|| {
+            let (lost, stop) = (CancellationToken::new(), CancellationToken::new());
+            let (conn, l2, s2) = (Arc::clone(&self.conn), lost.clone(), stop.clone());
+            let interval = self.interval;
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = s2.cancelled() => return,
+                        () = tokio::time::sleep(interval) => {}
+                    }
+                    if !ping_or_drop(&conn, Some(&l2), interval).await {
+                        return;
+                    }
                 }
-                if !ping_or_drop(&c2, &l2, interval).await {
-                    return;
-                }
-            }
+            });
+            Alone { lost, stop }
         });
-        Pinned { conn, lost, stop }
+        alone.lost.clone()
+    }
+
+    /// The heartbeat's loss signal, if [`Pinned::watch_alone`] started one.
+    pub(crate) fn loss_signal(&self) -> Option<CancellationToken> {
+        self.alone.get().map(|a| a.lost.clone())
     }
 
     /// Renewal of a session hold: the session holds the lock, so renewing means proving
-    /// the session is alive. A connection that does not answer within `timeout` is
-    /// closed, which ends the session and the lock: the loss is certain.
+    /// the session is alive. A connection that does not answer within `interval` (or
+    /// `timeout`, if shorter), or that an abandoned ping left out of step, is closed,
+    /// which ends the session and the lock: the loss is certain, and reported to the
+    /// caller (the keeper, which marks the hold lost) before the connection closes
+    /// ([`Error::LockLost`], the session lost).
     pub(crate) async fn prove_alive(&self, timeout: Duration) -> Result<()> {
-        if ping_or_drop(&self.conn, &self.lost, timeout).await {
+        let lost = self.alone.get().map(|a| &a.lost);
+        if ping_or_drop(&self.conn, lost, timeout.min(self.interval)).await {
             Ok(())
         } else {
-            Err(Error::NotOwner {
+            Err(Error::LockLost {
                 name: String::new(),
+                reason: crate::LossReason::SessionLost(
+                    "the lock's database connection failed a ping and was closed".into(),
+                ),
             })
         }
     }
 
-    /// Take the connection back (release); `None` when the heartbeat already lost it.
-    pub(crate) async fn take(&self) -> Option<C> {
-        self.stop.cancel();
-        self.conn.lock().await.take()
+    /// Take the connection back (release).
+    pub(crate) async fn take(&self) -> Taken<C> {
+        if let Some(a) = self.alone.get() {
+            a.stop.cancel();
+        }
+        let taken = self.conn.slot.lock().await.take();
+        match taken {
+            None => Taken::Gone,
+            Some(c) if self.conn.out_of_step.load(Ordering::SeqCst) => {
+                drop(c);
+                Taken::Dropped
+            }
+            Some(c) => Taken::Conn(c),
+        }
     }
 }
 
-/// Ping the pinned connection; on failure or timeout drop it and cancel `lost`.
-/// Returns whether the session is alive.
+/// Sets `out_of_step` if dropped before [`Abandoned::disarm`]: the ping it covers was
+/// abandoned with its answer unread.
+struct Abandoned<'a>(Option<&'a AtomicBool>);
+
+impl Abandoned<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if let Some(flag) = self.0 {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Ping the pinned connection; on failure or timeout (or if an abandoned ping left it
+/// out of step) cancel `lost` (if any) and drop the connection. Returns whether the
+/// session is alive.
 async fn ping_or_drop<C: sqlx::Connection + 'static>(
-    conn: &Mutex<Option<C>>,
-    lost: &CancellationToken,
+    conn: &PinnedConn<C>,
+    lost: Option<&CancellationToken>,
     timeout: Duration,
 ) -> bool {
-    let mut slot = conn.lock().await;
+    let mut slot = conn.slot.lock().await;
     let Some(c) = slot.as_mut() else { return false };
-    if matches!(tokio::time::timeout(timeout, c.ping()).await, Ok(Ok(()))) {
-        return true;
+    if !conn.out_of_step.load(Ordering::SeqCst) {
+        // Dropped here, unfinished (the caller went away), the ping leaves its answer
+        // unread: the connection is out of step from then on. (Cut off by its own
+        // timeout below, it is dropped anyway.)
+        let abandoned = Abandoned(Some(&conn.out_of_step));
+        let answered = matches!(tokio::time::timeout(timeout, c.ping()).await, Ok(Ok(())));
+        abandoned.disarm();
+        if answered {
+            return true;
+        }
     }
     // Tell the holder first; close the session (which lets the server free the lock)
     // a moment later, so the holder always hears of the loss before anyone else can
-    // take the lock.
-    lost.cancel();
+    // take the lock. (A renewal's caller hears it from the answer, at once.)
+    if let Some(lost) = lost {
+        lost.cancel();
+    }
     if let Some(c) = slot.take() {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -89,7 +197,9 @@ async fn ping_or_drop<C: sqlx::Connection + 'static>(
 
 impl<C> Drop for Pinned<C> {
     fn drop(&mut self) {
-        self.stop.cancel();
+        if let Some(a) = self.alone.get() {
+            a.stop.cancel();
+        }
     }
 }
 
@@ -188,27 +298,49 @@ impl<C: sqlx::Connection + 'static> Session<C> {
         self.pinned.prove_alive(self.timeout).await
     }
 
-    /// Fires when the heartbeat loses the session.
-    pub(crate) fn loss_signal(&self) -> CancellationToken {
-        self.pinned.lost.clone()
+    /// The heartbeat's loss signal, if [`Session::watch_alone`] started one.
+    pub(crate) fn loss_signal(&self) -> Option<CancellationToken> {
+        self.pinned.loss_signal()
+    }
+
+    /// Nobody renews this hold: it proves its session alive by itself (a heartbeat).
+    pub(crate) fn watch_alone(&self) {
+        self.pinned.watch_alone();
+    }
+
+    /// How often the session must be proven alive (the `heartbeat` option).
+    pub(crate) fn prove_alive_every(&self) -> Duration {
+        self.pinned.interval()
     }
 
     /// Let go: run `release` on the pinned connection (within the timeout); a clean
     /// release returns the connection for reuse and wakes a local waiter. On any error
     /// the connection is dropped, which ends the session and frees the lock anyway.
-    /// A second call, or one after the heartbeat lost the session, reports the loss:
-    /// the lock was no longer held when it was given back.
+    /// A second call, or one after a failed ping dropped the connection, reports the loss:
+    /// the lock was no longer held when it was given back. A connection an abandoned
+    /// ping left out of step is closed instead of used (which frees the lock): a
+    /// connection error.
     pub(crate) async fn end<Fut>(&self, release: impl FnOnce(C) -> Fut) -> Result<()>
     where
         Fut: std::future::Future<Output = (C, std::result::Result<(), sqlx::Error>)>,
     {
-        let Some(conn) = self.pinned.take().await else {
-            return Err(Error::LockLost {
-                name: self.name.clone(),
-                reason: crate::LossReason::SessionLost(
-                    "the lock's database connection was lost before the release".into(),
-                ),
-            });
+        let conn = match self.pinned.take().await {
+            Taken::Conn(conn) => conn,
+            Taken::Gone => {
+                return Err(Error::LockLost {
+                    name: self.name.clone(),
+                    reason: crate::LossReason::SessionLost(
+                        "the lock's database connection was lost before the release".into(),
+                    ),
+                });
+            }
+            Taken::Dropped => {
+                return Err(Error::connection(
+                    self.backend,
+                    "a ping abandoned halfway left the lock's connection out of step: closed, \
+                     which ended its session and freed the lock",
+                ));
+            }
         };
         match tokio::time::timeout(self.timeout, release(conn)).await {
             Ok((conn, Ok(()))) => {
