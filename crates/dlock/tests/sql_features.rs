@@ -69,47 +69,55 @@ fn via(url: &str, port: u16, proxy: &FaultProxy) -> String {
     url.replace(&format!(":{port}/"), &format!(":{}/", proxy.addr().port()))
 }
 
-/// Session modes: a holder cut off from the server declares the loss (heartbeat 1 s)
-/// before the server ends its session and another client gets the lock.
-#[tokio::test(flavor = "current_thread")]
-async fn cut_off_session_holder_hears_before_the_server_frees() {
+/// The session modes' cases named in `labels`: the label, the server's URL with the
+/// mode, the proxy in front of that server (`proxies`: PostgreSQL's, MariaDB's) and
+/// the server's port.
+fn session_cases<'a>(
+    pg: &PgServer,
+    maria: &MariaDbServer,
+    proxies: &'a (FaultProxy, FaultProxy),
+    labels: &[&str],
+) -> Vec<(&'static str, String, &'a FaultProxy, u16)> {
+    let (pg_proxy, maria_proxy) = proxies;
+    [
+        ("pg advisory", pg.url(), "advisory", pg_proxy, pg.port()),
+        ("pg row", pg.url(), "row", pg_proxy, pg.port()),
+        (
+            "mariadb named",
+            maria.url(),
+            "named",
+            maria_proxy,
+            maria.port(),
+        ),
+        ("mariadb row", maria.url(), "row", maria_proxy, maria.port()),
+    ]
+    .into_iter()
+    .filter(|case| labels.contains(&case.0))
+    .map(|(label, url, mode, proxy, port)| (label, format!("{url}?mode={mode}"), proxy, port))
+    .collect()
+}
+
+/// A proxy in front of each server: PostgreSQL's, MariaDB's.
+async fn session_proxies(pg: &PgServer, maria: &MariaDbServer) -> (FaultProxy, FaultProxy) {
+    (
+        proxied(pg_addr(pg)).await,
+        proxied(SocketAddr::from(([127, 0, 0, 1], maria.port()))).await,
+    )
+}
+
+/// Each of the `labels` cases: a holder taking its lock with `opts` is cut off, and
+/// must declare the loss within 4 s and before the server frees the lock.
+async fn cut_off_holders_hear_first(labels: &[&str], opts: &LockOptions, what: &str) {
     let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
         return;
     };
-    let pg_proxy = proxied(pg_addr(&pg)).await;
-    let maria_proxy = proxied(SocketAddr::from(([127, 0, 0, 1], maria.port()))).await;
-    for (label, direct, proxy, port) in [
-        (
-            "pg advisory",
-            format!("{}?mode=advisory", pg.url()),
-            &pg_proxy,
-            pg.port(),
-        ),
-        (
-            "pg row",
-            format!("{}?mode=row", pg.url()),
-            &pg_proxy,
-            pg.port(),
-        ),
-        (
-            "mariadb named",
-            format!("{}?mode=named", maria.url()),
-            &maria_proxy,
-            maria.port(),
-        ),
-        (
-            "mariadb row",
-            format!("{}?mode=row", maria.url()),
-            &maria_proxy,
-            maria.port(),
-        ),
-    ] {
+    let proxies = session_proxies(&pg, &maria).await;
+    for (label, direct, proxy, port) in session_cases(&pg, &maria, &proxies, labels) {
         proxy.set(Fault::None);
         let through = via(&direct, port, proxy);
-        let opts = LockOptions::new();
-        let (lost, freed) = cut_off(&direct, &through, proxy, &unique("cut"), &opts).await;
+        let (lost, freed) = cut_off(&direct, &through, proxy, &unique("cut"), opts).await;
         eprintln!(
-            "figure: {label}: cut-off holder lost() after {lost:?}; server freed the lock after {freed:?}"
+            "figure: {label}{what}: cut-off holder lost() after {lost:?}; server freed the lock after {freed:?}"
         );
         assert!(
             lost < freed,
@@ -122,6 +130,14 @@ async fn cut_off_session_holder_hears_before_the_server_frees() {
     }
 }
 
+/// Session modes: a holder cut off from the server declares the loss (heartbeat 1 s)
+/// before the server ends its session and another client gets the lock.
+#[tokio::test(flavor = "current_thread")]
+async fn cut_off_session_holder_hears_before_the_server_frees() {
+    let all = ["pg advisory", "pg row", "mariadb named", "mariadb row"];
+    cut_off_holders_hear_first(&all, &LockOptions::new(), "").await;
+}
+
 /// The same with renewal off: the keeper's renewals are what prove a session alive,
 /// so a hold the keeper does not renew pings its connection by itself (the session's
 /// heartbeat), and a cut-off holder still hears of the loss first. A lease of 60 s:
@@ -129,43 +145,10 @@ async fn cut_off_session_holder_hears_before_the_server_frees() {
 /// row-lock (MariaDB) hold, the two ways a session lock is given back.
 #[tokio::test(flavor = "current_thread")]
 async fn cut_off_session_holder_without_renewal_hears_before_the_server_frees() {
-    let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
-        return;
-    };
-    let pg_proxy = proxied(pg_addr(&pg)).await;
-    let maria_proxy = proxied(SocketAddr::from(([127, 0, 0, 1], maria.port()))).await;
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(60))
         .renewal(Renewal::Off);
-    for (label, direct, proxy, port) in [
-        (
-            "pg advisory",
-            format!("{}?mode=advisory", pg.url()),
-            &pg_proxy,
-            pg.port(),
-        ),
-        (
-            "mariadb row",
-            format!("{}?mode=row", maria.url()),
-            &maria_proxy,
-            maria.port(),
-        ),
-    ] {
-        proxy.set(Fault::None);
-        let through = via(&direct, port, proxy);
-        let (lost, freed) = cut_off(&direct, &through, proxy, &unique("cutoff"), &opts).await;
-        eprintln!(
-            "figure: {label}, renewal off: cut-off holder lost() after {lost:?}; server freed the lock after {freed:?}"
-        );
-        assert!(
-            lost < freed,
-            "{label}: lost() {lost:?} after the server freed it {freed:?}"
-        );
-        assert!(
-            lost < Duration::from_secs(4),
-            "{label}: lost() after {lost:?}"
-        );
-    }
+    cut_off_holders_hear_first(&["pg advisory", "mariadb row"], &opts, ", renewal off").await;
 }
 
 /// Session modes: an extension dropped before its ping was answered (here: replies
@@ -179,28 +162,9 @@ async fn abandoned_ping_never_leaves_its_answer_to_the_next_statement() {
     let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
         return;
     };
-    let pg_proxy = proxied(pg_addr(&pg)).await;
-    let maria_proxy = proxied(SocketAddr::from(([127, 0, 0, 1], maria.port()))).await;
-    for (label, direct, proxy, port) in [
-        (
-            "mariadb named",
-            format!("{}?mode=named", maria.url()),
-            &maria_proxy,
-            maria.port(),
-        ),
-        (
-            "mariadb row",
-            format!("{}?mode=row", maria.url()),
-            &maria_proxy,
-            maria.port(),
-        ),
-        (
-            "pg advisory",
-            format!("{}?mode=advisory", pg.url()),
-            &pg_proxy,
-            pg.port(),
-        ),
-    ] {
+    let proxies = session_proxies(&pg, &maria).await;
+    let labels = ["mariadb named", "mariadb row", "pg advisory"];
+    for (label, direct, proxy, port) in session_cases(&pg, &maria, &proxies, &labels) {
         proxy.set(Fault::None);
         let through = via(&direct, port, proxy);
         let holder = Locker::connect(&through).await.expect("holder connects");
