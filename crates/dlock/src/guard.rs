@@ -160,10 +160,10 @@ impl LockGuard {
     ///
     /// # Cancel safety
     /// Cancel safe in that dropping the future leaves the guard usable; the extension
-    /// may or may not have happened. In an SQL session mode an extension is a ping of
-    /// the lock's connection: dropped before its answer came, it leaves the connection
-    /// out of step, and the lock is lost at the next renewal (this guard hears of it
-    /// before the connection closes).
+    /// may or may not have happened. Not so in an SQL session mode, where an extension
+    /// is a ping of the lock's connection: dropped before its answer came, it leaves
+    /// the connection out of step, and the lock is lost at the next ping (a renewal,
+    /// the heartbeat, or an extension), this guard told before the connection closes.
     #[tracing::instrument(level = "debug", name = "extend", skip_all, fields(lock = %self.hold.name, scheme = self.hold.scheme()))]
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         crate::options::validate_ttl(ttl)?;

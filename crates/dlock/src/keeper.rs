@@ -810,11 +810,13 @@ mod tests {
     }
 
     /// A hold whose renewals prove its session alive (SQL session modes), every 1 s:
-    /// counts its renewals and whether it was told to watch itself.
+    /// counts its renewals and whether it was told to watch itself, and has a loss
+    /// signal only once told (as a session hold's heartbeat gives it one).
     #[derive(Debug, Default)]
     struct Proving {
         renewals: Arc<std::sync::atomic::AtomicU32>,
         alone: Arc<std::sync::atomic::AtomicU32>,
+        signal: Arc<OnceLock<CancellationToken>>,
         /// The next renewal answers that the session is gone.
         fail: Arc<AtomicBool>,
     }
@@ -842,6 +844,10 @@ mod tests {
         }
         fn watch_alone(&self) {
             self.alone.fetch_add(1, Ordering::SeqCst);
+            self.signal.get_or_init(CancellationToken::new);
+        }
+        fn loss_signal(&self) -> Option<CancellationToken> {
+            self.signal.get().cloned()
         }
     }
 
@@ -882,16 +888,23 @@ mod tests {
     }
 
     /// With renewal off, the keeper never renews such a hold: it is told, once, to
-    /// prove itself alive on its own.
+    /// prove itself alive on its own, before its loss signal is read, so a loss its
+    /// heartbeat reports counts.
     #[tokio::test(start_paused = true)]
     async fn a_session_hold_without_renewal_watches_itself() {
         let held = Proving::default();
-        let (renewals, alone) = (Arc::clone(&held.renewals), Arc::clone(&held.alone));
+        let (renewals, alone, signal) = (
+            Arc::clone(&held.renewals),
+            Arc::clone(&held.alone),
+            Arc::clone(&held.signal),
+        );
         let hold = start(Box::new(held), plan(Duration::from_secs(30), None, None));
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(alone.load(Ordering::SeqCst), 1);
         assert_eq!(renewals.load(Ordering::SeqCst), 0);
         assert!(!hold.is_lost());
+        signal.get().expect("told to watch itself").cancel();
+        assert!(hold.is_lost(), "the heartbeat's loss went unheard");
     }
 
     /// The backend's loss signal counts the moment it fires — before the watcher task

@@ -11,7 +11,7 @@
 //! | `dlock_wait_seconds` | histogram | | of granted acquisitions that waited: from the first busy answer to the grant |
 //! | `dlock_acquisitions_total` | counter | `outcome` | calls of `lock*`/`try_lock*`, by outcome as above |
 //! | `dlock_busy_answers_total` | counter | | attempts the backend answered busy |
-//! | `dlock_renewals_total` | counter | `result` | lease renewals by the keeper: `ok` or `failed` (a failed one is retried until the lease's local end, but where it proves the lock lost); in SQL session modes each renewal is a ping of the pinned connection, at least every `heartbeat` |
+//! | `dlock_renewals_total` | counter | `result` | lease renewals by the keeper: `ok` or `failed` (a failed one is retried until the lease's local end, but where it proves the lock lost); in SQL session modes each renewal is a ping of the pinned connection, at least every `heartbeat` (with renewal on; a hold without renewal pings on its own, uncounted) |
 //! | `dlock_losses_total` | counter | `reason` | held locks lost: `lease_expired`, `not_owner`, `session_lost`, `max_hold_time` |
 //! | `dlock_handoffs_total` | counter | | in-process hand-offs (Redis): a release that gave the lock straight to a waiting task of the same backend |
 //!

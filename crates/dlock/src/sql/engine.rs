@@ -86,7 +86,7 @@ impl<D: Dialect> SqlBackend<D> {
     /// The session side of a hold of `name`, whose [`lock_key`] is `key`.
     fn session(&self, conn: D::Conn, name: &LockName, key: [u8; 32]) -> Session<D::Conn> {
         Session {
-            pinned: Pinned::new(conn, self.opts.heartbeat),
+            pinned: Pinned::new(conn, self.opts.heartbeat, self.opts.timeout),
             idle: Arc::clone(&self.idle),
             hub: Arc::clone(&self.hub),
             key,

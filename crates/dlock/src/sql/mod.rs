@@ -15,9 +15,9 @@
 //!   with it, so a holder that dies frees the lock as soon as the server sees its
 //!   connection close. The pinned connection is pinged every `heartbeat` (the keeper's
 //!   renewals of a session hold are these pings; a hold taken with renewal off pings on
-//!   its own), and `lost()` fires when it stops answering. The keeper's pings run in
-//!   the locker's one timer task, on the runtime that took its first lock: a runtime
-//!   stalled for seconds delays them, as it delays every renewal.
+//!   its own), and `lost()` fires when it stops answering. The keeper's renewals run in
+//!   short tasks its timer task starts (on the runtime that last started that timer
+//!   task): a runtime stalled for seconds delays them, as it delays every renewal.
 //!
 //! # Guarantees, and what a session mode cannot promise
 //! Lease mode: a renewal never shortens the lease (reentrant holds of one owner share

@@ -16,15 +16,20 @@ use crate::notify::WakeOne;
 /// every `interval` by a ping: the keeper's renewals do it (a session hold asks to be
 /// renewed at least that often, [`crate::backend::HeldLock::prove_alive_every`]), or,
 /// for a hold the keeper does not renew, a heartbeat task of its own
-/// ([`Pinned::watch_alone`]). When a ping fails or takes longer than `interval`, the
-/// connection is dropped (its socket closed, so the server frees the lock too), after
-/// the holder was told. A ping whose caller went away before its answer (a renewal cut
-/// off at the lease's local end, a dropped `extend`) leaves the connection out of step
-/// (the answer unread): it is used for nothing more, as if that ping had failed.
+/// ([`Pinned::watch_alone`]). A ping must answer within `interval` (or the `timeout`,
+/// if shorter). The holder always hears of a failed ping before the connection closes
+/// (which ends its session, so the server frees the lock): a renewal's failed ping
+/// answers the loss and leaves the connection to the release that follows every loss;
+/// the heartbeat cancels its loss signal, then closes it 50 ms later. A ping whose
+/// caller went away before its answer (a renewal cut off at the lease's local end, a
+/// dropped `extend`) leaves the connection out of step (the answer unread): it is used
+/// for nothing more, as if that ping had failed.
 #[derive(Debug)]
 pub(crate) struct Pinned<C> {
     conn: Arc<PinnedConn<C>>,
     interval: Duration,
+    /// How long a ping may take: `interval`, or the `timeout` if shorter.
+    answer_within: Duration,
     /// Made by [`Pinned::watch_alone`] only: the loss signal its heartbeat cancels when
     /// a ping fails, and the token that ends the heartbeat.
     alone: OnceLock<Alone>,
@@ -35,8 +40,8 @@ pub(crate) struct Pinned<C> {
 #[derive(Debug)]
 struct PinnedConn<C> {
     slot: Mutex<Option<C>>,
-    /// A ping on it was abandoned before its answer came: the next answer read from
-    /// it could be that ping's.
+    /// A ping on it was abandoned before its answer came (the next answer read from
+    /// it could be that ping's), or failed: it is used for nothing more.
     out_of_step: AtomicBool,
 }
 
@@ -50,22 +55,25 @@ struct Alone {
 pub(crate) enum Taken<C> {
     /// The connection, in step: the lock is still held on it.
     Conn(C),
-    /// A failed ping dropped it (or it was taken before): the lock went with it.
+    /// The heartbeat's failed ping dropped it (or it was taken before): the lock went
+    /// with it.
     Gone,
-    /// Out of step (an abandoned ping): dropped now, which ends its session and frees
-    /// the lock.
+    /// Out of step (a failed or abandoned ping): dropped now, which ends its session
+    /// and frees the lock.
     Dropped,
 }
 
 impl<C: sqlx::Connection + 'static> Pinned<C> {
-    /// Pin `conn`, to be proven alive every `interval`.
-    pub(crate) fn new(conn: C, interval: Duration) -> Self {
+    /// Pin `conn`, to be proven alive every `interval`, each ping answered within
+    /// `interval` or `timeout`, whichever is shorter.
+    pub(crate) fn new(conn: C, interval: Duration, timeout: Duration) -> Self {
         Pinned {
             conn: Arc::new(PinnedConn {
                 slot: Mutex::new(Some(conn)),
                 out_of_step: AtomicBool::new(false),
             }),
             interval,
+            answer_within: interval.min(timeout),
             alone: OnceLock::new(),
         }
     }
@@ -82,14 +90,14 @@ impl<C: sqlx::Connection + 'static> Pinned<C> {
         let alone = self.alone.get_or_init(|| {
             let (lost, stop) = (CancellationToken::new(), CancellationToken::new());
             let (conn, l2, s2) = (Arc::clone(&self.conn), lost.clone(), stop.clone());
-            let interval = self.interval;
+            let (interval, within) = (self.interval, self.answer_within);
             tokio::spawn(async move {
                 loop {
                     tokio::select! {
                         () = s2.cancelled() => return,
                         () = tokio::time::sleep(interval) => {}
                     }
-                    if !ping_or_drop(&conn, Some(&l2), interval).await {
+                    if !ping_or_drop(&conn, Some(&l2), within).await {
                         return;
                     }
                 }
@@ -105,14 +113,14 @@ impl<C: sqlx::Connection + 'static> Pinned<C> {
     }
 
     /// Renewal of a session hold: the session holds the lock, so renewing means proving
-    /// the session is alive. A connection that does not answer within `interval` (or
-    /// `timeout`, if shorter), or that an abandoned ping left out of step, is closed,
-    /// which ends the session and the lock: the loss is certain, and reported to the
-    /// caller (the keeper, which marks the hold lost) before the connection closes
-    /// ([`Error::LockLost`], the session lost).
-    pub(crate) async fn prove_alive(&self, timeout: Duration) -> Result<()> {
+    /// the session is alive. A connection that does not answer in time, or that an
+    /// abandoned ping left out of step, fails the proof: the loss is certain and
+    /// answered ([`Error::LockLost`], the session lost). The connection is closed
+    /// after that, by the release that follows every loss (a hold with a heartbeat:
+    /// 50 ms after its loss signal).
+    pub(crate) async fn prove_alive(&self) -> Result<()> {
         let lost = self.alone.get().map(|a| &a.lost);
-        if ping_or_drop(&self.conn, lost, timeout.min(self.interval)).await {
+        if ping_or_drop(&self.conn, lost, self.answer_within).await {
             Ok(())
         } else {
             Err(Error::LockLost {
@@ -159,13 +167,15 @@ impl Drop for Abandoned<'_> {
     }
 }
 
-/// Ping the pinned connection; on failure or timeout (or if an abandoned ping left it
-/// out of step) cancel `lost` (if any) and drop the connection. Returns whether the
-/// session is alive.
+/// Ping the pinned connection. Returns whether the session is alive: not if the ping
+/// failed or took longer than `within`, or an abandoned ping left the connection out
+/// of step. Then, with a loss signal `lost` (a heartbeat's), cancel it and close the
+/// connection 50 ms later; without one (a renewal, whose caller hears the answer),
+/// mark it out of step and leave it to the release that follows the loss.
 async fn ping_or_drop<C: sqlx::Connection + 'static>(
     conn: &PinnedConn<C>,
     lost: Option<&CancellationToken>,
-    timeout: Duration,
+    within: Duration,
 ) -> bool {
     let mut slot = conn.slot.lock().await;
     let Some(c) = slot.as_mut() else { return false };
@@ -174,18 +184,21 @@ async fn ping_or_drop<C: sqlx::Connection + 'static>(
         // unread: the connection is out of step from then on. (Cut off by its own
         // timeout below, it is dropped anyway.)
         let abandoned = Abandoned(Some(&conn.out_of_step));
-        let answered = matches!(tokio::time::timeout(timeout, c.ping()).await, Ok(Ok(())));
+        let answered = matches!(tokio::time::timeout(within, c.ping()).await, Ok(Ok(())));
         abandoned.disarm();
         if answered {
             return true;
         }
     }
-    // Tell the holder first; close the session (which lets the server free the lock)
-    // a moment later, so the holder always hears of the loss before anyone else can
-    // take the lock. (A renewal's caller hears it from the answer, at once.)
-    if let Some(lost) = lost {
-        lost.cancel();
-    }
+    // The holder hears of the loss before the session closes (which lets the server
+    // free the lock). A renewal's caller hears it from this answer and marks the hold
+    // lost; the release that follows closes the connection, never before.
+    conn.out_of_step.store(true, Ordering::SeqCst);
+    let Some(lost) = lost else {
+        return false;
+    };
+    // A heartbeat's signal is read by the hold at once; the close comes a moment later.
+    lost.cancel();
     if let Some(c) = slot.take() {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -295,7 +308,7 @@ pub(crate) struct Session<C> {
 impl<C: sqlx::Connection + 'static> Session<C> {
     /// Renewal: prove the session is alive (it holds the lock).
     pub(crate) async fn renew(&self) -> Result<()> {
-        self.pinned.prove_alive(self.timeout).await
+        self.pinned.prove_alive().await
     }
 
     /// The heartbeat's loss signal, if [`Session::watch_alone`] started one.
@@ -317,9 +330,9 @@ impl<C: sqlx::Connection + 'static> Session<C> {
     /// release returns the connection for reuse and wakes a local waiter. On any error
     /// the connection is dropped, which ends the session and frees the lock anyway.
     /// A second call, or one after a failed ping dropped the connection, reports the loss:
-    /// the lock was no longer held when it was given back. A connection an abandoned
-    /// ping left out of step is closed instead of used (which frees the lock): a
-    /// connection error.
+    /// the lock was no longer held when it was given back. A connection a failed or
+    /// abandoned ping left out of step is closed instead of used, which frees the lock:
+    /// the release is done (a failed ping's loss was answered before).
     pub(crate) async fn end<Fut>(&self, release: impl FnOnce(C) -> Fut) -> Result<()>
     where
         Fut: std::future::Future<Output = (C, std::result::Result<(), sqlx::Error>)>,
@@ -335,11 +348,8 @@ impl<C: sqlx::Connection + 'static> Session<C> {
                 });
             }
             Taken::Dropped => {
-                return Err(Error::connection(
-                    self.backend,
-                    "a ping abandoned halfway left the lock's connection out of step: closed, \
-                     which ended its session and freed the lock",
-                ));
+                self.hub.wake(&self.key);
+                return Ok(());
             }
         };
         match tokio::time::timeout(self.timeout, release(conn)).await {

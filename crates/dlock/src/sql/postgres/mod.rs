@@ -39,8 +39,8 @@
 //! In session modes the holder (owner, token, metadata, backend pid) is recorded in
 //! `<prefix>_holders` for `inspect`. The pinned connection is pinged every `heartbeat`
 //! (default 1 s; the keeper's renewals, or a heartbeat of the hold's own when renewal
-//! is off) and closed when a ping fails or takes longer than that (or than the
-//! `timeout`, if shorter), firing `lost()` first. The server is asked to end a session silent for five heartbeats (at
+//! is off); a ping that fails or takes longer than that (or than the `timeout`, if
+//! shorter) fires `lost()`, and the connection is closed after that. The server is asked to end a session silent for five heartbeats (at
 //! least 5 s; `idle_session_timeout` needs PostgreSQL 14, `idle_in_transaction_session_timeout`
 //! covers row mode) and to probe a silent client with TCP keepalives (idle 2 s,
 //! interval 1 s, 3 probes): a cut-off holder declares the loss after one to two
