@@ -812,7 +812,7 @@ mod tests {
     /// A hold whose renewals prove its session alive (SQL session modes), every 1 s:
     /// counts its renewals and whether it was told to watch itself, and has a loss
     /// signal only once told (as a session hold's heartbeat gives it one).
-    #[derive(Debug, Default)]
+    #[derive(Debug, Default, Clone)]
     struct Proving {
         renewals: Arc<std::sync::atomic::AtomicU32>,
         alone: Arc<std::sync::atomic::AtomicU32>,
@@ -857,11 +857,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_session_hold_is_renewed_as_often_as_it_must_prove_itself() {
         let held = Proving::default();
-        let (renewals, alone, fail) = (
-            Arc::clone(&held.renewals),
-            Arc::clone(&held.alone),
-            Arc::clone(&held.fail),
-        );
+        let Proving {
+            renewals,
+            alone,
+            fail,
+            ..
+        } = held.clone();
         let hold = start(
             Box::new(held),
             plan(Duration::from_secs(30), Some(Duration::from_secs(10)), None),
@@ -893,11 +894,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_session_hold_without_renewal_watches_itself() {
         let held = Proving::default();
-        let (renewals, alone, signal) = (
-            Arc::clone(&held.renewals),
-            Arc::clone(&held.alone),
-            Arc::clone(&held.signal),
-        );
+        let Proving {
+            renewals,
+            alone,
+            signal,
+            ..
+        } = held.clone();
         let hold = start(Box::new(held), plan(Duration::from_secs(30), None, None));
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(alone.load(Ordering::SeqCst), 1);

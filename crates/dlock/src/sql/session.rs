@@ -84,10 +84,10 @@ impl<C: sqlx::Connection + 'static> Pinned<C> {
     }
 
     /// Nobody renews this hold: start its heartbeat, which pings every `interval` and
-    /// cancels the returned loss signal when a ping fails. Once; a second call returns
-    /// the same signal.
-    pub(crate) fn watch_alone(&self) -> CancellationToken {
-        let alone = self.alone.get_or_init(|| {
+    /// cancels its loss signal ([`Pinned::loss_signal`]) when a ping fails. Once; a
+    /// second call does nothing.
+    pub(crate) fn watch_alone(&self) {
+        self.alone.get_or_init(|| {
             let (lost, stop) = (CancellationToken::new(), CancellationToken::new());
             let (conn, l2, s2) = (Arc::clone(&self.conn), lost.clone(), stop.clone());
             let (interval, within) = (self.interval, self.answer_within);
@@ -104,7 +104,6 @@ impl<C: sqlx::Connection + 'static> Pinned<C> {
             });
             Alone { lost, stop }
         });
-        alone.lost.clone()
     }
 
     /// The heartbeat's loss signal, if [`Pinned::watch_alone`] started one.
@@ -126,7 +125,9 @@ impl<C: sqlx::Connection + 'static> Pinned<C> {
             Err(Error::LockLost {
                 name: String::new(),
                 reason: crate::LossReason::SessionLost(
-                    "the lock's database connection failed a ping and was closed".into(),
+                    "the lock's database connection failed a ping (or one abandoned halfway \
+                     left it out of step); its session is closed"
+                        .into(),
                 ),
             })
         }
