@@ -6,9 +6,9 @@
 //! into one [`redis::Cmd`] as it is built, and loads the script when the server does
 //! not know it (`NOSCRIPT`: a restarted or flushed server), as the invocation does.
 
-use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
 
+use super::conn::Conn;
 use super::layout::Key;
 
 /// An `EVALSHA` of `script` with its keys given up front and its arguments added after.
@@ -36,15 +36,14 @@ impl<'s> Call<'s> {
         self
     }
 
-    /// Runs the call; on `NOSCRIPT`, loads the script and runs it once more.
-    pub(crate) async fn run<T: FromRedisValue>(
-        &self,
-        conn: &mut impl ConnectionLike,
-    ) -> RedisResult<T> {
-        match self.cmd.query_async(conn).await {
+    /// Runs the call on a clone of `conn`; on `NOSCRIPT`, loads the script and runs it
+    /// once more.
+    pub(crate) async fn run<T: FromRedisValue>(&self, conn: &Conn) -> RedisResult<T> {
+        let mut conn = conn.clone();
+        match conn.send(&self.cmd).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                self.script.prepare_invoke().load_async(conn).await?;
-                self.cmd.query_async(conn).await
+                self.script.prepare_invoke().load_async(&mut conn).await?;
+                conn.send(&self.cmd).await
             }
             other => other,
         }

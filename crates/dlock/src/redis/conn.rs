@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::SentinelClient;
-use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value,
+};
 
 /// A cheap-to-clone command connection.
 #[derive(Clone)]
@@ -75,6 +77,21 @@ fn stale(e: &redis::RedisError) -> bool {
         || e.is_connection_refusal()
         || e.is_timeout()
         || e.code() == Some("READONLY")
+}
+
+impl Conn {
+    /// Sends `cmd` and reads its answer as `T` (a server's error answer as an error),
+    /// as `Cmd::query_async` does — but on a single server without boxing the
+    /// connection manager's future (`ConnectionLike::req_packed_command` allocates one
+    /// of over a kilobyte per command, most of the client's allocation cost per lock
+    /// cycle).
+    pub(crate) async fn send<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
+        let value = match self {
+            Conn::Single(c) => c.send_packed_command(cmd).await?,
+            other => other.req_packed_command(cmd).await?,
+        };
+        Ok(redis::from_redis_value(value.extract_error()?)?)
+    }
 }
 
 impl ConnectionLike for Conn {

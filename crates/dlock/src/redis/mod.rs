@@ -757,7 +757,7 @@ impl Inner {
                 call
             }
         };
-        call.run(&mut self.conn.clone()).await
+        call.run(&self.conn).await
     }
 
     /// Give back a hold that no guard owns (see `redisson_abandon.lua`): `Left`, a
@@ -784,10 +784,7 @@ impl Inner {
                 call
             }
         };
-        let given_back: i64 = call
-            .run(&mut self.conn.clone())
-            .await
-            .map_err(|e| map_err(&e))?;
+        let given_back: i64 = call.run(&self.conn).await.map_err(|e| map_err(&e))?;
         Ok(given_back == 1)
     }
 
@@ -1048,7 +1045,7 @@ impl Backend for RedisBackend {
                     .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
                 call.arg(life).arg(queue_entry(req));
             }
-            match call.run(&mut inner.conn.clone()).await {
+            match call.run(&inner.conn).await {
                 Ok(answer) => break answer,
                 Err(e) if uncertain(&e) && round < 3 => {
                     tracing::debug!(lock = %req.name, error = %e, "acquire reply lost; retrying with the same nonce");
@@ -1422,7 +1419,7 @@ impl RedisHeld {
                 .arg(&want.nonce)
                 .arg(if offer.last { "1" } else { "0" })
                 .arg(self.nonce.as_str())
-                .run(&mut self.inner.conn.clone())
+                .run(&self.inner.conn)
                 .await;
         match answer {
             Ok((0, fence)) => {
