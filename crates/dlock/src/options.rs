@@ -17,6 +17,10 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Lease used when none is given (as Redisson's watchdog default).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
+/// What no owner may begin with: the names of dlock's own fields in a lock's record
+/// (the Redisson layout keeps the owners' hold counts in the same hash).
+const RESERVED_OWNER_PREFIX: &str = "dlock:";
+
 /// Who holds a lock: an opaque token, random by default.
 ///
 /// Two acquisitions with the same owner are the same holder (reentrancy). Pass an owner
@@ -78,7 +82,10 @@ impl fmt::Display for Owner {
 impl FromStr for Owner {
     type Err = Error;
 
-    /// Accepts 1–128 characters from `[A-Za-z0-9._:-]`.
+    /// Accepts 1–128 characters from `[A-Za-z0-9._:-]`, not beginning with `dlock:`:
+    /// in the Redisson layout an owner is a field of the lock's hash, beside dlock's
+    /// own fields (`dlock:fence`, `dlock:meta`, `dlock:g:…`), and an owner named like
+    /// one of them would read as holding a lock that another owner holds.
     fn from_str(s: &str) -> Result<Self> {
         if s.is_empty() || s.len() > 128 {
             return Err(Error::option(
@@ -93,6 +100,14 @@ impl FromStr for Owner {
             return Err(Error::option(
                 "owner",
                 "an owner token may only contain letters, digits and . _ : -",
+            ));
+        }
+        if s.starts_with(RESERVED_OWNER_PREFIX) {
+            return Err(Error::option(
+                "owner",
+                format!(
+                    "an owner token may not begin with {RESERVED_OWNER_PREFIX:?} (dlock's own fields in a lock's record are named so)"
+                ),
             ));
         }
         Ok(Owner(Arc::from(s)))
@@ -489,6 +504,20 @@ mod tests {
         assert!("".parse::<Owner>().is_err());
         assert!("has space".parse::<Owner>().is_err());
         assert!("x".repeat(129).parse::<Owner>().is_err());
+        // dlock's own fields in a Redisson-layout hash: an owner named like one would
+        // count as holding whatever lock has that field.
+        for reserved in [
+            "dlock:fence",
+            "dlock:meta",
+            "dlock:handoff",
+            "dlock:g:x",
+            "dlock:",
+        ] {
+            assert!(reserved.parse::<Owner>().is_err(), "{reserved}");
+        }
+        assert!("dlock".parse::<Owner>().is_ok());
+        assert!("DLOCK:fence".parse::<Owner>().is_ok());
+        assert!("me:dlock:fence".parse::<Owner>().is_ok());
     }
 
     #[test]
