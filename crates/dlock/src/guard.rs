@@ -118,14 +118,28 @@ impl LockGuard {
     /// Resolves with [`Error::LockLost`] when the lock is lost; pending forever otherwise.
     ///
     /// It fires before the lease can have run out on the server, when a renewal fails
-    /// definitively, or when the backend reports its session gone.
+    /// definitively, or when the backend reports its session gone — and at the latest
+    /// at the local [`LockGuard::deadline`] as it stands then, watched by this future
+    /// itself: it does not depend on the locker's timer task (which runs on the
+    /// runtime that started it, and stops if that runtime shuts down).
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future changes nothing.
     pub fn lost(&self) -> impl Future<Output = Error> + Send + 'static {
         let hold = Arc::clone(&self.hold);
         async move {
-            hold.lost_token().cancelled().await;
+            let token = hold.lost_token().clone();
+            loop {
+                tokio::select! {
+                    () = token.cancelled() => break,
+                    // A renewal moves the deadline: look again.
+                    () = tokio::time::sleep_until(hold.deadline()) => {
+                        if hold.past_deadline() {
+                            break;
+                        }
+                    }
+                }
+            }
             hold.lost_error()
         }
     }

@@ -95,9 +95,16 @@ impl Keepers {
         timers.due.insert(slot, Arc::clone(hold));
         match timers.driver {
             None => {
-                timers.driver = Some(at);
+                // Without a runtime (a timer put back while one shuts down, see
+                // `Rearm`), the next hold scheduled on one starts the driver.
+                let runtime = tokio::runtime::Handle::try_current();
+                if runtime.is_ok() {
+                    timers.driver = Some(at);
+                }
                 drop(timers);
-                tokio::spawn(Arc::clone(self).drive());
+                if let Ok(runtime) = runtime {
+                    runtime.spawn(self.driver());
+                }
             }
             Some(until) if at < until => {
                 timers.driver = Some(at);
@@ -113,13 +120,20 @@ impl Keepers {
         self.timers().due.remove(&slot);
     }
 
-    /// The driver: sleeps until the first slot, hands every due hold to a task of its
-    /// own, and ends after [`DRIVER_LINGER`] with nothing to keep.
-    async fn drive(self: Arc<Self>) {
-        let mut gone = DriverGone {
-            keepers: Arc::clone(&self),
+    /// The driver task's future. Its [`DriverGone`] is made before the first poll: a
+    /// task dropped unpolled (spawned while its runtime shuts down) still marks the
+    /// driver gone.
+    fn driver(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        let gone = DriverGone {
+            keepers: Arc::clone(self),
             armed: true,
         };
+        Arc::clone(self).drive(gone)
+    }
+
+    /// The driver: sleeps until the first slot, hands every due hold to a task of its
+    /// own, and ends after [`DRIVER_LINGER`] with nothing to keep.
+    async fn drive(self: Arc<Self>, mut gone: DriverGone) {
         let mut idle_since: Option<Instant> = None;
         loop {
             let mut due = Vec::new();
@@ -158,6 +172,32 @@ impl Keepers {
                 () = tokio::time::sleep_until(until) => {}
                 () = self.wake.notified() => {}
             }
+        }
+    }
+}
+
+/// Puts a hold back in the timer map when the task serving its timer is dropped
+/// before it rescheduled the hold: its runtime shut down (a [`crate::Locker`] used
+/// from several runtimes runs its timers on the one that started the driver). The
+/// driver took the hold's slot out of the map; without this, nothing would renew the
+/// hold again, nor mark it lost at its deadline. A hold whose `keep` someone else
+/// holds now (an extension, a release) is rescheduled or ended by them; one moved to
+/// another slot meanwhile is already back.
+struct Rearm {
+    hold: Arc<Hold>,
+    slot: Slot,
+    armed: bool,
+}
+
+impl Drop for Rearm {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(mut keep) = self.hold.keep.try_lock()
+            && (keep.slot_seq == 0 || keep.slot_seq == self.slot.1)
+        {
+            self.hold.reschedule(&mut keep);
         }
     }
 }
@@ -472,26 +512,40 @@ impl Hold {
         keep.slot_seq = seq;
     }
 
-    /// A timer of this hold came due (in a task of its own).
-    async fn on_timer(self: Arc<Self>, slot: Slot) {
+    /// A timer of this hold came due: the future of a task of its own, which puts the
+    /// hold back in the timer map if it is dropped before it is done (see [`Rearm`]).
+    fn on_timer(self: Arc<Self>, slot: Slot) -> impl Future<Output = ()> + Send + 'static {
+        let rearm = Rearm {
+            hold: Arc::clone(&self),
+            slot,
+            armed: true,
+        };
+        self.serve_timer(slot, rearm)
+    }
+
+    async fn serve_timer(self: Arc<Self>, slot: Slot, mut rearm: Rearm) {
         let mut keep = self.keep.lock().await;
         if keep.slot_seq != slot.1 {
             // Moved meanwhile (an extension set a new timer).
+            rearm.armed = false;
             return;
         }
         keep.slot_seq = 0;
         if keep.held.is_none() || self.is_lost() || self.released.load(Ordering::SeqCst) {
+            rearm.armed = false;
             return;
         }
         // The deadline before a renewal due at the same moment.
         let now = self.nanos(Instant::now());
         if now >= self.deadline_ns.load(Ordering::SeqCst) {
+            rearm.armed = false;
             self.expire(&mut keep).await;
             return;
         }
         if now >= keep.next_renew {
             let _ = self.renew_once(&mut keep).await;
         }
+        rearm.armed = false;
         self.reschedule(&mut keep);
     }
 
@@ -1083,5 +1137,144 @@ mod tests {
             keepers.timers().driver.is_none(),
             "the driver should have left"
         );
+    }
+
+    /// Renewals that take `delay` to answer, counted.
+    #[derive(Debug)]
+    struct Slow {
+        delay: Duration,
+        renewals: Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    #[async_trait::async_trait]
+    impl HeldLock for Slow {
+        fn fencing_token(&self) -> u64 {
+            1
+        }
+        async fn renew(&self, _ttl: Duration) -> Result<()> {
+            tokio::time::sleep(self.delay).await;
+            self.renewals.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        async fn release(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    /// Keepers whose timer task runs on a runtime of its own (the first hold is taken
+    /// there), returned with that runtime.
+    fn keepers_on_a_runtime_of_their_own() -> (Arc<Keepers>, tokio::runtime::Runtime) {
+        let first = runtime();
+        let keepers = Arc::new(Keepers::default());
+        let plan = plan(Duration::from_secs(30), None, None);
+        let name = LockName::new("first").expect("name");
+        let hold = first
+            .block_on(async { Hold::start(&keepers, Box::new(Idle), name, Owner::random(), plan) });
+        // Kept in the map by its slot; the guard is not needed.
+        drop(hold);
+        assert!(
+            keepers.timers().driver.is_some(),
+            "the driver started there"
+        );
+        (keepers, first)
+    }
+
+    /// A locker used from two runtimes: its timer task runs on the first one that
+    /// started it, and when that runtime shuts down, a hold taken on the other is
+    /// still told of its loss at its deadline (its `lost()` watches the deadline
+    /// itself) instead of reading as not held while `lost()` never fires.
+    #[test]
+    fn a_hold_is_told_of_its_loss_when_the_timer_runtime_is_gone() {
+        let (keepers, first) = keepers_on_a_runtime_of_their_own();
+        let second = runtime();
+        let renewals = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let held = Slow {
+            delay: Duration::ZERO,
+            renewals: Arc::clone(&renewals),
+        };
+        let ttl = Duration::from_millis(400);
+        let guard = second.block_on(async {
+            let name = LockName::new("second").expect("name");
+            let plan = plan(ttl, Some(Duration::from_millis(100)), None);
+            crate::guard::LockGuard::new(Hold::start(
+                &keepers,
+                Box::new(held),
+                name,
+                Owner::random(),
+                plan,
+            ))
+        });
+        // Gone before the first renewal is due.
+        drop(first);
+        let told = second.block_on(async { tokio::time::timeout(ttl * 3, guard.lost()).await });
+        assert!(!guard.is_held());
+        match told {
+            Ok(Error::LockLost { reason, .. }) => assert_eq!(reason, LossReason::LeaseExpired),
+            Ok(other) => panic!("told {other:?}"),
+            Err(_) => panic!(
+                "not held after its deadline, yet lost() never fired ({} renewals)",
+                renewals.load(Ordering::SeqCst)
+            ),
+        }
+    }
+
+    /// A renewal in flight on a runtime that shuts down is not the hold's last: its
+    /// task puts the hold back in the timer map as it is dropped, and the next
+    /// driver (started by the next hold taken anywhere) renews it again.
+    #[test]
+    fn a_renewal_dropped_with_its_runtime_is_put_back() {
+        let (keepers, first) = keepers_on_a_runtime_of_their_own();
+        let second = runtime();
+        let renewals = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let held = Slow {
+            delay: Duration::from_millis(150),
+            renewals: Arc::clone(&renewals),
+        };
+        let guard = second.block_on(async {
+            let name = LockName::new("second").expect("name");
+            let plan = plan(
+                Duration::from_secs(3),
+                Some(Duration::from_millis(100)),
+                None,
+            );
+            crate::guard::LockGuard::new(Hold::start(
+                &keepers,
+                Box::new(held),
+                name,
+                Owner::random(),
+                plan,
+            ))
+        });
+        // The first renewal is due at 100 ms and answers at 250 ms: in flight on the
+        // first runtime when it goes.
+        std::thread::sleep(Duration::from_millis(180));
+        drop(first);
+        assert_eq!(
+            renewals.load(Ordering::SeqCst),
+            0,
+            "the renewal was cut off"
+        );
+        let before = renewals.load(Ordering::SeqCst);
+        second.block_on(async {
+            // Any hold taken now starts a driver here.
+            let name = LockName::new("third").expect("name");
+            let plan = plan(Duration::from_secs(30), None, None);
+            let _third = Hold::start(&keepers, Box::new(Idle), name, Owner::random(), plan);
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+        });
+        let after = renewals.load(Ordering::SeqCst);
+        assert!(
+            after >= before + 2,
+            "renewed {after} times after the first runtime went (before: {before})"
+        );
+        assert!(guard.is_held());
     }
 }
