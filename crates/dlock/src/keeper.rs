@@ -336,8 +336,12 @@ impl Hold {
             (lease_deadline, false)
         };
         let renew_every_ns = renew_every.map_or(NEVER, nanos_of);
-        let next_renew = if renew_every_ns < deadline {
-            renew_every_ns
+        // The first renewal as every later one: at most a third of the lease in, so
+        // that it has the rest to get its answer (an interval just under the TTL
+        // would leave it milliseconds, or none).
+        let first_renew = renew_every.map_or(NEVER, |every| nanos_of(every.min(plan.ttl / 3)));
+        let next_renew = if first_renew < deadline {
+            first_renew
         } else {
             NEVER
         };
@@ -1276,5 +1280,30 @@ mod tests {
             "renewed {after} times after the first runtime went (before: {before})"
         );
         assert!(guard.is_held());
+    }
+
+    /// An interval just under the TTL is no later first renewal than a third of the
+    /// lease, as for every later one: a renewal that takes 100 ms to answer keeps a
+    /// 1 s lease asked to renew every 950 ms.
+    #[tokio::test]
+    async fn the_first_renewal_comes_a_third_of_the_lease_in_at_the_latest() {
+        let renewals = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let held = Slow {
+            delay: Duration::from_millis(100),
+            renewals: Arc::clone(&renewals),
+        };
+        let ttl = Duration::from_secs(1);
+        let hold = start(
+            Box::new(held),
+            plan(ttl, Some(Duration::from_millis(950)), None),
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !hold.is_lost() && !hold.past_deadline(),
+            "lost after {} renewals: {:?}",
+            renewals.load(Ordering::SeqCst),
+            hold.reason()
+        );
+        assert!(renewals.load(Ordering::SeqCst) >= 2);
     }
 }

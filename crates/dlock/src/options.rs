@@ -225,7 +225,9 @@ pub enum Wait {
 pub enum Renewal {
     /// Renew every `ttl / 3` (Redisson's watchdog rhythm).
     Auto,
-    /// Renew at this interval (must be shorter than the TTL).
+    /// Renew at this interval (must be shorter than the TTL), but at least every
+    /// `ttl / 3`: each renewal must leave itself time to get its answer before the
+    /// lease ends.
     Every(Duration),
     /// Never renew: the lease ends `ttl` after acquisition unless `extend` is called.
     Off,
