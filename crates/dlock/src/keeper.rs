@@ -571,6 +571,10 @@ impl Hold {
     async fn renew_once(&self, keep: &mut Keep) -> Result<()> {
         let now = self.nanos(Instant::now());
         let mut ttl = keep.ttl();
+        // Whether this renewal's lease ends with the maximum hold time: the deadline it
+        // sets is then that end (only once it is applied: a failed renewal leaves the
+        // deadline a lease's, and its passing a `LeaseExpired`).
+        let mut capped = false;
         if keep.hold_until != NEVER {
             let left = Duration::from_nanos(keep.hold_until.saturating_sub(now));
             if left < MIN_TTL {
@@ -581,7 +585,7 @@ impl Hold {
             }
             if left < ttl {
                 ttl = left;
-                keep.capped_by_hold = true;
+                capped = true;
             }
         }
         let deadline = self.deadline_ns.load(Ordering::SeqCst);
@@ -607,6 +611,7 @@ impl Hold {
         match outcome {
             Ok(()) => {
                 self.set_deadline(keep, asked);
+                keep.capped_by_hold |= capped;
                 keep.next_renew = keep.renew_every().map_or(NEVER, |every| {
                     now.saturating_add(nanos_of(every.min(ttl / 3)))
                 });
@@ -1305,5 +1310,24 @@ mod tests {
             hold.reason()
         );
         assert!(renewals.load(Ordering::SeqCst) >= 2);
+    }
+
+    /// A lease that runs out because its renewals failed is lost as `LeaseExpired`,
+    /// even when the renewals that failed would have been cut to the maximum hold
+    /// time: only an applied renewal makes the deadline the maximum hold's.
+    #[tokio::test]
+    async fn a_lease_whose_renewals_failed_expires_as_a_lease() {
+        let ttl = Duration::from_millis(600);
+        let hold = start(
+            Box::new(Unanswered),
+            plan(
+                ttl,
+                Some(Duration::from_millis(200)),
+                Some(Duration::from_secs(1)),
+            ),
+        );
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(hold.is_lost());
+        assert_eq!(hold.reason(), Some(LossReason::LeaseExpired));
     }
 }
