@@ -249,10 +249,12 @@ fn ser_opt_ms<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok,
 pub struct AcquisitionId(u64);
 
 impl AcquisitionId {
-    /// A fresh id: 64 random bits (never zero).
+    /// A fresh id: 64 random bits (never zero), the operating system's (an id is
+    /// shared with other processes through a backend's entries, and one drawn twice —
+    /// in a process and its forked child — would make two acquisitions one).
     #[must_use]
     pub fn new() -> Self {
-        AcquisitionId(fastrand::u64(1..))
+        AcquisitionId(u64::from_le_bytes(crate::random::bytes::<8>()).max(1))
     }
 
     /// The id as a number.

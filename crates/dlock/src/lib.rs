@@ -81,6 +81,7 @@ mod options;
 mod owner_waits;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod queue;
+mod random;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]

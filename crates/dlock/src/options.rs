@@ -31,30 +31,15 @@ const RESERVED_OWNER_PREFIX: &str = "dlock:";
 pub struct Owner(Arc<str>);
 
 impl Owner {
-    /// A fresh owner: 128 bits from the operating system's RNG, as 32 hex digits.
-    /// (The bits are fetched 4 KiB at a time per thread: one system call per 256 owners.)
+    /// A fresh owner: 128 bits from the operating system's RNG, as 32 hex digits
+    /// (never the bits of another owner of this process, nor of the process it was
+    /// forked from).
     ///
     /// # Panics
     /// If the operating system has no usable random source (never on supported systems).
     #[must_use]
     pub fn random() -> Self {
-        use std::cell::RefCell;
-        thread_local! {
-            static POOL: RefCell<(Vec<u8>, usize)> = const { RefCell::new((Vec::new(), 0)) };
-        }
-        let mut bytes = [0u8; 16];
-        POOL.with_borrow_mut(|(pool, used)| {
-            if *used + 16 > pool.len() {
-                pool.resize(4096, 0);
-                #[allow(clippy::expect_used)]
-                getrandom::fill(pool).expect("the OS random number generator failed");
-                *used = 0;
-            }
-            bytes.copy_from_slice(&pool[*used..*used + 16]);
-            // Never hand out the same bits twice.
-            pool[*used..*used + 16].fill(0);
-            *used += 16;
-        });
+        let bytes = crate::random::bytes::<16>();
         Owner(Arc::from(
             crate::hex::ascii(&crate::hex::encode_16(&bytes)).as_ref(),
         ))

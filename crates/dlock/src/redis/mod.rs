@@ -926,8 +926,8 @@ impl Backend for RedisBackend {
         // A nonce per attempt: if the connection drops after the server ran the script
         // but before its reply arrived, the retry finds this attempt's grant instead of
         // leaving it orphaned (or taking a second hold).
-        // Unique per attempt is all it needs: no OS randomness on the hot path.
-        let fresh = crate::hex::encode_16(&fastrand::u128(..).to_be_bytes());
+        // Unique per attempt, across processes too (a forked child included).
+        let fresh = crate::hex::encode_16(&crate::random::bytes::<16>());
         let mut nonce = crate::hex::ascii(&fresh);
         let stored = |nonce: &str| {
             if inner.layout == Layout::Redisson {

@@ -430,7 +430,7 @@ impl Inner {
         let owner = req.owner.as_str();
         // Each round's grants carry a nonce of their own in their metadata: release and
         // renewal act on this grant only, never on another task's grant of one owner.
-        let nonce = crate::hex::u128_32(fastrand::u128(..));
+        let nonce = crate::hex::u128_32(u128::from_be_bytes(crate::random::bytes::<16>()));
         let metadata = crate::redis::StoredMetadata {
             metadata: &req.metadata,
             nonce: &nonce,

@@ -381,7 +381,9 @@ fn contenders(mut children: Vec<String>) -> Vec<String> {
 
 /// A fresh uuid in the usual 8-4-4-4-12 form (version 4 bits set).
 fn uuid() -> String {
-    let r = fastrand::u128(..);
+    // Unique across processes too (a forked child included): a node name made with
+    // another's uuid would be taken for that process's own after a reconnection.
+    let r = u128::from_be_bytes(crate::random::bytes::<16>());
     let hex = crate::hex::u128_32(r);
     format!(
         "{}-{}-4{}-{}-{}",
