@@ -118,30 +118,16 @@ impl LockGuard {
     /// Resolves with [`Error::LockLost`] when the lock is lost; pending forever otherwise.
     ///
     /// It fires before the lease can have run out on the server, when a renewal fails
-    /// definitively, or when the backend reports its session gone — and at the latest
-    /// at the local [`LockGuard::deadline`] as it stands then, watched by this future
-    /// itself: it does not depend on the locker's timer task (which runs on the
-    /// runtime that started it, and stops if that runtime shuts down).
+    /// definitively, or when the backend reports its session gone — at the latest at
+    /// the local [`LockGuard::deadline`] as it stands then, which this future watches
+    /// itself: it does not depend on the locker's timer task (which runs on the runtime
+    /// that started it, and stops if that runtime shuts down). Poll it on a Tokio
+    /// runtime with its timer, as every dlock future.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future changes nothing.
     pub fn lost(&self) -> impl Future<Output = Error> + Send + 'static {
-        let hold = Arc::clone(&self.hold);
-        async move {
-            let token = hold.lost_token().clone();
-            loop {
-                tokio::select! {
-                    () = token.cancelled() => break,
-                    // A renewal moves the deadline: look again.
-                    () = tokio::time::sleep_until(hold.deadline()) => {
-                        if hold.past_deadline() {
-                            break;
-                        }
-                    }
-                }
-            }
-            hold.lost_error()
-        }
+        Arc::clone(&self.hold).watch_loss()
     }
 
     /// A token cancelled when the lock is lost (a child token: cancelling it yourself

@@ -30,6 +30,13 @@ use crate::telemetry::Meters;
 /// How long the keeper waits for a best-effort release after a loss.
 const LOST_RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a [`Hold::watch_loss`] that saw the deadline pass waits for whoever works
+/// on the hold (a renewal answering right at it) before it marks the loss without them.
+const EXPIRE_WAIT: Duration = Duration::from_millis(250);
+
+/// How often a [`Hold::watch_loss`] looks again while the expiry it started runs.
+const EXPIRE_POLL: Duration = Duration::from_millis(10);
+
 /// How long the driver task stays after the last held lock is gone (so a locker that
 /// takes and releases locks in a loop does not start one per lock).
 const DRIVER_LINGER: Duration = Duration::from_secs(5);
@@ -197,6 +204,17 @@ impl Drop for Rearm {
         if let Ok(mut keep) = self.hold.keep.try_lock()
             && (keep.slot_seq == 0 || keep.slot_seq == self.slot.1)
         {
+            // A renewal cut off here is tried again as a failed one is, not at once
+            // (a task dropped because its renewal panicked must not spin).
+            if keep.next_renew != NEVER {
+                let retry =
+                    (keep.ttl() / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                let soonest = self
+                    .hold
+                    .nanos(Instant::now())
+                    .saturating_add(nanos_of(retry));
+                keep.next_renew = keep.next_renew.max(soonest);
+            }
             self.hold.reschedule(&mut keep);
         }
     }
@@ -476,6 +494,61 @@ impl Hold {
         token
     }
 
+    /// Resolves when the hold is lost (what [`crate::LockGuard::lost`] awaits): its
+    /// loss marked, by whoever sees it first. A deadline that passes is normally marked
+    /// by the timer as it comes; in case the timer's task cannot run (its runtime shut
+    /// down: see [`Rearm`]), it is expired from here too, in a task on this runtime,
+    /// after whoever works on the hold now (a renewal answering right at the deadline
+    /// moves it instead) — waited for at most [`EXPIRE_WAIT`]. A released hold is not
+    /// lost: only a loss marked (by its release) ends the wait then.
+    pub(crate) async fn watch_loss(self: Arc<Self>) -> Error {
+        let token = self.lost_token().clone();
+        // The deadline an expiry was started for.
+        let mut expiring = None;
+        loop {
+            let deadline = self.deadline_ns.load(Ordering::SeqCst);
+            let wake = if expiring == Some(deadline) {
+                Instant::now() + EXPIRE_POLL
+            } else {
+                self.instant(deadline)
+            };
+            tokio::select! {
+                () = token.cancelled() => return self.lost_error(),
+                () = tokio::time::sleep_until(wake) => {}
+            }
+            if self.released.load(Ordering::SeqCst) {
+                token.cancelled().await;
+                return self.lost_error();
+            }
+            let deadline = self.deadline_ns.load(Ordering::SeqCst);
+            if self.past_deadline() && expiring != Some(deadline) {
+                expiring = Some(deadline);
+                tokio::spawn(Arc::clone(&self).expire_if_due());
+            }
+        }
+    }
+
+    /// Expire the hold if its deadline passed and nobody did ([`Hold::watch_loss`]).
+    async fn expire_if_due(self: Arc<Self>) {
+        let due = |hold: &Self| {
+            !hold.released.load(Ordering::SeqCst) && !hold.is_lost() && hold.past_deadline()
+        };
+        match tokio::time::timeout(EXPIRE_WAIT, self.keep.lock()).await {
+            Ok(mut keep) => {
+                if due(&self) {
+                    self.expire(&mut keep).await;
+                }
+            }
+            // Whoever works on the hold is not done (its task does not run): the loss
+            // is told without them; its release gives the lock back.
+            Err(_) => {
+                if due(&self) {
+                    self.mark_lost(LossReason::LeaseExpired);
+                }
+            }
+        }
+    }
+
     /// The loss's state, made on first demand.
     fn loss(&self) -> &Loss {
         self.loss.get_or_init(Box::default)
@@ -611,7 +684,7 @@ impl Hold {
         match outcome {
             Ok(()) => {
                 self.set_deadline(keep, asked);
-                keep.capped_by_hold |= capped;
+                keep.capped_by_hold = capped;
                 keep.next_renew = keep.renew_every().map_or(NEVER, |every| {
                     now.saturating_add(nanos_of(every.min(ttl / 3)))
                 });
@@ -700,8 +773,13 @@ impl Hold {
     /// grant or extension, the renewal interval (`None`: off; for a hold whose renewals
     /// prove its session alive, at most [`HeldLock::prove_alive_every`]), and the end
     /// of the maximum hold time, if any.
-    pub(crate) async fn keeping(&self) -> (Duration, Option<Duration>, Option<Instant>) {
-        let keep = self.keep.lock().await;
+    pub(crate) async fn keeping(self: &Arc<Self>) -> (Duration, Option<Duration>, Option<Instant>) {
+        let mut keep = self.keep.lock().await;
+        if keep.slot_seq == 0 {
+            // A timer's task dropped while this waited for the hold could not put it
+            // back ([`Rearm`] found it taken): do it here.
+            self.reschedule(&mut keep);
+        }
         let hold_until = (keep.hold_until != NEVER).then(|| self.instant(keep.hold_until));
         (keep.ttl(), keep.renew_every(), hold_until)
     }
@@ -1225,6 +1303,9 @@ mod tests {
         drop(first);
         let told = second.block_on(async { tokio::time::timeout(ttl * 3, guard.lost()).await });
         assert!(!guard.is_held());
+        // Marked, not only answered: the tokens handed out fire too.
+        assert!(guard.lost_token().is_cancelled());
+        assert_eq!(guard.loss_reason(), Some(LossReason::LeaseExpired));
         match told {
             Ok(Error::LockLost { reason, .. }) => assert_eq!(reason, LossReason::LeaseExpired),
             Ok(other) => panic!("told {other:?}"),
@@ -1329,5 +1410,18 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(900)).await;
         assert!(hold.is_lost());
         assert_eq!(hold.reason(), Some(LossReason::LeaseExpired));
+    }
+
+    /// A released guard's `lost()` stays pending past the deadline its hold had: a
+    /// release is no loss (a leader that stepped down is not told it lost).
+    #[tokio::test]
+    async fn a_released_holds_lost_stays_pending() {
+        let ttl = Duration::from_millis(300);
+        let hold = start(Box::new(Idle), plan(ttl, Some(ttl / 3), None));
+        let guard = crate::guard::LockGuard::new(hold);
+        let lost = guard.lost();
+        guard.release().await.expect("release");
+        let told = tokio::time::timeout(ttl * 2, lost).await;
+        assert!(told.is_err(), "told {told:?}");
     }
 }
