@@ -42,7 +42,8 @@ thread_local! {
 pub(crate) fn bytes<const N: usize>() -> [u8; N] {
     const { assert!(N <= POOL_BYTES) };
     let mut out = [0u8; N];
-    POOL.with_borrow_mut(|pool| {
+    let pooled = POOL.try_with(|pool| {
+        let mut pool = pool.borrow_mut();
         let forks = FORKS.load(Ordering::SeqCst);
         if pool.used + N > pool.bytes.len() || pool.forks != forks {
             count_forks();
@@ -53,31 +54,41 @@ pub(crate) fn bytes<const N: usize>() -> [u8; N] {
             getrandom::fill(&mut pool.bytes).expect("the OS random number generator failed");
             pool.used = 0;
         }
-        let drawn = &mut pool.bytes[pool.used..pool.used + N];
+        let used = pool.used;
+        let drawn = &mut pool.bytes[used..used + N];
         out.copy_from_slice(drawn);
         // Never hand out the same bits twice.
         drawn.fill(0);
         pool.used += N;
     });
+    if pooled.is_err() {
+        // The thread is exiting (its pool is gone): straight from the OS.
+        #[allow(clippy::expect_used)]
+        getrandom::fill(&mut out).expect("the OS random number generator failed");
+    }
     out
 }
 
-/// Registers the fork counter, once per process (before any pool is filled).
+/// Registers the fork counter (before any pool is filled). Not behind a `Once`: a
+/// child forked while another thread ran it would wait on it forever. Threads that
+/// race here may each register it; a fork then counts more than once, which only
+/// refills the child's pools as it must anyway.
 fn count_forks() {
     #[cfg(unix)]
     {
-        static REGISTERED: std::sync::Once = std::sync::Once::new();
+        use std::sync::atomic::AtomicBool;
+        static REGISTERED: AtomicBool = AtomicBool::new(false);
         extern "C" fn forked() {
             // In the child, before it returns from fork: async-signal-safe.
             FORKS.fetch_add(1, Ordering::SeqCst);
         }
-        REGISTERED.call_once(|| {
+        if !REGISTERED.load(Ordering::SeqCst) {
             // SAFETY: registers a handler that only increments an atomic; the handler
             // stays valid for the life of the process (a plain function).
-            unsafe {
-                libc::pthread_atfork(None, None, Some(forked));
-            }
-        });
+            let r = unsafe { libc::pthread_atfork(None, None, Some(forked)) };
+            // A failed registration (no memory) is tried again at the next fill.
+            REGISTERED.store(r == 0, Ordering::SeqCst);
+        }
     }
 }
 
@@ -104,18 +115,20 @@ mod tests {
         let _ = bytes::<16>();
         let mut fds = [0; 2];
         // SAFETY: a pipe into a valid array of two descriptors.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         // SAFETY: both descriptors are ours from here on.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         // SAFETY: the child draws (the pool, maybe the OS's randomness and malloc,
         // which glibc keeps usable after a fork), writes to the pipe and _exits.
         match unsafe { libc::fork() } {
             0 => {
-                let drawn = bytes::<16>();
-                let mut w = std::fs::File::from(write);
-                let code = i32::from(w.write_all(&drawn).is_err());
+                // Nothing may unwind into the copy of the test harness.
+                let wrote = std::panic::catch_unwind(move || {
+                    let drawn = bytes::<16>();
+                    std::fs::File::from(write).write_all(&drawn).is_ok()
+                });
                 // SAFETY: ends the child without running the parent's exit handlers.
-                unsafe { libc::_exit(code) }
+                unsafe { libc::_exit(i32::from(!matches!(wrote, Ok(true)))) }
             }
             pid => {
                 assert!(pid > 0, "fork failed");
