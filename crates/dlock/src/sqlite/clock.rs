@@ -9,12 +9,28 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The kernel's boot id (`unknown-boot` where the system has none).
+/// Where the kernel tells its boot id.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// The kernel's boot id (`unknown-boot`, with a warning once per process, where it
+/// cannot be read: see the module's docs on what that costs).
 pub(super) fn read_boot_id() -> Arc<str> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "unknown-boot".to_owned())
-        .into()
+    match std::fs::read_to_string(BOOT_ID) {
+        Ok(id) => id.trim().into(),
+        Err(e) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    path = BOOT_ID,
+                    error = %e,
+                    "cannot read the boot id: other processes' leases on this SQLite file \
+                     are judged by the wall clock, and leases left by a crash may count as \
+                     live after a reboot (see the sqlite module's docs)"
+                );
+            });
+            "unknown-boot".into()
+        }
+    }
 }
 
 /// The clock leases are kept on: the one `std::time::Instant` reads on Linux.

@@ -31,6 +31,12 @@
 //! (tokio's `Instant`): both stop during a suspend, so a lease never ends on one clock
 //! while the holder's deadline still lies ahead on the other. A row written under
 //! another boot id (the machine rebooted) is judged by its wall-clock expiry instead.
+//! A process that cannot read the boot id (`/proc/sys/kernel/random/boot_id`, hidden
+//! e.g. by systemd's `ProcSubset=pid`) logs a warning and writes `unknown-boot`: the
+//! processes that can read it judge its rows by the wall clock (a step of it forward
+//! may end such a lease early, before its holder's deadline), and it theirs; and rows
+//! such processes leave in a crash count as live after a reboot for up to the last
+//! boot's uptime (`dlock break` frees them). Give every process on the file the boot id.
 //!
 //! # Writes
 //! An unfair acquisition and a release are one autocommitted statement each; fair
@@ -197,6 +203,11 @@ enum Op<'a> {
     LeaveShared {
         req: &'a AcquireRequest,
     },
+    /// `dlock break`: free `name` if its holder still has `fence`.
+    Break {
+        name: &'a str,
+        fence: i64,
+    },
 }
 
 /// What an operation returned.
@@ -204,6 +215,8 @@ enum Op<'a> {
 enum Done {
     Nothing,
     Acquired(Outcome),
+    /// Whether a break found the hold it was asked to free.
+    Broke(bool),
 }
 
 impl Op<'_> {
@@ -213,7 +226,10 @@ impl Op<'_> {
         match self {
             Op::Schema | Op::Collect | Op::LeaveQueue { .. } | Op::AcquireShared { .. } => true,
             Op::Acquire { req, .. } => req.fair,
-            Op::Release { .. } | Op::ReleaseShared { .. } | Op::LeaveShared { .. } => false,
+            Op::Release { .. }
+            | Op::ReleaseShared { .. }
+            | Op::LeaveShared { .. }
+            | Op::Break { .. } => false,
         }
     }
 
@@ -266,6 +282,9 @@ impl Op<'_> {
             Op::LeaveShared { req } => {
                 shared::leave(conn, req).await?;
                 Done::Nothing
+            }
+            Op::Break { name, fence } => {
+                Done::Broke(statements::break_hold(conn, name, *fence).await?)
             }
         })
     }
@@ -734,10 +753,13 @@ impl Backend for SqliteBackend {
 
     async fn break_lock(&self, name: &LockName, fence: u64) -> Result<bool> {
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
-        let mut conn = self.inner.writer.acquire().await.map_err(|e| db_err(&e))?;
-        let broke = statements::break_hold(&mut conn, name.as_str(), fence)
-            .await
-            .map_err(|e| db_err(&e))?;
+        // Through `run`, which waits out another process's write (the writer's own busy
+        // timeout is 0): `dlock break` must not fail because the file is busy.
+        let op = Op::Break {
+            name: name.as_str(),
+            fence,
+        };
+        let broke = matches!(self.inner.run(op).await?, Done::Broke(true));
         if broke {
             self.inner.released(name);
         }
@@ -1022,6 +1044,39 @@ mod tests {
             Attempt::Acquired(h) => h,
             Attempt::Busy { .. } => panic!("{name} busy"),
         }
+    }
+
+    /// `dlock break` waits out another process's write, as every other write does:
+    /// the writer's own busy timeout is 0, and a break that found the file busy failed.
+    #[tokio::test]
+    async fn a_break_waits_out_another_writer() {
+        use sqlx::ConnectOptions;
+        let dir = tempfile::tempdir().expect("dir");
+        let b = open_in(&dir, "b.db").await;
+        let held = grant(&b, "n").await;
+        let fence = held.fencing_token();
+        // Another process's write transaction, committed 200 ms later.
+        let mut other = SqliteConnectOptions::new()
+            .filename(dir.path().join("b.db"))
+            .connect()
+            .await
+            .expect("another connection");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .expect("begin");
+        let commit = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            sqlx::query("COMMIT")
+                .execute(&mut other)
+                .await
+                .expect("commit");
+        });
+        let name = LockName::new("n").expect("name");
+        let broke = b.break_lock(&name, fence).await;
+        assert!(matches!(broke, Ok(true)), "{broke:?}");
+        commit.await.expect("committed");
+        assert!(b.inspect(&name).await.expect("inspect").is_none());
     }
 
     /// The open's one read tells a missing schema whatever is missing: a table its
