@@ -285,6 +285,9 @@ struct Loss {
     reason: OnceLock<LossReason>,
     /// Cancelled when the hold is lost.
     token: CancellationToken,
+    /// The deadline (nanoseconds after the hold's base) a [`Hold::watch_loss`] last
+    /// started an expiry for: one per deadline, however many watchers poll.
+    expiring: AtomicU64,
 }
 
 /// "No such instant" (no renewal due, no maximum hold time) in a hold's nanoseconds;
@@ -503,11 +506,10 @@ impl Hold {
     /// lost: only a loss marked (by its release) ends the wait then.
     pub(crate) async fn watch_loss(self: Arc<Self>) -> Error {
         let token = self.lost_token().clone();
-        // The deadline an expiry was started for.
-        let mut expiring = None;
+        let expiring = &self.loss().expiring;
         loop {
             let deadline = self.deadline_ns.load(Ordering::SeqCst);
-            let wake = if expiring == Some(deadline) {
+            let wake = if expiring.load(Ordering::SeqCst) == deadline {
                 Instant::now() + EXPIRE_POLL
             } else {
                 self.instant(deadline)
@@ -521,8 +523,13 @@ impl Hold {
                 return self.lost_error();
             }
             let deadline = self.deadline_ns.load(Ordering::SeqCst);
-            if self.past_deadline() && expiring != Some(deadline) {
-                expiring = Some(deadline);
+            let last = expiring.load(Ordering::SeqCst);
+            if self.past_deadline()
+                && last != deadline
+                && expiring
+                    .compare_exchange(last, deadline, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            {
                 tokio::spawn(Arc::clone(&self).expire_if_due());
             }
         }
@@ -537,13 +544,17 @@ impl Hold {
             Ok(mut keep) => {
                 if due(&self) {
                     self.expire(&mut keep).await;
+                    // Out of the timer map (its driver may be gone).
+                    self.reschedule(&mut keep);
                 }
             }
             // Whoever works on the hold is not done (its task does not run): the loss
-            // is told without them; its release gives the lock back.
+            // is told without them, then given back once they are.
             Err(_) => {
-                if due(&self) {
-                    self.mark_lost(LossReason::LeaseExpired);
+                if due(&self) && self.mark_lost(LossReason::LeaseExpired) {
+                    let mut keep = self.keep.lock().await;
+                    Self::release_after_loss(&mut keep).await;
+                    self.reschedule(&mut keep);
                 }
             }
         }
