@@ -188,8 +188,8 @@ impl Keepers {
 /// from several runtimes runs its timers on the one that started the driver). The
 /// driver took the hold's slot out of the map; without this, nothing would renew the
 /// hold again, nor mark it lost at its deadline. A hold whose `keep` someone else
-/// holds now (an extension, a release) is rescheduled or ended by them; one moved to
-/// another slot meanwhile is already back.
+/// holds now is rescheduled by them (every holder of `keep` reschedules before it
+/// lets go); one moved to another slot meanwhile is already back.
 struct Rearm {
     hold: Arc<Hold>,
     slot: Slot,
@@ -207,12 +207,10 @@ impl Drop for Rearm {
             // A renewal cut off here is tried again as a failed one is, not at once
             // (a task dropped because its renewal panicked must not spin).
             if keep.next_renew != NEVER {
-                let retry =
-                    (keep.ttl() / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
                 let soonest = self
                     .hold
                     .nanos(Instant::now())
-                    .saturating_add(nanos_of(retry));
+                    .saturating_add(nanos_of(keep.retry_after()));
                 keep.next_renew = keep.next_renew.max(soonest);
             }
             self.hold.reschedule(&mut keep);
@@ -316,6 +314,11 @@ struct Keep {
 impl Keep {
     fn ttl(&self) -> Duration {
         Duration::from_nanos(self.ttl_ns)
+    }
+
+    /// How soon a renewal that failed (or was cut off) is tried again.
+    fn retry_after(&self) -> Duration {
+        (self.ttl() / 10).clamp(Duration::from_millis(5), Duration::from_secs(1))
     }
 
     fn renew_every(&self) -> Option<Duration> {
@@ -544,9 +547,10 @@ impl Hold {
             Ok(mut keep) => {
                 if due(&self) {
                     self.expire(&mut keep).await;
-                    // Out of the timer map (its driver may be gone).
-                    self.reschedule(&mut keep);
                 }
+                // Out of the timer map if expired (its driver may be gone); back in it
+                // if a timer's task dropped meanwhile could not put it back ([`Rearm`]).
+                self.reschedule(&mut keep);
             }
             // Whoever works on the hold is not done (its task does not run): the loss
             // is told without them, then given back once they are.
@@ -613,26 +617,21 @@ impl Hold {
 
     async fn serve_timer(self: Arc<Self>, slot: Slot, mut rearm: Rearm) {
         let mut keep = self.keep.lock().await;
-        if keep.slot_seq != slot.1 {
-            // Moved meanwhile (an extension set a new timer).
-            rearm.armed = false;
-            return;
+        // Not moved meanwhile (an extension sets a new timer), and still to keep.
+        if keep.slot_seq == slot.1 {
+            keep.slot_seq = 0;
+            if keep.held.is_some() && !self.is_lost() && !self.released.load(Ordering::SeqCst) {
+                // The deadline before a renewal due at the same moment.
+                let now = self.nanos(Instant::now());
+                if now >= self.deadline_ns.load(Ordering::SeqCst) {
+                    self.expire(&mut keep).await;
+                } else if now >= keep.next_renew {
+                    let _ = self.renew_once(&mut keep).await;
+                }
+            }
         }
-        keep.slot_seq = 0;
-        if keep.held.is_none() || self.is_lost() || self.released.load(Ordering::SeqCst) {
-            rearm.armed = false;
-            return;
-        }
-        // The deadline before a renewal due at the same moment.
-        let now = self.nanos(Instant::now());
-        if now >= self.deadline_ns.load(Ordering::SeqCst) {
-            rearm.armed = false;
-            self.expire(&mut keep).await;
-            return;
-        }
-        if now >= keep.next_renew {
-            let _ = self.renew_once(&mut keep).await;
-        }
+        // Whatever was found, the hold leaves with the slot it needs, if any: every
+        // holder of `keep` reschedules before it lets go (see [`Rearm`]).
         rearm.armed = false;
         self.reschedule(&mut keep);
     }
@@ -725,9 +724,9 @@ impl Hold {
                     self.set_deadline(keep, asked);
                 }
                 tracing::debug!(lock = %self.name, error = %e, "renewal failed; retrying");
-                let retry =
-                    (keep.ttl() / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                keep.next_renew = self.nanos(Instant::now()).saturating_add(nanos_of(retry));
+                keep.next_renew = self
+                    .nanos(Instant::now())
+                    .saturating_add(nanos_of(keep.retry_after()));
                 Err(e)
             }
         }
@@ -786,11 +785,9 @@ impl Hold {
     /// of the maximum hold time, if any.
     pub(crate) async fn keeping(self: &Arc<Self>) -> (Duration, Option<Duration>, Option<Instant>) {
         let mut keep = self.keep.lock().await;
-        if keep.slot_seq == 0 {
-            // A timer's task dropped while this waited for the hold could not put it
-            // back ([`Rearm`] found it taken): do it here.
-            self.reschedule(&mut keep);
-        }
+        // A timer's task dropped while this held the hold could not put it back
+        // ([`Rearm`] found it taken): whoever holds it does.
+        self.reschedule(&mut keep);
         let hold_until = (keep.hold_until != NEVER).then(|| self.instant(keep.hold_until));
         (keep.ttl(), keep.renew_every(), hold_until)
     }
@@ -856,15 +853,21 @@ fn session_gone() -> LossReason {
 mod tests {
     use super::*;
 
-    #[derive(Debug)]
-    struct Idle;
+    /// Renewals that take `delay` to answer (none by default), counted.
+    #[derive(Debug, Default)]
+    struct Slow {
+        delay: Duration,
+        renewals: Arc<std::sync::atomic::AtomicU32>,
+    }
 
     #[async_trait::async_trait]
-    impl HeldLock for Idle {
+    impl HeldLock for Slow {
         fn fencing_token(&self) -> u64 {
             1
         }
         async fn renew(&self, _ttl: Duration) -> Result<()> {
+            tokio::time::sleep(self.delay).await;
+            self.renewals.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
         async fn release(&self) -> Result<()> {
@@ -1142,7 +1145,7 @@ mod tests {
         let ttl = Duration::from_secs(30);
         let max = Some(Duration::from_millis(300));
         for every in [None, Some(Duration::from_secs(10))] {
-            let hold = start(Box::new(Idle), plan(ttl, every, max));
+            let hold = start(Box::new(Slow::default()), plan(ttl, every, max));
             tokio::time::sleep(Duration::from_millis(250)).await;
             assert!(!hold.is_lost(), "lost before the max hold time");
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1153,7 +1156,7 @@ mod tests {
             assert_eq!(hold.reason(), Some(LossReason::MaxHoldTime));
         }
         let hold = start(
-            Box::new(Idle),
+            Box::new(Slow::default()),
             plan(
                 Duration::from_secs(3),
                 Some(Duration::from_secs(1)),
@@ -1219,7 +1222,13 @@ mod tests {
         let holds: Vec<_> = (0..3)
             .map(|i| {
                 let name = LockName::new(&format!("k{i}")).expect("name");
-                Hold::start(&keepers, Box::new(Idle), name, Owner::random(), plan)
+                Hold::start(
+                    &keepers,
+                    Box::new(Slow::default()),
+                    name,
+                    Owner::random(),
+                    plan,
+                )
             })
             .collect();
         assert_eq!(keepers.timers().due.len(), 3);
@@ -1237,28 +1246,6 @@ mod tests {
         );
     }
 
-    /// Renewals that take `delay` to answer, counted.
-    #[derive(Debug)]
-    struct Slow {
-        delay: Duration,
-        renewals: Arc<std::sync::atomic::AtomicU32>,
-    }
-
-    #[async_trait::async_trait]
-    impl HeldLock for Slow {
-        fn fencing_token(&self) -> u64 {
-            1
-        }
-        async fn renew(&self, _ttl: Duration) -> Result<()> {
-            tokio::time::sleep(self.delay).await;
-            self.renewals.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-        async fn release(&self) -> Result<()> {
-            Ok(())
-        }
-    }
-
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -1274,8 +1261,15 @@ mod tests {
         let keepers = Arc::new(Keepers::default());
         let plan = plan(Duration::from_secs(30), None, None);
         let name = LockName::new("first").expect("name");
-        let hold = first
-            .block_on(async { Hold::start(&keepers, Box::new(Idle), name, Owner::random(), plan) });
+        let hold = first.block_on(async {
+            Hold::start(
+                &keepers,
+                Box::new(Slow::default()),
+                name,
+                Owner::random(),
+                plan,
+            )
+        });
         // Kept in the map by its slot; the guard is not needed.
         drop(hold);
         assert!(
@@ -1368,7 +1362,13 @@ mod tests {
             // Any hold taken now starts a driver here.
             let name = LockName::new("third").expect("name");
             let plan = plan(Duration::from_secs(30), None, None);
-            let _third = Hold::start(&keepers, Box::new(Idle), name, Owner::random(), plan);
+            let _third = Hold::start(
+                &keepers,
+                Box::new(Slow::default()),
+                name,
+                Owner::random(),
+                plan,
+            );
             tokio::time::sleep(Duration::from_millis(1200)).await;
         });
         let after = renewals.load(Ordering::SeqCst);
@@ -1428,7 +1428,7 @@ mod tests {
     #[tokio::test]
     async fn a_released_holds_lost_stays_pending() {
         let ttl = Duration::from_millis(300);
-        let hold = start(Box::new(Idle), plan(ttl, Some(ttl / 3), None));
+        let hold = start(Box::new(Slow::default()), plan(ttl, Some(ttl / 3), None));
         let guard = crate::guard::LockGuard::new(hold);
         let lost = guard.lost();
         guard.release().await.expect("release");
