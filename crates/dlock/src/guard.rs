@@ -76,8 +76,13 @@ impl LockGuard {
     /// Whether the lock is still believed held: not released, not lost, and its local
     /// deadline not passed (also when the keeper has not yet got round to marking it
     /// lost).
+    ///
+    /// Called on a Tokio runtime, it also starts the locker's renewals there again
+    /// if they stopped with the runtime that ran them (a [`crate::Locker`] used from
+    /// several runtimes), as [`LockGuard::lost`] does.
     #[must_use]
     pub fn is_held(&self) -> bool {
+        self.hold.revive();
         !self.released && !self.hold.is_lost() && !self.hold.past_deadline()
     }
 
@@ -121,8 +126,9 @@ impl LockGuard {
     /// definitively, or when the backend reports its session gone — at the latest at
     /// the local [`LockGuard::deadline`] as it stands then, which this future watches
     /// itself: it does not depend on the locker's timer task (which runs on the runtime
-    /// that started it, and stops if that runtime shuts down). Poll it on a Tokio
-    /// runtime with its timer, as every dlock future.
+    /// that started it, and stops if that runtime shuts down; polling this future
+    /// starts it again on the runtime polling it, and renewals go on). Poll it on a
+    /// Tokio runtime with its timer, as every dlock future.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future changes nothing.
@@ -147,12 +153,18 @@ impl LockGuard {
         }
     }
 
-    /// Renew the lease now, for `ttl`; later automatic renewals use `ttl` too.
+    /// Renew the lease now, for `ttl`; later automatic renewals use `ttl` too (with
+    /// [`crate::Renewal::Auto`] they come every third of it; an interval given with
+    /// [`crate::Renewal::Every`] stays, at most a third of `ttl`).
     ///
     /// This guard's deadline (and [`LockGuard::lost`]) follows `ttl`, shorter or
     /// longer. The lease on the server is never shortened: another hold of the same
     /// owner may rely on it. A shorter `ttl` ends this hold sooner; the lock itself is
-    /// freed by its release.
+    /// freed by its release. With a maximum hold time the lease ends with it at the
+    /// latest: the extension is cut to what is left of it, and when less than
+    /// [`crate::MIN_TTL`] is left, nothing is sent and this returns `Ok` — the hold
+    /// ends at its maximum, as [`LockGuard::lost`] then tells
+    /// ([`crate::LossReason::MaxHoldTime`]).
     ///
     /// # Errors
     /// [`Error::LockLost`] when the lock is gone; [`Error::InvalidOption`] for a TTL

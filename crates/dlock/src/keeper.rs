@@ -49,6 +49,9 @@ type Slot = (Instant, u64);
 pub(crate) struct KeeperPlan {
     pub ttl: Duration,
     pub renew_every: Option<Duration>,
+    /// `renew_every` is [`crate::Renewal::Auto`]'s (a third of the TTL): an extension
+    /// to another TTL renews at a third of that one. Any other interval stays.
+    pub renew_auto: bool,
     pub max_hold: Option<Duration>,
     /// When the acquire request was sent (before the server could start the lease).
     pub sent_at: Instant,
@@ -60,6 +63,10 @@ pub(crate) struct KeeperPlan {
 #[derive(Debug, Default)]
 pub(crate) struct Keepers {
     state: Mutex<Timers>,
+    /// Set when the driver went with its runtime (or a hold was put back where there
+    /// was no runtime) while holds were left in the map: until a driver starts again,
+    /// nothing renews them. Read without the lock by [`Keepers::revive`].
+    stranded: AtomicBool,
     /// Wakes the driver when a slot earlier than its sleep is added.
     wake: Notify,
     /// The locker's metric handles (renewals, losses; acquisitions in the locker).
@@ -79,6 +86,7 @@ impl Keepers {
     pub(crate) fn new(scheme: &'static str) -> Self {
         Keepers {
             state: Mutex::default(),
+            stranded: AtomicBool::new(false),
             wake: Notify::new(),
             meters: Meters::new(scheme),
         }
@@ -105,8 +113,12 @@ impl Keepers {
                 // Without a runtime (a timer put back while one shuts down, see
                 // `Rearm`), the next hold scheduled on one starts the driver.
                 let runtime = tokio::runtime::Handle::try_current();
-                if runtime.is_ok() {
-                    timers.driver = Some(at);
+                match runtime {
+                    Ok(_) => {
+                        timers.driver = Some(at);
+                        self.stranded.store(false, Ordering::SeqCst);
+                    }
+                    Err(_) => self.stranded.store(true, Ordering::SeqCst),
                 }
                 drop(timers);
                 if let Ok(runtime) = runtime {
@@ -121,6 +133,33 @@ impl Keepers {
             Some(_) => {}
         }
         slot
+    }
+
+    /// Start a driver on the current runtime if the last one went with its runtime
+    /// and left holds in the map (see [`Keepers::stranded`]): called by those who
+    /// watch a hold ([`Hold::watch_loss`], [`crate::LockGuard::is_held`]), so that a
+    /// hold whose timers stopped with another runtime is renewed again, not only told
+    /// of its loss at its deadline. One atomic load when nothing is stranded.
+    pub(crate) fn revive(self: &Arc<Self>) {
+        if !self.stranded.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut timers = self.timers();
+        if timers.driver.is_some() {
+            self.stranded.store(false, Ordering::SeqCst);
+            return;
+        }
+        let Some((first, _)) = timers.due.first_key_value() else {
+            self.stranded.store(false, Ordering::SeqCst);
+            return;
+        };
+        timers.driver = Some(first.0);
+        self.stranded.store(false, Ordering::SeqCst);
+        drop(timers);
+        runtime.spawn(self.driver());
     }
 
     fn unschedule(&self, slot: Slot) {
@@ -228,7 +267,11 @@ struct DriverGone {
 impl Drop for DriverGone {
     fn drop(&mut self) {
         if self.armed {
-            self.keepers.timers().driver = None;
+            let mut timers = self.keepers.timers();
+            timers.driver = None;
+            if !timers.due.is_empty() {
+                self.keepers.stranded.store(true, Ordering::SeqCst);
+            }
         }
     }
 }
@@ -309,6 +352,8 @@ struct Keep {
     slot_seq: u64,
     /// The current lease was shortened (or renewal stopped) by the max hold time.
     capped_by_hold: bool,
+    /// See [`KeeperPlan::renew_auto`].
+    renew_auto: bool,
 }
 
 impl Keep {
@@ -396,6 +441,7 @@ impl Hold {
                 slot_at: NEVER,
                 slot_seq: 0,
                 capped_by_hold,
+                renew_auto: plan.renew_auto,
             }),
         });
         if let Ok(mut keep) = hold.keep.try_lock() {
@@ -461,6 +507,12 @@ impl Hold {
 
     /// Whether the local deadline has passed, whether or not the keeper's timer has
     /// run yet (it may be late on a busy runtime).
+    /// Start its locker's timer driver again if it went with another runtime
+    /// ([`Keepers::revive`]).
+    pub(crate) fn revive(&self) {
+        self.keepers.revive();
+    }
+
     pub(crate) fn past_deadline(&self) -> bool {
         self.nanos(Instant::now()) >= self.deadline_ns.load(Ordering::SeqCst)
     }
@@ -511,6 +563,7 @@ impl Hold {
         let token = self.lost_token().clone();
         let expiring = &self.loss().expiring;
         loop {
+            self.revive();
             let deadline = self.deadline_ns.load(Ordering::SeqCst);
             let wake = if expiring.load(Ordering::SeqCst) == deadline {
                 Instant::now() + EXPIRE_POLL
@@ -805,7 +858,9 @@ impl Hold {
         }
         self.check_deadline(&mut keep).await?;
         keep.ttl_ns = nanos_of(ttl);
-        if keep.renew_every_ns != NEVER {
+        // Renewals come at a third of the new TTL at the latest (every renewal's
+        // interval is capped so); an interval the caller chose stays as it is.
+        if keep.renew_auto && keep.renew_every_ns != NEVER {
             let proof = keep.held.as_ref().and_then(|h| h.prove_alive_every());
             keep.renew_every_ns = nanos_of(proof.map_or(ttl / 3, |p| p.min(ttl / 3)));
         }
@@ -909,6 +964,7 @@ mod tests {
         KeeperPlan {
             ttl,
             renew_every,
+            renew_auto: false,
             max_hold,
             sent_at: Instant::now(),
             primitive: Primitive::Lock,
@@ -1215,6 +1271,7 @@ mod tests {
         let plan = KeeperPlan {
             ttl: Duration::from_secs(3),
             renew_every: Some(Duration::from_secs(1)),
+            renew_auto: false,
             max_hold: None,
             sent_at: Instant::now(),
             primitive: Primitive::Lock,
@@ -1258,6 +1315,13 @@ mod tests {
     /// there), returned with that runtime.
     fn keepers_on_a_runtime_of_their_own() -> (Arc<Keepers>, tokio::runtime::Runtime) {
         let first = runtime();
+        let keepers = keepers_started_on(&first);
+        (keepers, first)
+    }
+
+    /// Keepers whose driver was started on `first` by a hold taken there (and left in
+    /// the timer map).
+    fn keepers_started_on(first: &tokio::runtime::Runtime) -> Arc<Keepers> {
         let keepers = Arc::new(Keepers::default());
         let plan = plan(Duration::from_secs(30), None, None);
         let name = LockName::new("first").expect("name");
@@ -1276,17 +1340,19 @@ mod tests {
             keepers.timers().driver.is_some(),
             "the driver started there"
         );
-        (keepers, first)
+        keepers
     }
 
-    /// A locker used from two runtimes: its timer task runs on the first one that
-    /// started it, and when that runtime shuts down, a hold taken on the other is
-    /// still told of its loss at its deadline (its `lost()` watches the deadline
-    /// itself) instead of reading as not held while `lost()` never fires.
-    #[test]
-    fn a_hold_is_told_of_its_loss_when_the_timer_runtime_is_gone() {
-        let (keepers, first) = keepers_on_a_runtime_of_their_own();
-        let second = runtime();
+    /// A hold with a 400 ms lease renewed every 100 ms, taken on `second` from
+    /// `keepers` (whose driver runs elsewhere), with its renewals counted.
+    fn renewed_hold_on(
+        second: &tokio::runtime::Runtime,
+        keepers: &Arc<Keepers>,
+    ) -> (
+        crate::guard::LockGuard,
+        Arc<std::sync::atomic::AtomicU32>,
+        Duration,
+    ) {
         let renewals = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let held = Slow {
             delay: Duration::ZERO,
@@ -1297,16 +1363,77 @@ mod tests {
             let name = LockName::new("second").expect("name");
             let plan = plan(ttl, Some(Duration::from_millis(100)), None);
             crate::guard::LockGuard::new(Hold::start(
-                &keepers,
+                keepers,
                 Box::new(held),
                 name,
                 Owner::random(),
                 plan,
             ))
         });
+        (guard, renewals, ttl)
+    }
+
+    /// A locker used from two runtimes: its timer task runs on the first one that
+    /// started it. When that runtime shuts down, a hold taken on the other is renewed
+    /// again as soon as it is watched there (`lost()` starts a driver on its own
+    /// runtime), instead of only being told of its loss at its deadline.
+    #[test]
+    fn a_hold_whose_timer_runtime_is_gone_is_renewed_once_watched() {
+        let (keepers, first) = keepers_on_a_runtime_of_their_own();
+        let second = runtime();
+        let (guard, renewals, ttl) = renewed_hold_on(&second, &keepers);
         // Gone before the first renewal is due.
         drop(first);
+        let told = second.block_on(async { tokio::time::timeout(ttl * 4, guard.lost()).await });
+        if let Ok(e) = told {
+            panic!(
+                "lost ({e:?}) after {} renewals: nothing renewed it once its timer runtime went",
+                renewals.load(Ordering::SeqCst)
+            );
+        }
+        assert!(
+            renewals.load(Ordering::SeqCst) >= 3,
+            "renewed {} times in four leases",
+            renewals.load(Ordering::SeqCst)
+        );
+        assert!(guard.is_held());
+        assert_eq!(guard.loss_reason(), None);
+    }
+
+    /// `is_held()` on a runtime starts the renewals there too.
+    #[test]
+    fn a_hold_whose_timer_runtime_is_gone_is_renewed_once_checked() {
+        let (keepers, first) = keepers_on_a_runtime_of_their_own();
+        let second = runtime();
+        let (guard, renewals, ttl) = renewed_hold_on(&second, &keepers);
+        drop(first);
+        second.block_on(async {
+            assert!(guard.is_held());
+            tokio::time::sleep(ttl * 3).await;
+        });
+        assert!(
+            guard.is_held(),
+            "not held after three leases ({} renewals)",
+            renewals.load(Ordering::SeqCst)
+        );
+        assert!(renewals.load(Ordering::SeqCst) >= 3);
+    }
+
+    /// When the timer task cannot run at all (its runtime lives but is not driven: a
+    /// current-thread runtime outside `block_on`), a hold is still told of its loss
+    /// at its deadline: its `lost()` watches the deadline itself and marks the loss,
+    /// instead of the hold reading as not held while `lost()` never fires.
+    #[test]
+    fn a_hold_is_told_of_its_loss_when_its_timer_task_cannot_run() {
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let keepers = keepers_started_on(&first);
+        let second = runtime();
+        let (guard, renewals, ttl) = renewed_hold_on(&second, &keepers);
         let told = second.block_on(async { tokio::time::timeout(ttl * 3, guard.lost()).await });
+        assert_eq!(renewals.load(Ordering::SeqCst), 0, "the timer task ran");
         assert!(!guard.is_held());
         // Marked, not only answered: the tokens handed out fire too.
         assert!(guard.lost_token().is_cancelled());
@@ -1314,11 +1441,9 @@ mod tests {
         match told {
             Ok(Error::LockLost { reason, .. }) => assert_eq!(reason, LossReason::LeaseExpired),
             Ok(other) => panic!("told {other:?}"),
-            Err(_) => panic!(
-                "not held after its deadline, yet lost() never fired ({} renewals)",
-                renewals.load(Ordering::SeqCst)
-            ),
+            Err(_) => panic!("not held after its deadline, yet lost() never fired"),
         }
+        drop(first);
     }
 
     /// A renewal in flight on a runtime that shuts down is not the hold's last: its
@@ -1377,6 +1502,53 @@ mod tests {
             "renewed {after} times after the first runtime went (before: {before})"
         );
         assert!(guard.is_held());
+    }
+
+    /// An extension keeps a renewal interval the caller chose (renewals still come
+    /// at a third of the new TTL at the latest), while the automatic one follows the
+    /// new TTL.
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_keeps_a_chosen_renewal_interval() {
+        let chosen = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let held = Slow {
+            delay: Duration::ZERO,
+            renewals: Arc::clone(&chosen),
+        };
+        let hold = start(
+            Box::new(held),
+            plan(
+                Duration::from_secs(3),
+                Some(Duration::from_millis(100)),
+                None,
+            ),
+        );
+        hold.extend(Duration::from_secs(9)).await.expect("extend");
+        let before = chosen.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        let renewed = chosen.load(Ordering::SeqCst) - before;
+        assert!(
+            renewed >= 9,
+            "renewed {renewed} times in a second at a chosen 100 ms"
+        );
+
+        let auto = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let held = Slow {
+            delay: Duration::ZERO,
+            renewals: Arc::clone(&auto),
+        };
+        let mut auto_plan = plan(Duration::from_secs(3), Some(Duration::from_secs(1)), None);
+        auto_plan.renew_auto = true;
+        let hold = start(Box::new(held), auto_plan);
+        hold.extend(Duration::from_secs(30)).await.expect("extend");
+        let before = auto.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert_eq!(
+            auto.load(Ordering::SeqCst),
+            before,
+            "renewed before a third of the new 30 s lease"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(auto.load(Ordering::SeqCst), before + 1);
     }
 
     /// An interval just under the TTL is no later first renewal than a third of the

@@ -758,6 +758,7 @@ impl Locker {
             KeeperPlan {
                 ttl: opts.ttl,
                 renew_every: opts.renew_interval(),
+                renew_auto: opts.renewal == crate::Renewal::Auto,
                 max_hold: opts.max_hold,
                 sent_at,
                 primitive,

@@ -319,6 +319,7 @@ mod tests {
                 let plan = KeeperPlan {
                     ttl: Duration::from_secs(60),
                     renew_every: None,
+                    renew_auto: false,
                     max_hold: None,
                     sent_at: Instant::now(),
                     primitive: Primitive::Lock,
