@@ -136,6 +136,40 @@ async fn a_waiter_that_left_is_not_handed_the_lock() {
     next.release().await.expect("release");
 }
 
+/// A release that finds its hold already gone (its key expired or was broken under
+/// it) hands nothing over and publishes nothing: the local waiter, which sent no
+/// attempt while a local task held the lock, is woken to try again at once instead
+/// of sleeping out its step (up to a second) while the lock is free.
+#[tokio::test]
+async fn a_waiter_tries_again_at_once_when_the_holders_hold_was_gone() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let holder = locker.lock("gone").await.expect("lock");
+    let waiter = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.lock_timeout("gone", Duration::from_secs(10)).await }
+    });
+    // Waiting by now, for a step of a second (the lease is 30 s).
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    redis_command(server.addr(), &["DEL", "gone"], T).expect("DEL");
+    let released = Instant::now();
+    // The hold is gone: its release may report the loss.
+    let _ = holder.release().await;
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter got the free lock")
+        .expect("task")
+        .expect("lock");
+    let waited = released.elapsed();
+    assert!(
+        waited < Duration::from_millis(450),
+        "the waiter took the free lock only {waited:?} after the release"
+    );
+    got.release().await.expect("release");
+}
+
 /// Hand-off streaks are capped: a waiter in another process (here another `Locker`,
 /// its own connections) gets the lock while 8 local tasks keep cycling it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

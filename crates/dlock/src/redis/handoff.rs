@@ -433,11 +433,17 @@ impl<G> Handoffs<G> {
     }
 
     /// The hand-off did not happen (the releaser still held other holds, or no longer
-    /// held the lock): the slot waits on.
+    /// held the lock): the slot waits on, woken to try again at once — the lock may
+    /// be free (the releaser's hold was gone: expired, or broken) with no unlock
+    /// message to come, and the waiter may have sent no attempt for the step it sleeps
+    /// (a local holder was counted). A wake with nothing handed over is an attempt
+    /// more, no more.
     pub(crate) fn decline(&self, offer: Offer<G>) {
         let mut state = offer.slot.state();
         if matches!(&*state, State::Offered(_)) {
             *state = State::Waiting(Some(offer.want));
+            drop(state);
+            offer.slot.wake.notify_one();
         }
     }
 
