@@ -415,7 +415,10 @@ pub struct RunArgs {
     /// that died while queued can hold up the ones behind it.
     #[arg(long, value_parser = duration, default_value = "5s", value_name = "DURATION", requires = "fair")]
     pub queue_entry_ttl: Duration,
-    /// Owner token (reentrancy across processes); default: a fresh random one.
+    /// Owner token (reentrancy across processes): every process given the same token
+    /// is the one holder, so each re-enters the other's hold and they run at once
+    /// (with one fencing token), a run that died holding it included; default: a
+    /// fresh random one.
     #[arg(long, value_name = "TOKEN")]
     pub owner: Option<String>,
     /// How long the command gets between SIGTERM and SIGKILL when the lock is in
