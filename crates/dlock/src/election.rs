@@ -99,15 +99,24 @@ impl Election {
         self.campaign_with(value, &opts).await
     }
 
-    /// Campaign with explicit options (TTL, wait, owner). The value replaces the note
-    /// of `opts.metadata`.
+    /// Campaign with explicit options (TTL, wait). The value replaces the note of
+    /// `opts.metadata`. Each campaign has a fresh owner of its own: an owner in `opts`
+    /// is refused, as two campaigns sharing one would both lead (an owner re-enters
+    /// its own hold).
     ///
     /// # Errors
-    /// As [`Election::campaign`], plus [`Error::Timeout`] when `opts.wait` runs out.
+    /// As [`Election::campaign`], plus [`Error::Timeout`] when `opts.wait` runs out and
+    /// [`Error::InvalidOption`] for an owner in `opts`.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves no leadership and no candidacy behind.
     pub async fn campaign_with(&self, value: &str, opts: &LockOptions) -> Result<Leadership> {
+        if opts.owner.is_some() {
+            return Err(Error::option(
+                "owner",
+                "a campaign has a fresh owner of its own: two campaigns sharing one would both lead",
+            ));
+        }
         let metadata = opts
             .metadata
             .clone()

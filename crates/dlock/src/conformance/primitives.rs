@@ -893,6 +893,18 @@ pub async fn rwlock_downgrade_keeps_writers_out(h: &Harness) {
 /// another value than the leader's.
 pub async fn election_one_leader_terms_increase(h: &Harness) {
     let name = unique("elect");
+    // A shared owner would re-enter the leader's hold: refused.
+    let owned = LockOptions::new().owner(crate::Owner::random());
+    match h
+        .locker()
+        .await
+        .election(&name)
+        .campaign_with("o", &owned)
+        .await
+    {
+        Err(Error::InvalidOption { .. }) => {}
+        other => panic!("a campaign with an owner of its own choosing answered {other:?}"),
+    }
     let leading = Arc::new(Mutex::new(Vec::<String>::new()));
     let mut candidates = Vec::new();
     type Seen = tokio::sync::oneshot::Sender<()>;
