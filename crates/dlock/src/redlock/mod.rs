@@ -233,6 +233,19 @@ impl RedlockBackend {
                 "Redlock needs at least 3 independent nodes (5 recommended): redlock://a:6379,b:6379,c:6379",
             ));
         }
+        // A node named twice would count twice towards every majority: its loss of a
+        // write alone could then let a second holder in.
+        let mut seen = std::collections::HashSet::new();
+        for h in url.hosts() {
+            let node = (h.host.to_ascii_lowercase(), h.port.unwrap_or(6379));
+            if !seen.insert(node) {
+                return Err(url.invalid(&format!(
+                    "Redlock node {}:{} is named twice: each node counts once towards a majority",
+                    h.host,
+                    h.port.unwrap_or(6379)
+                )));
+            }
+        }
         let mut nodes = Vec::with_capacity(url.hosts().len());
         for h in url.hosts() {
             let port = h.port.unwrap_or(6379);
@@ -1109,6 +1122,9 @@ mod tests {
             "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?retries=-1",
             "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?node_timeout=0s",
             "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?layout=redisson",
+            // A node named twice would count twice towards a majority.
+            "redlock://127.0.0.1:1,127.0.0.1:1,127.0.0.1:2",
+            "redlock://LOCALHOST:7,localhost:7,127.0.0.1:2",
         ] {
             let e = refused(url).await;
             assert!(
