@@ -340,6 +340,57 @@ async fn renewals_of_many_locks_are_batched() {
     eprintln!("{n} locks held {hold:?}: {calls} renew commands for ~{renewals} renewals");
 }
 
+/// A held lock whose key another client made another type — a Redisson hash where a
+/// plain-layout lock was, a string where a Redisson-layout one was (the layouts keep
+/// out of each other's way only by the key's existence) — is told it lost the lock at
+/// its next renewal, and the locks renewed in the same batched call are not disturbed.
+#[tokio::test]
+async fn a_lock_whose_key_changed_type_is_told_without_disturbing_its_batch() {
+    use dlock::{LockOptions, LossReason};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    for (layout, retype) in [
+        ("redis-py", ["HSET", "f", "1"]),
+        ("redisson", ["SET", "x", ""]),
+    ] {
+        let locker = Locker::connect(&format!("{}?layout={layout}", server.url()))
+            .await
+            .expect("connect");
+        let opts = LockOptions::new().ttl(Duration::from_millis(900));
+        let name = format!("retyped:{layout}");
+        let victim = locker.lock_with(&name, &opts).await.expect("lock");
+        let mut others = Vec::new();
+        for i in 0..20 {
+            let other = locker
+                .lock_with(&format!("batched:{layout}:{i}"), &opts)
+                .await
+                .expect("lock");
+            others.push(other);
+        }
+        redis_command(server.addr(), &["DEL", &name], Duration::from_secs(2)).expect("DEL");
+        let args: Vec<&str> = match retype {
+            ["HSET", field, value] => vec!["HSET", &name, field, value],
+            [cmd, value, _] => vec![cmd, &name, value],
+        };
+        redis_command(server.addr(), &args, Duration::from_secs(2)).expect("retype");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            victim.loss_reason(),
+            Some(LossReason::NotOwner),
+            "{layout}: the lock whose key changed type"
+        );
+        let lost = others.iter().filter(|g| !g.is_held()).count();
+        assert_eq!(
+            lost, 0,
+            "{layout}: {lost} of 20 locks renewed beside it were lost"
+        );
+        for other in others {
+            other.release().await.expect("release");
+        }
+    }
+}
+
 /// A Redis server, a fault proxy in front of it, a locker through the proxy and one
 /// straight to the server (both with the URL options `query`). The scripts are loaded
 /// through the proxy first: an EVALSHA answered NOSCRIPT while replies are dropped
