@@ -560,6 +560,17 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
         None
     }
 
+    /// For a hold that lives as long as a session (an etcd lease, a ZooKeeper session,
+    /// an SQL session mode's connection): until when that session is known to live on
+    /// the server, kept up to date by the backend as it proves the session alive. The
+    /// hold counts as lost from that instant on — [`crate::LockGuard::is_held`] turns
+    /// false and [`crate::LockGuard::lost`] fires — whether or not the backend has
+    /// noticed yet (its watcher may not run: a paused process, a starved runtime).
+    /// `None` by default: the lease's own deadline bounds the hold.
+    fn session_trust(&self) -> Option<SessionTrust> {
+        None
+    }
+
     /// How often a hold whose lock lives as long as a connection's session must prove
     /// that session alive, where a renewal is such a proof (SQL session modes: a ping of
     /// the pinned connection, which on failure or after this long without an answer
@@ -594,4 +605,71 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     /// whatever the backend kept as "held here" for its own waiters goes now. Nothing
     /// by default.
     fn lost(&self) {}
+}
+
+/// Until when a session is known to live on the server: its last proof of life (a
+/// request the server answered, dated from when it was sent) plus how long the server
+/// waits for the next, less a margin for clock drift. Clones share one value, which the
+/// backend moves as it proves the session alive ([`SessionTrust::extend_to`]) and a hold
+/// reads ([`HeldLock::session_trust`]).
+#[derive(Clone)]
+pub struct SessionTrust(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+/// The instant [`SessionTrust`]'s nanoseconds count from.
+fn trust_epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+impl SessionTrust {
+    /// A session trusted until `until`.
+    #[must_use]
+    pub fn new(until: std::time::Instant) -> Self {
+        SessionTrust(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(
+            Self::nanos(until),
+        )))
+    }
+
+    /// `at` in nanoseconds after the epoch, at least 1 (0 marks an ended session).
+    fn nanos(at: std::time::Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(trust_epoch()).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Trust the session until `until`, if that is later than it is trusted now (a
+    /// late answer to an earlier proof never shortens the trust a later one gave) and
+    /// the session was not ended.
+    pub fn extend_to(&self, until: std::time::Instant) {
+        let until = Self::nanos(until);
+        let _ = self.0.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |now| (now != 0 && now < until).then_some(until),
+        );
+    }
+
+    /// Trust the session no more (it is lost), for good: every hold reading it counts
+    /// as lost, and no later proof changes that.
+    pub fn end(&self) {
+        self.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Until when the session is trusted.
+    #[must_use]
+    pub fn until(&self) -> std::time::Instant {
+        trust_epoch() + Duration::from_nanos(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Whether the session is trusted no more.
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        Self::nanos(std::time::Instant::now()) >= self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl fmt::Debug for SessionTrust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SessionTrust").field(&self.until()).finish()
+    }
 }

@@ -31,8 +31,11 @@ pub struct LockContext {
 /// A held lock. Release it with [`LockGuard::release`] to see errors; dropping it
 /// releases in the background without blocking.
 ///
-/// The guard is owned and `Send + 'static`: move it into tasks freely. If the tokio
-/// runtime is gone when it drops, the lease frees the lock when it runs out.
+/// The guard is owned and `Send + 'static`: move it into tasks, threads and
+/// synchronous code freely. Dropped where there is no Tokio runtime, it is released
+/// on the runtime its [`crate::Locker`] was opened on; if that one is gone too, the
+/// lease frees the lock when it runs out (on a session-bound backend: when the
+/// session ends).
 #[must_use = "the lock is released as soon as the guard is dropped"]
 #[derive(Debug)]
 pub struct LockGuard {
@@ -76,13 +79,8 @@ impl LockGuard {
     /// Whether the lock is still believed held: not released, not lost, and its local
     /// deadline not passed (also when the keeper has not yet got round to marking it
     /// lost).
-    ///
-    /// Called on a Tokio runtime, it also starts the locker's renewals there again
-    /// if they stopped with the runtime that ran them (a [`crate::Locker`] used from
-    /// several runtimes), as [`LockGuard::lost`] does.
     #[must_use]
     pub fn is_held(&self) -> bool {
-        self.hold.revive();
         !self.released && !self.hold.is_lost() && !self.hold.past_deadline()
     }
 
@@ -126,9 +124,9 @@ impl LockGuard {
     /// definitively, or when the backend reports its session gone — at the latest at
     /// the local [`LockGuard::deadline`] as it stands then, which this future watches
     /// itself: it does not depend on the locker's timer task (which runs on the runtime
-    /// that started it, and stops if that runtime shuts down; polling this future
-    /// starts it again on the runtime polling it, and renewals go on). Poll it on a
-    /// Tokio runtime with its timer, as every dlock future.
+    /// that started it, and stops if that runtime shuts down; polling this future on
+    /// a multi-thread runtime starts it again there, and renewals go on). Poll it on
+    /// a Tokio runtime with its timer, as every dlock future.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future changes nothing.
@@ -206,9 +204,9 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.released {
-            // Never blocks; without a runtime the lease frees the lock when it runs out.
+            // Never blocks: released in a task (see the type's docs).
             self.hold.mark_released();
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            if let Some(rt) = self.hold.release_runtime() {
                 let hold = Arc::clone(&self.hold);
                 rt.spawn(async move {
                     if let Err(e) = hold.release().await

@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{HeldLock, Primitive};
+use crate::backend::{HeldLock, Primitive, SessionTrust};
 use crate::error::{Error, LossReason, Result};
 use crate::lease::{drift_margin, nanos_of};
 use crate::name::LockName;
@@ -67,10 +67,16 @@ pub(crate) struct Keepers {
     /// was no runtime) while holds were left in the map: until a driver starts again,
     /// nothing renews them. Read without the lock by [`Keepers::revive`].
     stranded: AtomicBool,
+    /// Wakes every [`Hold::watch_loss`] when holds are stranded, so that one polled on
+    /// a live runtime starts a driver there at once, not at the deadline it sleeps to.
+    gone: Notify,
     /// Wakes the driver when a slot earlier than its sleep is added.
     wake: Notify,
     /// The locker's metric handles (renewals, losses; acquisitions in the locker).
     pub(crate) meters: Meters,
+    /// The runtime the locker was opened on, if it was opened on one: a guard dropped
+    /// where there is no runtime is released there ([`Hold::release_runtime`]).
+    home: Option<tokio::runtime::Handle>,
 }
 
 #[derive(Debug, Default)]
@@ -87,8 +93,10 @@ impl Keepers {
         Keepers {
             state: Mutex::default(),
             stranded: AtomicBool::new(false),
+            gone: Notify::new(),
             wake: Notify::new(),
             meters: Meters::new(scheme),
+            home: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -121,6 +129,9 @@ impl Keepers {
                     Err(_) => self.stranded.store(true, Ordering::SeqCst),
                 }
                 drop(timers);
+                if runtime.is_err() {
+                    self.gone.notify_waiters();
+                }
                 if let Ok(runtime) = runtime {
                     runtime.spawn(self.driver());
                 }
@@ -136,10 +147,13 @@ impl Keepers {
     }
 
     /// Start a driver on the current runtime if the last one went with its runtime
-    /// and left holds in the map (see [`Keepers::stranded`]): called by those who
-    /// watch a hold ([`Hold::watch_loss`], [`crate::LockGuard::is_held`]), so that a
-    /// hold whose timers stopped with another runtime is renewed again, not only told
-    /// of its loss at its deadline. One atomic load when nothing is stranded.
+    /// and left holds in the map (see [`Keepers::stranded`]): called by a hold's
+    /// [`Hold::watch_loss`], so that a hold whose timers stopped with another runtime
+    /// is renewed again, not only told of its loss at its deadline. Only on a
+    /// multi-thread runtime, whose workers run the driver whatever its caller does
+    /// next: a driver left parked on a current-thread runtime nobody drives would
+    /// count as running and keep every hold of the locker from being renewed. One
+    /// atomic load when nothing is stranded.
     pub(crate) fn revive(self: &Arc<Self>) {
         if !self.stranded.load(Ordering::SeqCst) {
             return;
@@ -147,6 +161,9 @@ impl Keepers {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+            return;
+        }
         let mut timers = self.timers();
         if timers.driver.is_some() {
             self.stranded.store(false, Ordering::SeqCst);
@@ -269,8 +286,13 @@ impl Drop for DriverGone {
         if self.armed {
             let mut timers = self.keepers.timers();
             timers.driver = None;
-            if !timers.due.is_empty() {
+            let stranded = !timers.due.is_empty();
+            if stranded {
                 self.keepers.stranded.store(true, Ordering::SeqCst);
+            }
+            drop(timers);
+            if stranded {
+                self.keepers.gone.notify_waiters();
             }
         }
     }
@@ -317,6 +339,10 @@ struct Signals {
     /// the backend may let the lock go on the server (etcd revokes a lost session
     /// 50 ms later) — and the token that ends the watcher task.
     loss: Option<(CancellationToken, CancellationToken)>,
+    /// Until when the hold's session is known to live ([`HeldLock::session_trust`]),
+    /// read by [`Hold::is_lost`] itself: once it passes the hold counts as lost, with
+    /// no renewal, timer or watcher needing to run first.
+    session: Option<SessionTrust>,
 }
 
 /// A hold's loss: why, and the token that tells those waiting for it.
@@ -394,6 +420,7 @@ impl Hold {
         };
         let loss = held.loss_signal();
         let suspect = held.suspect_flag();
+        let session = held.session_trust();
         // A maximum hold time too long to represent is no maximum.
         let hold_until = plan.max_hold.map_or(NEVER, nanos_of);
         let lease_deadline = nanos_of(plan.ttl.saturating_sub(margin));
@@ -414,10 +441,11 @@ impl Hold {
         } else {
             NEVER
         };
-        let signals = (loss.is_some() || suspect.is_some()).then(|| {
+        let signals = (loss.is_some() || suspect.is_some() || session.is_some()).then(|| {
             Box::new(Signals {
                 suspect,
                 loss: loss.map(|signal| (signal, CancellationToken::new())),
+                session,
             })
         });
         let hold = Arc::new(Hold {
@@ -487,32 +515,58 @@ impl Hold {
         self.signals.as_ref().and_then(|s| s.suspect.as_deref())
     }
 
-    /// Whether the lock is lost: marked so, or the backend's loss signal fired (the
-    /// watcher task that marks it and releases may not have run yet).
+    /// Whether the lock is lost: marked so, or the backend's loss signal fired, or its
+    /// session is trusted no more (the task that marks it and gives the lock back may
+    /// not have run yet: [`Hold::watch_backend`], the timer's [`Hold::serve_timer`],
+    /// a [`Hold::watch_loss`]'s expiry).
     pub(crate) fn is_lost(&self) -> bool {
         if self.lost.load(Ordering::SeqCst) {
             return true;
         }
-        if !self
+        let reason = if self
             .loss_signal()
             .is_some_and(CancellationToken::is_cancelled)
         {
+            session_gone
+        } else if self.session_untrusted() {
+            session_unproven
+        } else {
             return false;
-        }
+        };
         let loss = self.loss();
-        loss.reason.get_or_init(session_gone);
+        loss.reason.get_or_init(reason);
         loss.token.cancel();
         true
     }
 
-    /// Whether the local deadline has passed, whether or not the keeper's timer has
-    /// run yet (it may be late on a busy runtime).
-    /// Start its locker's timer driver again if it went with another runtime
-    /// ([`Keepers::revive`]).
-    pub(crate) fn revive(&self) {
-        self.keepers.revive();
+    /// The hold's session is trusted no more ([`Signals::session`]).
+    fn session_untrusted(&self) -> bool {
+        self.session_trust().is_some_and(SessionTrust::passed)
     }
 
+    fn session_trust(&self) -> Option<&SessionTrust> {
+        self.signals.as_ref().and_then(|s| s.session.as_ref())
+    }
+
+    /// Lost (by [`Hold::is_lost`]'s account) but not marked yet: whoever sees it marks
+    /// the loss and gives the lock back.
+    fn unmarked_loss(&self) -> bool {
+        !self.lost.load(Ordering::SeqCst) && self.is_lost()
+    }
+
+    /// Where a release in the background runs: on the current runtime, else on the
+    /// one the locker was opened on (a guard dropped on a thread with no runtime,
+    /// e.g. moved into synchronous code). A session-bound backend (etcd, ZooKeeper,
+    /// an SQL session mode) keeps a lock nobody releases for as long as its session
+    /// lives, which is as long as that runtime keeps it alive.
+    pub(crate) fn release_runtime(&self) -> Option<tokio::runtime::Handle> {
+        tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.keepers.home.clone())
+    }
+
+    /// Whether the local deadline has passed, whether or not the keeper's timer has
+    /// run yet (it may be late on a busy runtime).
     pub(crate) fn past_deadline(&self) -> bool {
         self.nanos(Instant::now()) >= self.deadline_ns.load(Ordering::SeqCst)
     }
@@ -563,16 +617,27 @@ impl Hold {
         let token = self.lost_token().clone();
         let expiring = &self.loss().expiring;
         loop {
-            self.revive();
+            // Made before `revive` looks: a driver that goes after it looked wakes this.
+            let gone = self.keepers.gone.notified();
+            tokio::pin!(gone);
+            gone.as_mut().enable();
+            self.keepers.revive();
             let deadline = self.deadline_ns.load(Ordering::SeqCst);
             let wake = if expiring.load(Ordering::SeqCst) == deadline {
                 Instant::now() + EXPIRE_POLL
             } else {
-                self.instant(deadline)
+                let wake = self.instant(deadline);
+                // The session's trust as it stands; looked at again when it comes (a
+                // proof of life may have moved it meanwhile).
+                match self.session_trust() {
+                    Some(t) => wake.min(Instant::from_std(t.until())),
+                    None => wake,
+                }
             };
             tokio::select! {
                 () = token.cancelled() => return self.lost_error(),
                 () = tokio::time::sleep_until(wake) => {}
+                () = &mut gone => continue,
             }
             if self.released.load(Ordering::SeqCst) {
                 token.cancelled().await;
@@ -580,7 +645,7 @@ impl Hold {
             }
             let deadline = self.deadline_ns.load(Ordering::SeqCst);
             let last = expiring.load(Ordering::SeqCst);
-            if self.past_deadline()
+            if (self.past_deadline() || self.unmarked_loss())
                 && last != deadline
                 && expiring
                     .compare_exchange(last, deadline, Ordering::SeqCst, Ordering::SeqCst)
@@ -594,7 +659,8 @@ impl Hold {
     /// Expire the hold if its deadline passed and nobody did ([`Hold::watch_loss`]).
     async fn expire_if_due(self: Arc<Self>) {
         let due = |hold: &Self| {
-            !hold.released.load(Ordering::SeqCst) && !hold.is_lost() && hold.past_deadline()
+            !hold.released.load(Ordering::SeqCst)
+                && ((!hold.is_lost() && hold.past_deadline()) || hold.unmarked_loss())
         };
         match tokio::time::timeout(EXPIRE_WAIT, self.keep.lock()).await {
             Ok(mut keep) => {
@@ -681,6 +747,13 @@ impl Hold {
                 } else if now >= keep.next_renew {
                     let _ = self.renew_once(&mut keep).await;
                 }
+            } else if keep.held.is_some()
+                && !self.released.load(Ordering::SeqCst)
+                && self.unmarked_loss()
+            {
+                // Its session is trusted no more (or the backend's signal fired and its
+                // watcher has not run): marked, and the lock given back.
+                self.expire(&mut keep).await;
             }
         }
         // Whatever was found, the hold leaves with the slot it needs, if any: every
@@ -801,7 +874,7 @@ impl Hold {
     /// before a command: a release or extension after it must report the loss, not
     /// succeed against a lease that is gone.
     async fn check_deadline(&self, keep: &mut Keep) -> Result<()> {
-        if !self.is_lost() && self.past_deadline() {
+        if (!self.is_lost() && self.past_deadline()) || self.unmarked_loss() {
             self.expire(keep).await;
         }
         if self.is_lost() {
@@ -833,16 +906,21 @@ impl Hold {
     }
 
     /// How a successor of this hold should be kept: the lease asked for at the last
-    /// grant or extension, the renewal interval (`None`: off; for a hold whose renewals
-    /// prove its session alive, at most [`HeldLock::prove_alive_every`]), and the end
-    /// of the maximum hold time, if any.
-    pub(crate) async fn keeping(self: &Arc<Self>) -> (Duration, Option<Duration>, Option<Instant>) {
+    /// grant or extension, the renewal (automatic, or the interval it runs at: for a
+    /// hold whose renewals prove its session alive, at most
+    /// [`HeldLock::prove_alive_every`]), and the end of the maximum hold time, if any.
+    pub(crate) async fn keeping(self: &Arc<Self>) -> (Duration, crate::Renewal, Option<Instant>) {
         let mut keep = self.keep.lock().await;
         // A timer's task dropped while this held the hold could not put it back
         // ([`Rearm`] found it taken): whoever holds it does.
         self.reschedule(&mut keep);
         let hold_until = (keep.hold_until != NEVER).then(|| self.instant(keep.hold_until));
-        (keep.ttl(), keep.renew_every(), hold_until)
+        let renewal = match keep.renew_every() {
+            None => crate::Renewal::Off,
+            Some(_) if keep.renew_auto => crate::Renewal::Auto,
+            Some(every) => crate::Renewal::Every(every),
+        };
+        (keep.ttl(), renewal, hold_until)
     }
 
     /// Whether `keepers` keeps this hold (it belongs to their locker).
@@ -902,6 +980,13 @@ impl Hold {
 /// Why a hold whose backend reported its session gone was lost.
 fn session_gone() -> LossReason {
     LossReason::SessionLost("the backend reported the session gone".into())
+}
+
+/// Why a hold whose session was not proven alive in time was lost.
+fn session_unproven() -> LossReason {
+    LossReason::SessionLost(
+        "its session was not proven alive in time: the server may have ended it".into(),
+    )
 }
 
 #[cfg(test)]
@@ -975,6 +1060,112 @@ mod tests {
         let keepers = Arc::new(Keepers::default());
         let name = LockName::new("k").expect("name");
         Hold::start(&keepers, held, name, Owner::random(), plan)
+    }
+
+    /// A lock on a session the test proves alive (or not) by moving its trust, with
+    /// renewals that always succeed and its releases counted.
+    #[derive(Debug)]
+    struct Trusted {
+        trust: SessionTrust,
+        releases: Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    #[async_trait::async_trait]
+    impl HeldLock for Trusted {
+        fn fencing_token(&self) -> u64 {
+            1
+        }
+        async fn renew(&self, _ttl: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn release(&self) -> Result<()> {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn session_trust(&self) -> Option<SessionTrust> {
+            Some(self.trust.clone())
+        }
+    }
+
+    /// A hold on a session that is not proven alive in time counts as lost at once —
+    /// `is_held` false, `lost()` answering, the reason the session's — although its
+    /// lease (30 s) and renewals are fine, and the lock is given back; one whose
+    /// session is proven alive meanwhile stays held.
+    #[tokio::test]
+    async fn a_hold_whose_session_is_not_proven_alive_in_time_is_lost() {
+        let window = Duration::from_millis(300);
+        let stale = SessionTrust::new(std::time::Instant::now() + window);
+        let releases = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let held = Trusted {
+            trust: stale.clone(),
+            releases: Arc::clone(&releases),
+        };
+        let hold = start(
+            Box::new(held),
+            plan(
+                Duration::from_secs(30),
+                Some(Duration::from_millis(100)),
+                None,
+            ),
+        );
+        let guard = crate::guard::LockGuard::new(hold);
+
+        let fresh = SessionTrust::new(std::time::Instant::now() + window);
+        let proven = Trusted {
+            trust: fresh.clone(),
+            releases: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+        };
+        let kept = crate::guard::LockGuard::new(start(
+            Box::new(proven),
+            plan(
+                Duration::from_secs(30),
+                Some(Duration::from_millis(100)),
+                None,
+            ),
+        ));
+        let prover = tokio::spawn(async move {
+            loop {
+                fresh.extend_to(std::time::Instant::now() + window);
+                tokio::time::sleep(window / 4).await;
+            }
+        });
+
+        assert!(guard.is_held());
+        let told = tokio::time::timeout(window * 3, guard.lost())
+            .await
+            .expect("lost() fires once the session is not trusted");
+        assert!(
+            !stale.until().elapsed().is_zero(),
+            "told before the trust passed"
+        );
+        assert!(!guard.is_held());
+        assert!(guard.lost_token().is_cancelled());
+        match told {
+            Error::LockLost {
+                reason: LossReason::SessionLost(_),
+                ..
+            } => {}
+            other => panic!("told {other:?}"),
+        }
+        // Given back by whoever marked the loss.
+        for _ in 0..100 {
+            if releases.load(Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            releases.load(Ordering::SeqCst),
+            1,
+            "the lost lock was given back once"
+        );
+        assert!(kept.is_held(), "a session proven alive keeps its hold");
+        prover.abort();
+        // A session ended for good stays lost whatever comes later.
+        stale.extend_to(std::time::Instant::now() + Duration::from_secs(60));
+        stale.end();
+        stale.extend_to(std::time::Instant::now() + Duration::from_secs(60));
+        assert!(stale.passed());
     }
 
     /// A lock whose backend reports the session gone through a signal, and counts
@@ -1400,23 +1591,30 @@ mod tests {
         assert_eq!(guard.loss_reason(), None);
     }
 
-    /// `is_held()` on a runtime starts the renewals there too.
+    /// The same when `lost()` is already being watched as the timer runtime goes: the
+    /// driver's end wakes the watcher, which starts a new one at once (not at the
+    /// deadline it sleeps to).
     #[test]
-    fn a_hold_whose_timer_runtime_is_gone_is_renewed_once_checked() {
+    fn a_hold_watched_as_its_timer_runtime_goes_is_renewed() {
         let (keepers, first) = keepers_on_a_runtime_of_their_own();
         let second = runtime();
         let (guard, renewals, ttl) = renewed_hold_on(&second, &keepers);
+        let watch = second.spawn(guard.lost());
+        std::thread::sleep(Duration::from_millis(20));
         drop(first);
-        second.block_on(async {
-            assert!(guard.is_held());
-            tokio::time::sleep(ttl * 3).await;
-        });
+        let told = second.block_on(async { tokio::time::timeout(ttl * 4, watch).await });
+        if let Ok(e) = told {
+            panic!(
+                "lost ({e:?}) after {} renewals: nothing renewed it once its timer runtime went",
+                renewals.load(Ordering::SeqCst)
+            );
+        }
         assert!(
-            guard.is_held(),
-            "not held after three leases ({} renewals)",
+            renewals.load(Ordering::SeqCst) >= 3,
+            "renewed {} times in four leases",
             renewals.load(Ordering::SeqCst)
         );
-        assert!(renewals.load(Ordering::SeqCst) >= 3);
+        assert!(guard.is_held());
     }
 
     /// When the timer task cannot run at all (its runtime lives but is not driven: a

@@ -109,7 +109,7 @@ pub mod url;
 pub mod zookeeper;
 
 pub use backend::{
-    AcquisitionId, Capabilities, Fencing, HoldKind, LockInfo, Primitive, Primitives,
+    AcquisitionId, Capabilities, Fencing, HoldKind, LockInfo, Primitive, Primitives, SessionTrust,
 };
 pub use election::{Election, Leader, LeaderWatch, Leadership};
 pub use error::{Error, LossReason, Result};

@@ -124,7 +124,9 @@ impl Locker {
         })
     }
 
-    /// Wrap a backend (e.g. one implemented outside this crate).
+    /// Wrap a backend (e.g. one implemented outside this crate). Called on a Tokio
+    /// runtime, that runtime releases the guards dropped where there is none (see
+    /// [`LockGuard`]).
     #[must_use]
     pub fn from_backend(backend: Arc<dyn Backend>) -> Self {
         Locker {

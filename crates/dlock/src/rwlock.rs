@@ -241,7 +241,7 @@ impl RwLock {
         }
         // Kept as the write was: its lease, its renewal, what is left of its
         // maximum hold time.
-        let (ttl, renew_every, hold_until) = hold.keeping().await;
+        let (ttl, renewal, hold_until) = hold.keeping().await;
         let max_hold = match hold_until {
             Some(end) => {
                 let left = end.saturating_duration_since(tokio::time::Instant::now());
@@ -256,7 +256,7 @@ impl RwLock {
         let opts = LockOptions {
             owner: Some(write.owner().clone()),
             ttl,
-            renewal: renew_every.map_or(crate::Renewal::Off, crate::Renewal::Every),
+            renewal,
             max_hold,
             ..self.locker.default_options()
         };

@@ -635,3 +635,16 @@ async fn etcdctl_elect_and_dlock_see_and_exclude_each_other() {
     );
     stop(&mut next);
 }
+
+/// A holder whose runtime stalled past its session lease (2 s) counts as lost at once,
+/// before any keep-alive or renewal runs again (see the conformance helper).
+#[test]
+fn a_holder_stalled_past_its_session_counts_as_lost_at_once() {
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
+    dlock::conformance::a_stalled_holder_counts_as_lost(
+        &[format!("{}?session_ttl=2s", etcd.url())],
+        Duration::from_millis(2600),
+    );
+}

@@ -2497,3 +2497,20 @@ async fn mariadb_an_attempts_connection_idle_past_the_limit_still_serves() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     a_free_permit(&locker, &name, "after an idle spell").await;
 }
+
+/// A session-mode holder whose runtime stalled past the server's idle limit for its
+/// session (5 s: the server may have ended it, freeing the lock) counts as lost at
+/// once, before any ping runs again (see the conformance helper).
+#[test]
+fn a_session_holder_stalled_past_the_idle_limit_counts_as_lost_at_once() {
+    let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
+        return;
+    };
+    let urls = [
+        format!("{}?mode=advisory", pg.url()),
+        format!("{}?mode=row", pg.url()),
+        format!("{}?mode=named", maria.url()),
+        format!("{}?mode=row", maria.url()),
+    ];
+    dlock::conformance::a_stalled_holder_counts_as_lost(&urls, Duration::from_millis(5600));
+}

@@ -510,3 +510,16 @@ async fn a_release_after_the_node_is_gone_reports_the_loss() {
         "a release of a node that was gone: {released:?}"
     );
 }
+
+/// A holder whose runtime stalled past its session's timeout (2 s) counts as lost at
+/// once, before any probe or renewal runs again (see the conformance helper).
+#[test]
+fn a_holder_stalled_past_its_session_counts_as_lost_at_once() {
+    let Some(zk) = ZkServer::start() else {
+        return;
+    };
+    dlock::conformance::a_stalled_holder_counts_as_lost(
+        &[format!("{}/stalled?session_timeout=2s", zk.url())],
+        Duration::from_millis(2600),
+    );
+}

@@ -125,6 +125,30 @@ pub async fn drop_releases_promptly(h: &Harness) {
     g2.release().await.expect("release");
 }
 
+/// A guard dropped on a thread with no runtime (moved into synchronous code) is
+/// released on its locker's runtime, well before the lease would end: a
+/// session-bound backend would otherwise keep the lock for as long as its session
+/// lives, with nobody holding it.
+pub async fn drop_off_the_runtime_releases_promptly(h: &Harness) {
+    let name = unique("drop-off");
+    let (a, b) = (h.locker().await, h.locker().await);
+    let g = a.lock(&name).await.expect("lock");
+    let start = Instant::now();
+    std::thread::spawn(move || drop(g))
+        .join()
+        .expect("the dropping thread");
+    let g2 = b
+        .lock_timeout(&name, Duration::from_secs(5))
+        .await
+        .expect("a guard dropped off the runtime must free its lock");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "a drop off the runtime took {:?} to free the lock (the lease is 30 s)",
+        start.elapsed()
+    );
+    g2.release().await.expect("release");
+}
+
 /// A holder whose lease ran out cannot release or extend the next holder's lock.
 pub async fn stale_owner_cannot_release_or_extend(h: &Harness) {
     let name = unique("stale");

@@ -62,3 +62,58 @@ pub async fn waiter_cancelled_in_an_outage(
         .expect("the cancelled waiter's queue entry stayed under its live session");
     freed.release().await.expect("release");
 }
+
+/// A holder whose runtime stalls past its session's life — its only thread blocked,
+/// so no keep-alive, renewal or watcher runs — counts as lost the moment it looks
+/// again, before any of them has run: the server may have ended its session and
+/// handed the lock on meanwhile. Each URL (a session-bound backend whose session
+/// lives less than `stall` unproven) on a thread and a current-thread runtime of its
+/// own, at once.
+///
+/// # Panics
+/// When a holder still counts as held after the stall, or is told another reason.
+pub fn a_stalled_holder_counts_as_lost(urls: &[String], stall: Duration) {
+    std::thread::scope(|scope| {
+        for url in urls {
+            let full = url.as_str();
+            scope.spawn(move || {
+                // Named without its credentials.
+                let shown = match (url.find("://"), url.rfind('@')) {
+                    (Some(start), Some(at)) if at > start => {
+                        format!("{}://…{}", &url[..start], &url[at..])
+                    }
+                    _ => url.clone(),
+                };
+                let url = &shown;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                let (locker, guard) = rt.block_on(async {
+                    let locker = Locker::connect(full).await.expect("connect");
+                    let guard = locker.lock(&super::unique("stalled")).await.expect("lock");
+                    (locker, guard)
+                });
+                assert!(guard.is_held(), "{url}: not held at once");
+                std::thread::sleep(stall);
+                assert!(
+                    !guard.is_held(),
+                    "{url}: still held by its own account after a stall past its session's life"
+                );
+                assert!(
+                    guard.context().lost.is_cancelled(),
+                    "{url}: its loss token did not fire"
+                );
+                assert!(
+                    matches!(guard.loss_reason(), Some(crate::LossReason::SessionLost(_))),
+                    "{url}: lost for {:?}",
+                    guard.loss_reason()
+                );
+                rt.block_on(async move {
+                    let _ = guard.release().await;
+                    drop(locker);
+                });
+            });
+        }
+    });
+}

@@ -37,7 +37,9 @@ mod shared;
 pub use admin::list_shows_the_held_locks;
 pub use behaviours::*;
 pub use crowd::Crowd;
-pub use faults::{wait_until_queued, waiter_cancelled_in_an_outage};
+pub use faults::{
+    a_stalled_holder_counts_as_lost, wait_until_queued, waiter_cancelled_in_an_outage,
+};
 pub use fenced::{BookReport, FencedBook, SectionId};
 pub use multi::{a_set_goes_back_at_once, lock_all_is_all_or_nothing_and_never_deadlocks};
 pub use primitives::*;
@@ -175,6 +177,7 @@ macro_rules! conformance_suite {
             timeout_bounds,
             release_then_reacquire,
             drop_releases_promptly,
+            drop_off_the_runtime_releases_promptly,
             stale_owner_cannot_release_or_extend,
             forged_owners_never_succeed,
             ttl_expiry_frees,

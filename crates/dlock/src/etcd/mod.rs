@@ -1622,6 +1622,9 @@ impl HeldLock for EtcdHeld {
     fn loss_signal(&self) -> Option<CancellationToken> {
         Some(self.session.lost.clone())
     }
+    fn session_trust(&self) -> Option<crate::backend::SessionTrust> {
+        Some(self.session.trust.clone())
+    }
 }
 
 #[cfg(test)]

@@ -10,17 +10,24 @@
 //! locks it was told it lost, queued contenders nobody waits for — for up to a TTL,
 //! and every other client would wait behind them.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::client::{Client, RpcError, Sender, Streaming};
 use super::proto::{LeaseKeepAliveRequest, LeaseKeepAliveResponse};
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::SessionTrust;
 use crate::error::{Error, Result};
 
 /// How long before the lease's earliest known end the session counts as lost.
 const LOSS_MARGIN: Duration = Duration::from_millis(50);
+
+/// How long a lease granted or kept alive by a request sent at `sent` is trusted: its
+/// earliest end less the margin.
+fn trusted(sent: Instant, ttl: Duration) -> Instant {
+    (sent + ttl).checked_sub(LOSS_MARGIN).unwrap_or(sent)
+}
 
 /// One lease.
 #[derive(Debug)]
@@ -29,8 +36,9 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     /// Cancelled when the lease is (or may be) gone.
     pub(crate) lost: CancellationToken,
-    /// When the lease ends on the server at the earliest, as far as we know.
-    expires: Mutex<Instant>,
+    /// Until when the lease lives on the server at least, as far as we know (its
+    /// earliest end less [`LOSS_MARGIN`]); the session's holds read it too.
+    pub(crate) trust: SessionTrust,
 }
 
 impl Session {
@@ -51,7 +59,7 @@ impl Session {
         let session = Arc::new(Session {
             id: granted.id,
             lost: CancellationToken::new(),
-            expires: Mutex::new(sent + lease_ttl),
+            trust: SessionTrust::new(trusted(sent, lease_ttl)),
         });
         tokio::spawn(keep_alive(
             client.clone(),
@@ -64,11 +72,7 @@ impl Session {
 
     /// When the lease may end, minus the drift margin: `lost` fires then at the latest.
     fn trusted_until(&self) -> Instant {
-        let expires = *self
-            .expires
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        expires - LOSS_MARGIN
+        self.trust.until()
     }
 
     /// An error when the session is lost.
@@ -161,10 +165,7 @@ async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive:
         match answer {
             Ok(Ok(Some(resp))) if resp.ttl > 0 => {
                 let granted = Duration::from_secs(u64::try_from(resp.ttl).unwrap_or(1));
-                *session
-                    .expires
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = sent + granted;
+                session.trust.extend_to(trusted(sent, granted));
                 delay = every;
             }
             Ok(Ok(Some(_))) => {

@@ -566,4 +566,7 @@ impl HeldLock for SharedHeld {
     fn loss_signal(&self) -> Option<tokio_util::sync::CancellationToken> {
         Some(self.session.lost.clone())
     }
+    fn session_trust(&self) -> Option<crate::backend::SessionTrust> {
+        Some(self.session.trust.clone())
+    }
 }

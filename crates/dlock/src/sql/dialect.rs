@@ -90,6 +90,11 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// Waiters jitter their polls (no notifications to spread them).
     const POLL_JITTER: bool;
 
+    /// Session modes: how long the server keeps a pinned session that sends nothing
+    /// (the idle limits it is opened with) — at most: a holder whose session was not
+    /// proven alive for this long counts as lost.
+    fn session_silence(&self) -> Duration;
+
     /// Lease mode: grant, re-enter or refuse, in one autocommitted statement.
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer>;
     /// Lease mode: how long the lease of a name found busy has left, lock delay

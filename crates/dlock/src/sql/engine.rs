@@ -86,7 +86,12 @@ impl<D: Dialect> SqlBackend<D> {
     /// The session side of a hold of `name`, whose [`lock_key`] is `key`.
     fn session(&self, conn: D::Conn, name: &LockName, key: [u8; 32]) -> Session<D::Conn> {
         Session {
-            pinned: Pinned::new(conn, self.opts.heartbeat, self.opts.timeout),
+            pinned: Pinned::new(
+                conn,
+                self.opts.heartbeat,
+                self.opts.timeout,
+                self.dialect.session_silence(),
+            ),
             idle: Arc::clone(&self.idle),
             hub: Arc::clone(&self.hub),
             key,
@@ -491,6 +496,10 @@ impl<D: Dialect> HeldLock for SessionHeld<D> {
 
     fn loss_signal(&self) -> Option<CancellationToken> {
         self.session.loss_signal()
+    }
+
+    fn session_trust(&self) -> Option<crate::backend::SessionTrust> {
+        Some(self.session.trust())
     }
 }
 

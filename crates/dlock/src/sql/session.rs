@@ -3,12 +3,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::db_err;
+use crate::backend::SessionTrust;
 use crate::error::{Error, Result};
 use crate::notify::WakeOne;
 
@@ -43,6 +44,24 @@ struct PinnedConn<C> {
     /// A ping on it was abandoned before its answer came (the next answer read from
     /// it could be that ping's), or failed: it is used for nothing more.
     out_of_step: AtomicBool,
+    /// Until when the server keeps the session: the last answered ping's send time
+    /// (or the pinning's) plus `silence`, less a margin; ended by a failed ping. The
+    /// hold reads it ([`crate::backend::HeldLock::session_trust`]): a holder whose
+    /// process or runtime was paused past it counts as lost before it can act, as
+    /// the server may have ended its session (and freed the lock) meanwhile.
+    trust: SessionTrust,
+    /// How long the server keeps a session that sends nothing
+    /// ([`super::dialect::Dialect::session_silence`]).
+    silence: Duration,
+}
+
+/// Until when a session proven alive by a request sent at `sent` lives at least, the
+/// server ending one silent for `silence`: less the drift margin and the time an
+/// answer takes to come back (the pinning dates from the answer to the locking
+/// statement, the server's idle clock from when it sent it).
+fn trusted(sent: Instant, silence: Duration) -> Instant {
+    let margin = crate::lease::drift_margin(silence) + Duration::from_millis(50);
+    sent + silence.saturating_sub(margin)
 }
 
 #[derive(Debug)]
@@ -66,11 +85,13 @@ pub(crate) enum Taken<C> {
 impl<C: sqlx::Connection + 'static> Pinned<C> {
     /// Pin `conn`, to be proven alive every `interval`, each ping answered within
     /// `interval` or `timeout`, whichever is shorter.
-    pub(crate) fn new(conn: C, interval: Duration, timeout: Duration) -> Self {
+    pub(crate) fn new(conn: C, interval: Duration, timeout: Duration, silence: Duration) -> Self {
         Pinned {
             conn: Arc::new(PinnedConn {
                 slot: Mutex::new(Some(conn)),
                 out_of_step: AtomicBool::new(false),
+                trust: SessionTrust::new(trusted(Instant::now(), silence)),
+                silence,
             }),
             interval,
             answer_within: interval.min(timeout),
@@ -81,6 +102,11 @@ impl<C: sqlx::Connection + 'static> Pinned<C> {
     /// How often the session must be proven alive.
     pub(crate) fn interval(&self) -> Duration {
         self.interval
+    }
+
+    /// Until when the session is known to live (see [`PinnedConn::trust`]).
+    pub(crate) fn trust(&self) -> SessionTrust {
+        self.conn.trust.clone()
     }
 
     /// Nobody renews this hold: start its heartbeat, which pings every `interval` and
@@ -185,9 +211,11 @@ async fn ping_or_drop<C: sqlx::Connection + 'static>(
         // unread: the connection is out of step from then on. (Cut off by its own
         // timeout below, it is dropped anyway.)
         let abandoned = Abandoned(Some(&conn.out_of_step));
+        let sent = Instant::now();
         let answered = matches!(tokio::time::timeout(within, c.ping()).await, Ok(Ok(())));
         abandoned.disarm();
         if answered {
+            conn.trust.extend_to(trusted(sent, conn.silence));
             return true;
         }
     }
@@ -195,6 +223,7 @@ async fn ping_or_drop<C: sqlx::Connection + 'static>(
     // free the lock). A renewal's caller hears it from this answer and marks the hold
     // lost; the release that follows closes the connection, never before.
     conn.out_of_step.store(true, Ordering::SeqCst);
+    conn.trust.end();
     let Some(lost) = lost else {
         return false;
     };
@@ -325,6 +354,11 @@ impl<C: sqlx::Connection + 'static> Session<C> {
     /// How often the session must be proven alive (the `heartbeat` option).
     pub(crate) fn prove_alive_every(&self) -> Duration {
         self.pinned.interval()
+    }
+
+    /// Until when the session is known to live.
+    pub(crate) fn trust(&self) -> SessionTrust {
+        self.pinned.trust()
     }
 
     /// Let go: run `release` on the pinned connection (within the timeout); a clean

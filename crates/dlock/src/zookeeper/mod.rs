@@ -117,7 +117,8 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Primitive, Waiter,
+    AcquireRequest, Attempt, Backend, Capabilities, HeldLock, LockInfo, Primitive, SessionTrust,
+    Waiter,
 };
 use crate::error::{Error, LossReason, Result};
 use crate::name::LockName;
@@ -210,11 +211,15 @@ struct Session {
     client: zk::Client,
     lost: CancellationToken,
     suspect: Arc<AtomicBool>,
+    /// Until when the server keeps the session at least (see [`watch_session`]); the
+    /// session's holds read it too.
+    trust: SessionTrust,
 }
 
 impl Session {
     fn check(&self) -> Result<()> {
-        if self.lost.is_cancelled() {
+        if self.lost.is_cancelled() || self.trust.passed() {
+            self.lost.cancel();
             return Err(Error::connection(
                 SCHEME,
                 "the ZooKeeper session expired (or could not be resumed in time)",
@@ -233,16 +238,15 @@ async fn watch_session(
     client: zk::Client,
     lost: CancellationToken,
     suspect: Arc<AtomicBool>,
+    trust: SessionTrust,
     timeout: Duration,
 ) {
     let mut states = client.state_watcher();
-    let margin = crate::lease::drift_margin(timeout) + Duration::from_millis(50);
     let every = timeout / 4;
-    let mut trusted_until = Instant::now() + timeout.saturating_sub(margin);
     loop {
         let sent = Instant::now();
         let probe = tokio::time::timeout(
-            trusted_until.saturating_duration_since(sent),
+            trust.until().saturating_duration_since(sent),
             client.check_stat("/"),
         );
         tokio::select! {
@@ -256,27 +260,40 @@ async fn watch_session(
                 }
                 state => {
                     tracing::warn!(%state, "ZooKeeper session ended: its locks are lost");
+                    trust.end();
                     lost.cancel();
                     return;
                 }
             },
             answer = probe => {
-                if matches!(answer, Ok(Ok(_))) {
-                    trusted_until = sent + timeout.saturating_sub(margin);
+                // Never past the trust: the holds read it themselves, but the loss is
+                // declared (and the session ended for them) right then.
+                let pause = if matches!(answer, Ok(Ok(_))) {
+                    trust.extend_to(trusted_until(sent, timeout));
                     suspect.store(false, Ordering::SeqCst);
-                    tokio::time::sleep(every).await;
+                    every
                 } else {
                     suspect.store(true, Ordering::SeqCst);
-                    tokio::time::sleep(every.min(Duration::from_millis(100))).await;
-                }
+                    every.min(Duration::from_millis(100))
+                };
+                tokio::time::sleep_until((Instant::now() + pause).min(trust.until()).into()).await;
             }
         }
-        if Instant::now() >= trusted_until {
+        if trust.passed() {
             tracing::warn!("ZooKeeper session unanswered past its timeout: its locks are lost");
+            trust.end();
             lost.cancel();
             return;
         }
     }
+}
+
+/// How long the server keeps a session of `timeout` after a request sent at `sent`
+/// (it expires a session `timeout` after the last request it received; the send
+/// time is a lower bound for that), less the drift margin.
+fn trusted_until(sent: Instant, timeout: Duration) -> Instant {
+    let margin = crate::lease::drift_margin(timeout) + Duration::from_millis(50);
+    sent + timeout.saturating_sub(margin)
 }
 
 /// A contender's node, just created.
@@ -537,6 +554,7 @@ impl Inner {
         if self.negotiated_ms.load(Ordering::Relaxed) == 0 {
             self.refuse_early().await?;
         }
+        let connecting = Instant::now();
         let client = tokio::time::timeout(self.timeout, connector.connect(&self.cluster))
             .await
             .map_err(|_| {
@@ -549,16 +567,19 @@ impl Inner {
         );
         let lost = CancellationToken::new();
         let suspect = Arc::new(AtomicBool::new(false));
+        let trust = SessionTrust::new(trusted_until(connecting, client.session_timeout()));
         tokio::spawn(watch_session(
             client.clone(),
             lost.clone(),
             Arc::clone(&suspect),
+            trust.clone(),
             client.session_timeout(),
         ));
         let s = Arc::new(Session {
             client,
             lost,
             suspect,
+            trust,
         });
         *current = Some(Arc::clone(&s));
         Ok(s)
@@ -1098,6 +1119,10 @@ impl HeldLock for ZkHeld {
 
     fn suspect_flag(&self) -> Option<Arc<AtomicBool>> {
         Some(Arc::clone(&self.session.suspect))
+    }
+
+    fn session_trust(&self) -> Option<SessionTrust> {
+        Some(self.session.trust.clone())
     }
 }
 

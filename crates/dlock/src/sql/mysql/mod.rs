@@ -489,6 +489,10 @@ impl Dialect for Mysql {
     const NATIVE_WAIT: bool = false;
     const POLL_JITTER: bool = true;
 
+    fn session_silence(&self) -> Duration {
+        Duration::from_secs(self.wait_timeout)
+    }
+
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
         let (ttl_us, meta) = (micros(req.ttl), metadata_json(&req.metadata));
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());

@@ -332,6 +332,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         advisory_key,
         row_mode: opts.mode == Mode::Row,
         timeout: opts.timeout,
+        silent,
         listener,
         marks,
     };
@@ -368,6 +369,8 @@ struct Postgres {
     /// mode's keep their `backend_start` instead).
     row_mode: bool,
     timeout: Duration,
+    /// How long a session connection may send nothing before the server ends it.
+    silent: Duration,
     listener: tokio::task::JoinHandle<()>,
     /// This process's marks on the keys it waits for: releases notify only those.
     marks: marks::Marks,
@@ -458,6 +461,10 @@ impl Dialect for Postgres {
     const SESSION: &'static str = "backend pid";
     const NATIVE_WAIT: bool = true;
     const POLL_JITTER: bool = false;
+
+    fn session_silence(&self) -> Duration {
+        self.silent
+    }
 
     async fn lease_acquire(&self, req: &AcquireRequest, key: &[u8; 32]) -> Result<LeaseAnswer> {
         let mut c = self.own_conn().await?;
