@@ -107,23 +107,37 @@ pub async fn run(args: RunArgs, early: Option<Reaper>) -> Result<i32, Failure> {
         .join(", ");
     let acquire = async {
         if let Some(value) = &args.campaign {
+            // A campaign has a fresh owner of its own (see `Election::campaign_with`):
+            // the command is told that one.
             let election = locker.election(&args.name);
-            let leadership = election.campaign_with(value, &opts).await?;
-            Ok(dlock::MultiGuard::from(leadership.into_guard()))
+            let mut fresh = opts.clone();
+            fresh.owner = None;
+            let leading = election.campaign_with(value, &fresh).await?.into_guard();
+            let owner = leading.owner().clone();
+            Ok((dlock::MultiGuard::from(leading), owner))
         } else if let Some(permits) = args.permits {
             let sem = locker.semaphore(&args.name, permits);
-            sem.acquire_with(&opts).await.map(dlock::MultiGuard::from)
+            sem.acquire_with(&opts)
+                .await
+                .map(|g| (dlock::MultiGuard::from(g), owner.clone()))
         } else if args.read {
             let rw = locker.rwlock(&args.name);
-            rw.read_with(&opts).await.map(dlock::MultiGuard::from)
+            rw.read_with(&opts)
+                .await
+                .map(|g| (dlock::MultiGuard::from(g), owner.clone()))
         } else if args.write {
             let rw = locker.rwlock(&args.name);
-            rw.write_with(&opts).await.map(dlock::MultiGuard::from)
+            rw.write_with(&opts)
+                .await
+                .map(|g| (dlock::MultiGuard::from(g), owner.clone()))
         } else {
-            locker.lock_all(&names, &opts).await
+            locker
+                .lock_all(&names, &opts)
+                .await
+                .map(|g| (g, owner.clone()))
         }
     };
-    let guard = tokio::select! {
+    let (guard, owner) = tokio::select! {
         r = acquire => match r {
             Ok(g) => g,
             Err(e @ dlock::Error::Timeout { .. }) => {
