@@ -76,9 +76,9 @@ impl LockGuard {
         &self.hold.owner
     }
 
-    /// Whether the lock is still believed held: not released, not lost, and its local
-    /// deadline not passed (also when the keeper has not yet got round to marking it
-    /// lost).
+    /// Whether the lock is still believed held: not released, not lost, its local
+    /// deadline not passed and its session (if it has one) still trusted — also when
+    /// the keeper has not yet got round to marking it lost.
     #[must_use]
     pub fn is_held(&self) -> bool {
         !self.released && !self.hold.is_lost() && !self.hold.past_deadline()
@@ -90,7 +90,10 @@ impl LockGuard {
     /// monotonic clock — so it passes before the lease can end on the server. Each
     /// successful renewal moves it later; while renewals fail, it stays put, and a
     /// caller can stop its work in time (`dlock run` sends its command SIGTERM ahead
-    /// of it).
+    /// of it). A hold that lives as long as a session (etcd, ZooKeeper, an SQL session
+    /// mode) may count as lost sooner, once its session is not proven alive in time:
+    /// [`LockGuard::is_held`] and [`LockGuard::lost`] watch that too
+    /// ([`crate::backend::HeldLock::session_trust`]).
     #[must_use]
     pub fn deadline(&self) -> std::time::Instant {
         self.hold.deadline().into_std()

@@ -539,9 +539,17 @@ impl Hold {
         true
     }
 
-    /// The hold's session is trusted no more ([`Signals::session`]).
+    /// The hold's session is trusted no more ([`Signals::session`]); for good once
+    /// seen so (ended): an answer to a proof sent before that cannot bring back a hold
+    /// already told it was lost.
     fn session_untrusted(&self) -> bool {
-        self.session_trust().is_some_and(SessionTrust::passed)
+        self.session_trust().is_some_and(|trust| {
+            let passed = trust.passed();
+            if passed {
+                trust.end();
+            }
+            passed
+        })
     }
 
     fn session_trust(&self) -> Option<&SessionTrust> {
@@ -628,9 +636,13 @@ impl Hold {
             } else {
                 let wake = self.instant(deadline);
                 // The session's trust as it stands; looked at again when it comes (a
-                // proof of life may have moved it meanwhile).
+                // proof of life may have moved it meanwhile). Not sooner than a poll
+                // from now: on a paused test clock the trust's (real) instant may lie
+                // behind the runtime's while it has not passed.
                 match self.session_trust() {
-                    Some(t) => wake.min(Instant::from_std(t.until())),
+                    Some(t) => {
+                        wake.min(Instant::from_std(t.until()).max(Instant::now() + EXPIRE_POLL))
+                    }
                     None => wake,
                 }
             };
@@ -1166,6 +1178,33 @@ mod tests {
         stale.end();
         stale.extend_to(std::time::Instant::now() + Duration::from_secs(60));
         assert!(stale.passed());
+    }
+
+    /// Once a hold has been seen lost for its session's trust, an answer to a proof
+    /// sent before (a ping answering late) does not make it held again.
+    #[tokio::test]
+    async fn a_hold_seen_lost_for_its_session_stays_lost() {
+        let trust = SessionTrust::new(std::time::Instant::now() + Duration::from_millis(50));
+        let held = Trusted {
+            trust: trust.clone(),
+            releases: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+        };
+        // No renewal and a long lease: nothing marks the loss before the checks below.
+        let guard = crate::guard::LockGuard::new(start(
+            Box::new(held),
+            plan(Duration::from_secs(30), None, None),
+        ));
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert!(!guard.is_held());
+        trust.extend_to(std::time::Instant::now() + Duration::from_secs(60));
+        assert!(
+            !guard.is_held(),
+            "a late proof brought back a hold seen lost"
+        );
+        assert!(matches!(
+            guard.loss_reason(),
+            Some(LossReason::SessionLost(_))
+        ));
     }
 
     /// A lock whose backend reports the session gone through a signal, and counts

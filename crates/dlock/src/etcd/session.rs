@@ -78,6 +78,9 @@ impl Session {
     /// An error when the session is lost.
     pub(crate) fn check(&self) -> Result<()> {
         if self.lost.is_cancelled() || Instant::now() >= self.trusted_until() {
+            // For good: a keep-alive answered after this must not revive the trust its
+            // holds read.
+            self.trust.end();
             self.lost.cancel();
             return Err(Error::connection(
                 "etcd",

@@ -83,14 +83,22 @@ impl<D: Dialect> SqlBackend<D> {
         }
     }
 
-    /// The session side of a hold of `name`, whose [`lock_key`] is `key`.
-    fn session(&self, conn: D::Conn, name: &LockName, key: [u8; 32]) -> Session<D::Conn> {
+    /// The session side of a hold of `name`, whose [`lock_key`] is `key`, on `conn`
+    /// whose last answered statement was sent at `proven`.
+    fn session(
+        &self,
+        conn: D::Conn,
+        name: &LockName,
+        key: [u8; 32],
+        proven: std::time::Instant,
+    ) -> Session<D::Conn> {
         Session {
             pinned: Pinned::new(
                 conn,
                 self.opts.heartbeat,
                 self.opts.timeout,
                 self.dialect.session_silence(),
+                proven,
             ),
             idle: Arc::clone(&self.idle),
             hub: Arc::clone(&self.hub),
@@ -153,6 +161,7 @@ impl<D: Dialect> SqlBackend<D> {
         let key = lock_key(&req.name);
         let skey = self.dialect.session_key(&req.name, &key)?;
         let mut conn = self.session_conn().await?;
+        let sent = std::time::Instant::now();
         match self
             .dialect
             .session_lock(&mut conn, req, &key, &skey)
@@ -161,7 +170,7 @@ impl<D: Dialect> SqlBackend<D> {
             Some(fence) => Ok(Attempt::Acquired(Box::new(SessionHeld {
                 dialect: Arc::clone(&self.dialect),
                 hold: self.hold(req, key, fence),
-                session: self.session(conn, &req.name, key),
+                session: self.session(conn, &req.name, key, sent),
                 unlock: Unlock::Session(skey),
             }))),
             None => {
@@ -177,6 +186,7 @@ impl<D: Dialect> SqlBackend<D> {
         let key = lock_key(&req.name);
         let mut conn = self.session_conn().await?;
         for _ in 0..2 {
+            let locked_at = std::time::Instant::now();
             match self.dialect.row_lock(&mut conn, &key).await? {
                 RowLock::Locked { session, xact } => {
                     let fence = self.dialect.row_holder(req, &key, session, xact).await?;
@@ -187,10 +197,12 @@ impl<D: Dialect> SqlBackend<D> {
                     // reject the real holder.) Its transaction keeps the row lock for as
                     // long as the session lives, so one answered ping proves it, unless
                     // the token's statement already checked that transaction.
-                    let alive = if xact.is_some() {
-                        Ok(Ok(()))
+                    let (alive, proven) = if xact.is_some() {
+                        (Ok(Ok(())), locked_at)
                     } else {
-                        tokio::time::timeout(self.opts.timeout, conn.ping()).await
+                        let sent = std::time::Instant::now();
+                        let ping = tokio::time::timeout(self.opts.timeout, conn.ping()).await;
+                        (ping, sent)
                     };
                     if !matches!(alive, Ok(Ok(()))) {
                         // Its record names a dead session with a token no one holds;
@@ -207,7 +219,7 @@ impl<D: Dialect> SqlBackend<D> {
                     return Ok(Attempt::Acquired(Box::new(SessionHeld {
                         dialect: Arc::clone(&self.dialect),
                         hold: self.hold(req, key, fence),
-                        session: self.session(conn, &req.name, key),
+                        session: self.session(conn, &req.name, key, proven),
                         unlock: Unlock::Row,
                     })));
                 }

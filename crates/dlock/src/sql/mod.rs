@@ -25,8 +25,14 @@
 //! never the lapsed one's. Session modes: a connection that breaks (a reset, the server
 //! or a proxy closing it) frees the lock on the server at once, and the holder hears of
 //! it by its next heartbeat — [`Capabilities::connection_loss_notice`]. Only a resource
-//! that checks fencing tokens protects that window. A holder that is SIGSTOPped keeps
-//! its session, and so the lock, until it resumes.
+//! that checks fencing tokens protects that window. The server ends a pinned session
+//! that sends nothing for five heartbeats, at least 5 s (PostgreSQL 14 and later:
+//! `idle_session_timeout`, and in row mode `idle_in_transaction_session_timeout`;
+//! MySQL/MariaDB: `wait_timeout`, whole seconds), so a holder that is SIGSTOPped, or
+//! whose runtime stalls, may lose the lock meanwhile: its hold counts as lost from the
+//! moment its session was last proven alive plus that limit (less a margin), whether or
+//! not a ping has run since ([`crate::backend::HeldLock::session_trust`]), so
+//! `is_held()` is false and `lost()` fires the moment it runs again.
 //!
 //! # Semaphores and read-write locks
 //! In every mode they are leases in two tables of their own, created on first use:

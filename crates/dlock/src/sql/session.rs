@@ -56,9 +56,8 @@ struct PinnedConn<C> {
 }
 
 /// Until when a session proven alive by a request sent at `sent` lives at least, the
-/// server ending one silent for `silence`: less the drift margin and the time an
-/// answer takes to come back (the pinning dates from the answer to the locking
-/// statement, the server's idle clock from when it sent it).
+/// server ending one silent for `silence` (its idle clock starts no sooner than it
+/// received that request): less the drift margin.
 fn trusted(sent: Instant, silence: Duration) -> Instant {
     let margin = crate::lease::drift_margin(silence) + Duration::from_millis(50);
     sent + silence.saturating_sub(margin)
@@ -85,12 +84,19 @@ pub(crate) enum Taken<C> {
 impl<C: sqlx::Connection + 'static> Pinned<C> {
     /// Pin `conn`, to be proven alive every `interval`, each ping answered within
     /// `interval` or `timeout`, whichever is shorter.
-    pub(crate) fn new(conn: C, interval: Duration, timeout: Duration, silence: Duration) -> Self {
+    /// `proven` is when the last statement the session answered on it was sent.
+    pub(crate) fn new(
+        conn: C,
+        interval: Duration,
+        timeout: Duration,
+        silence: Duration,
+        proven: Instant,
+    ) -> Self {
         Pinned {
             conn: Arc::new(PinnedConn {
                 slot: Mutex::new(Some(conn)),
                 out_of_step: AtomicBool::new(false),
-                trust: SessionTrust::new(trusted(Instant::now(), silence)),
+                trust: SessionTrust::new(trusted(proven, silence)),
                 silence,
             }),
             interval,

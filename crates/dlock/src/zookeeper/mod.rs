@@ -219,6 +219,9 @@ struct Session {
 impl Session {
     fn check(&self) -> Result<()> {
         if self.lost.is_cancelled() || self.trust.passed() {
+            // For good: a probe answered after this must not revive a session its
+            // holds were told is lost (its watcher stops on `lost`).
+            self.trust.end();
             self.lost.cancel();
             return Err(Error::connection(
                 SCHEME,
@@ -250,6 +253,12 @@ async fn watch_session(
             client.check_stat("/"),
         );
         tokio::select! {
+            // Declared lost elsewhere (`Session::check` saw the trust pass): stop here,
+            // so no answer extends its trust again.
+            () = lost.cancelled() => {
+                trust.end();
+                return;
+            }
             state = states.changed() => match state {
                 zk::SessionState::Disconnected => {
                     tracing::warn!("ZooKeeper session disconnected: its locks are suspect");
@@ -541,7 +550,7 @@ impl Inner {
     async fn session(&self) -> Result<Arc<Session>> {
         let mut current = self.session.lock().await;
         if let Some(s) = current.as_ref()
-            && !s.lost.is_cancelled()
+            && s.check().is_ok()
         {
             return Ok(Arc::clone(s));
         }

@@ -290,6 +290,7 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
         sql,
         timeout: opts.timeout,
         wait_timeout,
+        mariadb: version.contains("MariaDB"),
     };
     Ok(Arc::new(SqlBackend::new(
         dialect,
@@ -317,6 +318,8 @@ struct Mysql {
     timeout: Duration,
     /// `wait_timeout` of pinned connections, in seconds.
     wait_timeout: u64,
+    /// The server is MariaDB (its idle-transaction limits exist).
+    mariadb: bool,
 }
 
 impl std::fmt::Debug for Mysql {
@@ -627,7 +630,18 @@ impl Dialect for Mysql {
             MySqlConnection::connect_with(&self.connect),
         )
         .await?;
-        let set = format!("SET SESSION wait_timeout = {}", self.wait_timeout);
+        // MariaDB's idle-transaction limits, which a server may set lower, would end a
+        // row-mode session (its transaction idles while the lock is held) before the
+        // holder counts it lost (`session_silence`): no lower than `wait_timeout`.
+        let w = self.wait_timeout;
+        let set = if self.mariadb {
+            format!(
+                "SET SESSION wait_timeout = {w}, idle_transaction_timeout = {w}, \
+                 idle_write_transaction_timeout = {w}, idle_readonly_transaction_timeout = {w}"
+            )
+        } else {
+            format!("SET SESSION wait_timeout = {w}")
+        };
         timed(BACKEND, self.timeout, async {
             conn.execute(AssertSqlSafe(set)).await?;
             // Row mode creates a lock's row on this connection: a lock wait there means

@@ -313,11 +313,16 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     .await?;
     let silent = (opts.heartbeat * 5).max(Duration::from_secs(5));
     let silent_ms = silent.as_millis().to_string();
+    // The keep-alive probes give up on a silent client (a paused host, a cut network)
+    // as soon as the idle limit would, not sooner: idle + 3 probes a second apart.
+    let keepalive_idle = silent.as_secs().saturating_sub(3).max(2);
     let mut session_options = vec![
-        ("tcp_keepalives_idle", "2".to_owned()),
+        ("tcp_keepalives_idle", keepalive_idle.to_string()),
         ("tcp_keepalives_interval", "1".to_owned()),
         ("tcp_keepalives_count", "3".to_owned()),
     ];
+    // What a holder may count on: the shorter of the two limits.
+    let silent = silent.min(Duration::from_secs(keepalive_idle + 3));
     if version >= 140_000 {
         session_options.push(("idle_session_timeout", silent_ms.clone()));
     }
