@@ -1074,31 +1074,6 @@ mod tests {
         Hold::start(&keepers, held, name, Owner::random(), plan)
     }
 
-    /// A lock on a session the test proves alive (or not) by moving its trust, with
-    /// renewals that always succeed and its releases counted.
-    #[derive(Debug)]
-    struct Trusted {
-        trust: SessionTrust,
-        releases: Arc<std::sync::atomic::AtomicU32>,
-    }
-
-    #[async_trait::async_trait]
-    impl HeldLock for Trusted {
-        fn fencing_token(&self) -> u64 {
-            1
-        }
-        async fn renew(&self, _ttl: Duration) -> Result<()> {
-            Ok(())
-        }
-        async fn release(&self) -> Result<()> {
-            self.releases.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-        fn session_trust(&self) -> Option<SessionTrust> {
-            Some(self.trust.clone())
-        }
-    }
-
     /// A hold on a session that is not proven alive in time counts as lost at once —
     /// `is_held` false, `lost()` answering, the reason the session's — although its
     /// lease (30 s) and renewals are fine, and the lock is given back; one whose
@@ -1108,10 +1083,7 @@ mod tests {
         let window = Duration::from_millis(300);
         let stale = SessionTrust::new(std::time::Instant::now() + window);
         let releases = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let held = Trusted {
-            trust: stale.clone(),
-            releases: Arc::clone(&releases),
-        };
+        let held = trusted(&stale, &releases);
         let hold = start(
             Box::new(held),
             plan(
@@ -1123,10 +1095,7 @@ mod tests {
         let guard = crate::guard::LockGuard::new(hold);
 
         let fresh = SessionTrust::new(std::time::Instant::now() + window);
-        let proven = Trusted {
-            trust: fresh.clone(),
-            releases: Arc::new(std::sync::atomic::AtomicU32::new(0)),
-        };
+        let proven = trusted(&fresh, &Arc::default());
         let kept = crate::guard::LockGuard::new(start(
             Box::new(proven),
             plan(
@@ -1185,10 +1154,7 @@ mod tests {
     #[tokio::test]
     async fn a_hold_seen_lost_for_its_session_stays_lost() {
         let trust = SessionTrust::new(std::time::Instant::now() + Duration::from_millis(50));
-        let held = Trusted {
-            trust: trust.clone(),
-            releases: Arc::new(std::sync::atomic::AtomicU32::new(0)),
-        };
+        let held = trusted(&trust, &Arc::default());
         // No renewal and a long lease: nothing marks the loss before the checks below.
         let guard = crate::guard::LockGuard::new(start(
             Box::new(held),
@@ -1207,11 +1173,13 @@ mod tests {
         ));
     }
 
-    /// A lock whose backend reports the session gone through a signal, and counts
-    /// its releases.
+    /// A lock on a session: its backend reports the session gone through a signal, or
+    /// the test proves it alive (or not) by moving its trust; renewals always succeed,
+    /// releases are counted.
     #[derive(Debug)]
     struct Signalled {
         gone: CancellationToken,
+        trust: Option<SessionTrust>,
         releases: Arc<std::sync::atomic::AtomicU32>,
     }
 
@@ -1230,6 +1198,18 @@ mod tests {
         fn loss_signal(&self) -> Option<CancellationToken> {
             Some(self.gone.clone())
         }
+        fn session_trust(&self) -> Option<SessionTrust> {
+            self.trust.clone()
+        }
+    }
+
+    /// A lock on a session trusted as `trust` says, its releases counted by `releases`.
+    fn trusted(trust: &SessionTrust, releases: &Arc<std::sync::atomic::AtomicU32>) -> Signalled {
+        Signalled {
+            gone: CancellationToken::new(),
+            trust: Some(trust.clone()),
+            releases: Arc::clone(releases),
+        }
     }
 
     /// A renewed hold on a [`Signalled`] backend: the hold, its loss signal, and the
@@ -1243,6 +1223,7 @@ mod tests {
         let hold = start(
             Box::new(Signalled {
                 gone: gone.clone(),
+                trust: None,
                 releases: Arc::clone(&releases),
             }),
             plan(Duration::from_secs(30), Some(Duration::from_secs(10)), None),
@@ -1609,15 +1590,40 @@ mod tests {
     /// runtime), instead of only being told of its loss at its deadline.
     #[test]
     fn a_hold_whose_timer_runtime_is_gone_is_renewed_once_watched() {
+        renewed_after_its_timer_runtime_goes(false);
+    }
+
+    /// The same when `lost()` is already being watched as the timer runtime goes: the
+    /// driver's end wakes the watcher, which starts a new one at once (not at the
+    /// deadline it sleeps to).
+    #[test]
+    fn a_hold_watched_as_its_timer_runtime_goes_is_renewed() {
+        renewed_after_its_timer_runtime_goes(true);
+    }
+
+    /// A hold renewed through a driver on a runtime that goes (before the first
+    /// renewal is due), `lost()` watched on the other from before that (`watching`)
+    /// or from after: never lost, renewed again.
+    fn renewed_after_its_timer_runtime_goes(watching: bool) {
         let (keepers, first) = keepers_on_a_runtime_of_their_own();
         let second = runtime();
         let (guard, renewals, ttl) = renewed_hold_on(&second, &keepers);
-        // Gone before the first renewal is due.
+        let watch = watching.then(|| second.spawn(guard.lost()));
+        std::thread::sleep(Duration::from_millis(20));
         drop(first);
-        let told = second.block_on(async { tokio::time::timeout(ttl * 4, guard.lost()).await });
+        let told = second.block_on(async {
+            match watch {
+                Some(watch) => tokio::time::timeout(ttl * 4, watch)
+                    .await
+                    .map(|r| format!("{r:?}")),
+                None => tokio::time::timeout(ttl * 4, guard.lost())
+                    .await
+                    .map(|e| format!("{e:?}")),
+            }
+        });
         if let Ok(e) = told {
             panic!(
-                "lost ({e:?}) after {} renewals: nothing renewed it once its timer runtime went",
+                "lost ({e}) after {} renewals: nothing renewed it once its timer runtime went",
                 renewals.load(Ordering::SeqCst)
             );
         }
@@ -1628,32 +1634,6 @@ mod tests {
         );
         assert!(guard.is_held());
         assert_eq!(guard.loss_reason(), None);
-    }
-
-    /// The same when `lost()` is already being watched as the timer runtime goes: the
-    /// driver's end wakes the watcher, which starts a new one at once (not at the
-    /// deadline it sleeps to).
-    #[test]
-    fn a_hold_watched_as_its_timer_runtime_goes_is_renewed() {
-        let (keepers, first) = keepers_on_a_runtime_of_their_own();
-        let second = runtime();
-        let (guard, renewals, ttl) = renewed_hold_on(&second, &keepers);
-        let watch = second.spawn(guard.lost());
-        std::thread::sleep(Duration::from_millis(20));
-        drop(first);
-        let told = second.block_on(async { tokio::time::timeout(ttl * 4, watch).await });
-        if let Ok(e) = told {
-            panic!(
-                "lost ({e:?}) after {} renewals: nothing renewed it once its timer runtime went",
-                renewals.load(Ordering::SeqCst)
-            );
-        }
-        assert!(
-            renewals.load(Ordering::SeqCst) >= 3,
-            "renewed {} times in four leases",
-            renewals.load(Ordering::SeqCst)
-        );
-        assert!(guard.is_held());
     }
 
     /// When the timer task cannot run at all (its runtime lives but is not driven: a

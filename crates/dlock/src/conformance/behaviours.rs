@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Harness, eventually, opts, short_lease, unique};
-use crate::{Error, LockOptions, Metadata, Owner, Renewal, Wait};
+use crate::{Error, LockGuard, LockOptions, Metadata, Owner, Renewal, Wait};
 
 /// Many tasks on several clients run a deliberately racy read–yield–write on a shared
 /// counter under the lock: no update is lost and no two are inside at once.
@@ -108,21 +108,7 @@ pub async fn release_then_reacquire(h: &Harness) {
 
 /// Dropping a guard releases in the background, well before the lease would end.
 pub async fn drop_releases_promptly(h: &Harness) {
-    let name = unique("drop");
-    let (a, b) = (h.locker().await, h.locker().await);
-    let g = a.lock(&name).await.expect("lock");
-    let start = Instant::now();
-    drop(g);
-    let g2 = b
-        .lock_timeout(&name, Duration::from_secs(5))
-        .await
-        .expect("dropped lock must free");
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "drop took {:?} to free the lock (the lease is 30 s)",
-        start.elapsed()
-    );
-    g2.release().await.expect("release");
+    dropped_guard_frees(h, "drop", drop).await;
 }
 
 /// A guard dropped on a thread with no runtime (moved into synchronous code) is
@@ -130,20 +116,28 @@ pub async fn drop_releases_promptly(h: &Harness) {
 /// session-bound backend would otherwise keep the lock for as long as its session
 /// lives, with nobody holding it.
 pub async fn drop_off_the_runtime_releases_promptly(h: &Harness) {
-    let name = unique("drop-off");
+    dropped_guard_frees(h, "drop-off", |g| {
+        std::thread::spawn(move || drop(g))
+            .join()
+            .expect("the dropping thread");
+    })
+    .await;
+}
+
+/// A lock whose guard `dropper` drops is free for another locker within 2 s.
+async fn dropped_guard_frees(h: &Harness, label: &str, dropper: impl FnOnce(LockGuard)) {
+    let name = unique(label);
     let (a, b) = (h.locker().await, h.locker().await);
     let g = a.lock(&name).await.expect("lock");
     let start = Instant::now();
-    std::thread::spawn(move || drop(g))
-        .join()
-        .expect("the dropping thread");
+    dropper(g);
     let g2 = b
         .lock_timeout(&name, Duration::from_secs(5))
         .await
-        .expect("a guard dropped off the runtime must free its lock");
+        .unwrap_or_else(|e| panic!("{label}: the dropped guard's lock must free: {e}"));
     assert!(
         start.elapsed() < Duration::from_secs(2),
-        "a drop off the runtime took {:?} to free the lock (the lease is 30 s)",
+        "{label}: took {:?} to free the lock (the lease is 30 s)",
         start.elapsed()
     );
     g2.release().await.expect("release");
