@@ -633,17 +633,17 @@ impl Dialect for Mysql {
         // MariaDB's idle-transaction limits, which a server may set lower, would end a
         // row-mode session (its transaction idles while the lock is held) before the
         // holder counts it lost (`session_silence`): no lower than `wait_timeout`.
+        // (They exist from MariaDB 10.3; an older server has only `wait_timeout`.)
         let w = self.wait_timeout;
-        let set = if self.mariadb {
-            format!(
-                "SET SESSION wait_timeout = {w}, idle_transaction_timeout = {w}, \
-                 idle_write_transaction_timeout = {w}, idle_readonly_transaction_timeout = {w}"
-            )
-        } else {
-            format!("SET SESSION wait_timeout = {w}")
-        };
+        let idle = format!(
+            "SET SESSION wait_timeout = {w}, idle_transaction_timeout = {w}, \
+             idle_write_transaction_timeout = {w}, idle_readonly_transaction_timeout = {w}"
+        );
+        let set = format!("SET SESSION wait_timeout = {w}");
         timed(BACKEND, self.timeout, async {
-            conn.execute(AssertSqlSafe(set)).await?;
+            if !self.mariadb || conn.execute(AssertSqlSafe(idle)).await.is_err() {
+                conn.execute(AssertSqlSafe(set)).await?;
+            }
             // Row mode creates a lock's row on this connection: a lock wait there means
             // the row is held, so it must not last (NOWAIT reads never wait anyway).
             // MariaDB takes 0 (do not wait); MySQL's least is 1 s.

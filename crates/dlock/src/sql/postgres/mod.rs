@@ -40,11 +40,14 @@
 //! `<prefix>_holders` for `inspect`. The pinned connection is pinged every `heartbeat`
 //! (default 1 s; the keeper's renewals, or a heartbeat of the hold's own when renewal
 //! is off); a ping that fails or takes longer than that (or than the `timeout`, if
-//! shorter) fires `lost()`, and the connection is closed after that. The server is asked to end a session silent for five heartbeats (at
-//! least 5 s; `idle_session_timeout` needs PostgreSQL 14, `idle_in_transaction_session_timeout`
-//! covers row mode) and to probe a silent client with TCP keepalives (idle 2 s,
-//! interval 1 s, 3 probes): a cut-off holder declares the loss after one to two
-//! heartbeats, seconds before the server frees the lock.
+//! shorter) fires `lost()`, and the connection is closed after that. The server is
+//! asked to end a session silent for five heartbeats (at least 5 s;
+//! `idle_session_timeout` needs PostgreSQL 14, `idle_in_transaction_session_timeout`
+//! covers row mode) and to probe a silent client with TCP keepalives that give up no
+//! sooner (3 probes a second apart after an idle time of the rest): a cut-off holder
+//! declares the loss after one to two heartbeats, before the server frees the lock,
+//! and a paused one counts it lost the moment it runs again (its hold's session
+//! trust, [`crate::backend::HeldLock::session_trust`]).
 //!
 //! # Waiting
 //! A release sends `NOTIFY <prefix>_released, '<key hex>'` when some process waits for
@@ -315,7 +318,8 @@ pub async fn open(mut url: ConnectUrl) -> Result<Arc<dyn Backend>> {
     let silent_ms = silent.as_millis().to_string();
     // The keep-alive probes give up on a silent client (a paused host, a cut network)
     // as soon as the idle limit would, not sooner: idle + 3 probes a second apart.
-    let keepalive_idle = silent.as_secs().saturating_sub(3).max(2);
+    // (At most what Linux takes for TCP_KEEPIDLE.)
+    let keepalive_idle = silent.as_secs().saturating_sub(3).clamp(2, 32_767);
     let mut session_options = vec![
         ("tcp_keepalives_idle", keepalive_idle.to_string()),
         ("tcp_keepalives_interval", "1".to_owned()),
