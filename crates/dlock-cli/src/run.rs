@@ -107,37 +107,26 @@ pub async fn run(args: RunArgs, early: Option<Reaper>) -> Result<i32, Failure> {
         .join(", ");
     let acquire = async {
         if let Some(value) = &args.campaign {
-            // A campaign has a fresh owner of its own (see `Election::campaign_with`):
-            // the command is told that one.
+            // A campaign has a fresh owner of its own (see `Election::campaign_with`).
             let election = locker.election(&args.name);
             let mut fresh = opts.clone();
             fresh.owner = None;
-            let leading = election.campaign_with(value, &fresh).await?.into_guard();
-            let owner = leading.owner().clone();
-            Ok((dlock::MultiGuard::from(leading), owner))
+            let leadership = election.campaign_with(value, &fresh).await?;
+            Ok(dlock::MultiGuard::from(leadership.into_guard()))
         } else if let Some(permits) = args.permits {
             let sem = locker.semaphore(&args.name, permits);
-            sem.acquire_with(&opts)
-                .await
-                .map(|g| (dlock::MultiGuard::from(g), owner.clone()))
+            sem.acquire_with(&opts).await.map(dlock::MultiGuard::from)
         } else if args.read {
             let rw = locker.rwlock(&args.name);
-            rw.read_with(&opts)
-                .await
-                .map(|g| (dlock::MultiGuard::from(g), owner.clone()))
+            rw.read_with(&opts).await.map(dlock::MultiGuard::from)
         } else if args.write {
             let rw = locker.rwlock(&args.name);
-            rw.write_with(&opts)
-                .await
-                .map(|g| (dlock::MultiGuard::from(g), owner.clone()))
+            rw.write_with(&opts).await.map(dlock::MultiGuard::from)
         } else {
-            locker
-                .lock_all(&names, &opts)
-                .await
-                .map(|g| (g, owner.clone()))
+            locker.lock_all(&names, &opts).await
         }
     };
-    let (guard, owner) = tokio::select! {
+    let guard = tokio::select! {
         r = acquire => match r {
             Ok(g) => g,
             Err(e @ dlock::Error::Timeout { .. }) => {
@@ -155,6 +144,12 @@ pub async fn run(args: RunArgs, early: Option<Reaper>) -> Result<i32, Failure> {
         () = child::delivered(&mut sigint) => return interrupted(130).await,
         () = child::delivered(&mut sigterm) => return interrupted(143).await,
         () = child::delivered(&mut sighup) => return interrupted(129).await,
+    };
+
+    // The command is told the owner that holds: a campaign's own.
+    let owner = match guard.guards() {
+        [leading] if args.campaign.is_some() => leading.owner().clone(),
+        _ => owner,
     };
 
     // A set is granted lock by lock: never start the command if one of them was lost

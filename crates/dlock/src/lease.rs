@@ -11,6 +11,23 @@ pub fn drift_margin(ttl: std::time::Duration) -> std::time::Duration {
     ttl / 100 + std::time::Duration::from_millis(2)
 }
 
+/// Until when a session proven alive by a request sent at `sent` is trusted, the
+/// server ending a session it has not heard from for `window` (its clock starts no
+/// sooner than it received the request): less the drift margin and 50 ms. What every
+/// session-bound backend feeds its holds' [`crate::backend::SessionTrust`].
+#[cfg(any(
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql"
+))]
+pub(crate) fn trusted_until(
+    sent: std::time::Instant,
+    window: std::time::Duration,
+) -> std::time::Instant {
+    sent + window.saturating_sub(drift_margin(window) + std::time::Duration::from_millis(50))
+}
+
 /// `d` in nanoseconds, saturating at `u64::MAX` (584 years): how the keeper and the
 /// Redis hand-off table store the instants of 100,000 held locks compactly, as
 /// nanoseconds after a base instant.

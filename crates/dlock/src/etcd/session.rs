@@ -19,15 +19,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::SessionTrust;
 use crate::error::{Error, Result};
+use crate::lease::trusted_until;
 
-/// How long before the lease's earliest known end the session counts as lost.
+/// How long a lost session's revoke waits first, so that every hold has read the loss
+/// (the trust ends earlier still: [`trusted_until`]).
 const LOSS_MARGIN: Duration = Duration::from_millis(50);
-
-/// How long a lease granted or kept alive by a request sent at `sent` is trusted: its
-/// earliest end less the margin.
-fn trusted(sent: Instant, ttl: Duration) -> Instant {
-    (sent + ttl).checked_sub(LOSS_MARGIN).unwrap_or(sent)
-}
 
 /// One lease.
 #[derive(Debug)]
@@ -37,7 +33,7 @@ pub(crate) struct Session {
     /// Cancelled when the lease is (or may be) gone.
     pub(crate) lost: CancellationToken,
     /// Until when the lease lives on the server at least, as far as we know (its
-    /// earliest end less [`LOSS_MARGIN`]); the session's holds read it too.
+    /// earliest end less a margin: [`trusted_until`]); the session's holds read it too.
     pub(crate) trust: SessionTrust,
 }
 
@@ -59,7 +55,7 @@ impl Session {
         let session = Arc::new(Session {
             id: granted.id,
             lost: CancellationToken::new(),
-            trust: SessionTrust::new(trusted(sent, lease_ttl)),
+            trust: SessionTrust::new(trusted_until(sent, lease_ttl)),
         });
         tokio::spawn(keep_alive(
             client.clone(),
@@ -168,7 +164,7 @@ async fn keep_alive(client: Client, session: Arc<Session>, ttl: Duration, alive:
         match answer {
             Ok(Ok(Some(resp))) if resp.ttl > 0 => {
                 let granted = Duration::from_secs(u64::try_from(resp.ttl).unwrap_or(1));
-                session.trust.extend_to(trusted(sent, granted));
+                session.trust.extend_to(trusted_until(sent, granted));
                 delay = every;
             }
             Ok(Ok(Some(_))) => {

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::db_err;
 use crate::backend::SessionTrust;
 use crate::error::{Error, Result};
+use crate::lease::trusted_until;
 use crate::notify::WakeOne;
 
 /// A connection pinned to one held lock (session modes). Its session is proven alive
@@ -55,14 +56,6 @@ struct PinnedConn<C> {
     silence: Duration,
 }
 
-/// Until when a session proven alive by a request sent at `sent` lives at least, the
-/// server ending one silent for `silence` (its idle clock starts no sooner than it
-/// received that request): less the drift margin.
-fn trusted(sent: Instant, silence: Duration) -> Instant {
-    let margin = crate::lease::drift_margin(silence) + Duration::from_millis(50);
-    sent + silence.saturating_sub(margin)
-}
-
 #[derive(Debug)]
 struct Alone {
     lost: CancellationToken,
@@ -96,7 +89,7 @@ impl<C: sqlx::Connection + 'static> Pinned<C> {
             conn: Arc::new(PinnedConn {
                 slot: Mutex::new(Some(conn)),
                 out_of_step: AtomicBool::new(false),
-                trust: SessionTrust::new(trusted(proven, silence)),
+                trust: SessionTrust::new(trusted_until(proven, silence)),
                 silence,
             }),
             interval,
@@ -221,7 +214,7 @@ async fn ping_or_drop<C: sqlx::Connection + 'static>(
         let answered = matches!(tokio::time::timeout(within, c.ping()).await, Ok(Ok(())));
         abandoned.disarm();
         if answered {
-            conn.trust.extend_to(trusted(sent, conn.silence));
+            conn.trust.extend_to(trusted_until(sent, conn.silence));
             return true;
         }
     }

@@ -121,6 +121,7 @@ use crate::backend::{
     Waiter,
 };
 use crate::error::{Error, LossReason, Result};
+use crate::lease::trusted_until;
 use crate::name::LockName;
 use crate::queue::StoredHolder;
 use crate::url::ConnectUrl;
@@ -295,14 +296,6 @@ async fn watch_session(
             return;
         }
     }
-}
-
-/// How long the server keeps a session of `timeout` after a request sent at `sent`
-/// (it expires a session `timeout` after the last request it received; the send
-/// time is a lower bound for that), less the drift margin.
-fn trusted_until(sent: Instant, timeout: Duration) -> Instant {
-    let margin = crate::lease::drift_margin(timeout) + Duration::from_millis(50);
-    sent + timeout.saturating_sub(margin)
 }
 
 /// A contender's node, just created.
