@@ -69,7 +69,7 @@ impl FromStr for Owner {
 
     /// Accepts 1–128 characters from `[A-Za-z0-9._:-]`, not beginning with `dlock:`:
     /// in the Redisson layout an owner is a field of the lock's hash, beside dlock's
-    /// own fields (`dlock:fence`, `dlock:meta`, `dlock:g:…`), and an owner named like
+    /// own fields (`dlock:fence`, `dlock:g:…`, `dlock:handoff`), and an owner named like
     /// one of them would read as holding a lock that another owner holds.
     fn from_str(s: &str) -> Result<Self> {
         if s.is_empty() || s.len() > 128 {

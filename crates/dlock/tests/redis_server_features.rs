@@ -985,3 +985,72 @@ async fn break_lock_ends_the_hold_it_was_shown_on_every_layout() {
         );
     }
 }
+
+/// Each hold keeps its acquisition's metadata in a field of its own (no field per lock
+/// beside it): `inspect` shows a hold that is still there, after the first of two
+/// re-entrant holds is given back, and after an in-process hand-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_metadata_of_a_hold_still_there() {
+    use dlock::{LockOptions, Metadata, Owner};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let locker = Locker::connect(&server.url()).await.expect("connect");
+    let shared: Owner = "shared".parse().expect("owner");
+    let meta = |note: &str| Metadata::this_process().with_note(note);
+    let with =
+        |owner: &Owner, note: &str| LockOptions::new().owner(owner.clone()).metadata(meta(note));
+    let first = locker
+        .lock_with("m", &with(&shared, "first"))
+        .await
+        .expect("first");
+    let second = locker
+        .lock_with("m", &with(&shared, "second"))
+        .await
+        .expect("re-entry");
+    let info = locker.inspect("m").await.expect("inspect").expect("held");
+    assert_eq!(info.holds, 2);
+    assert!(
+        [meta("first"), meta("second")].contains(&info.metadata),
+        "{:?}",
+        info.metadata
+    );
+    first.release().await.expect("release");
+    let info = locker.inspect("m").await.expect("inspect").expect("held");
+    assert_eq!((info.holds, info.metadata), (1, meta("second")));
+
+    let other: Owner = "other".parse().expect("owner");
+    let waiter = {
+        let locker = locker.clone();
+        let opts = with(&other, "third");
+        tokio::spawn(async move { locker.lock_with("m", &opts).await })
+    };
+    let publishes = || {
+        let info = redis_command(server.addr(), &["INFO", "commandstats"], T).expect("INFO");
+        String::from_utf8_lossy(&info)
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_publish:calls="))
+            .and_then(|v| v.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // The waiter has asked once and waits for the release.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let published = publishes();
+    second.release().await.expect("release");
+    let third = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("handed over in time")
+        .expect("task")
+        .expect("lock");
+    assert_eq!(
+        publishes(),
+        published,
+        "handed over in process, not published"
+    );
+    let info = locker.inspect("m").await.expect("inspect").expect("held");
+    assert_eq!(
+        (info.owner.as_str(), info.fencing_token, info.metadata),
+        ("other", third.fencing_token(), meta("third"))
+    );
+    third.release().await.expect("release");
+}

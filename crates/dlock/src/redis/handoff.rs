@@ -42,7 +42,7 @@ pub(crate) const YIELD: Duration = Duration::from_millis(5);
 #[derive(Debug, Clone)]
 pub(crate) struct Want {
     pub(crate) ttl: Duration,
-    /// The metadata the hand-off stores (JSON, as `dlock:meta` holds it).
+    /// The metadata the hand-off stores (JSON, the value of its hold's own field).
     pub(crate) metadata: String,
     /// The nonce written with the grant: if the hand-off's reply is lost, the waiter's
     /// next attempt recovers the grant by it instead of taking a second hold.

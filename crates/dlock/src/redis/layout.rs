@@ -4,8 +4,9 @@
 //!   the name itself, field `<owner>` → hold count, with a lease (PEXPIRE); the token
 //!   counter is `redisson_lock_token:{name}`; release publishes `0` on
 //!   `redisson_lock__channel:{name}`. dlock adds fields of its own, which Redisson
-//!   ignores: `dlock:fence`, `dlock:meta`, and one `dlock:g:<nonce>` per hold, named
-//!   by the attempt that took it and deleted by its release; while an in-process
+//!   ignores: `dlock:fence`, and one `dlock:g:<nonce>` per hold, named by the attempt
+//!   that took it, holding that acquisition's metadata (JSON) and deleted by its
+//!   release; while an in-process
 //!   hand-off's hold is unclaimed, `dlock:handoff` (its nonce), and for a hand-off its
 //!   waiter gave up on before it ran, `dlock:void:<nonce>` (it then releases instead). A Redisson holder and a
 //!   dlock holder exclude each other; Redisson waiters wake on dlock's release and

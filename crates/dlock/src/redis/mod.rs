@@ -1235,8 +1235,12 @@ impl Backend for RedisBackend {
                 .or(counter)
                 .unwrap_or(0);
             let mut info = LockInfo::new(name, owner.clone(), holds.parse().unwrap_or(1), fence);
-            info.metadata = field("dlock:meta")
-                .and_then(|m| serde_json::from_str::<Metadata>(&m).ok())
+            // Each hold's own field keeps the metadata its acquisition sent: show a
+            // hold's (with several, of one owner, any of theirs).
+            info.metadata = fields
+                .iter()
+                .filter(|(f, _)| f.starts_with("dlock:g:"))
+                .find_map(|(_, m)| serde_json::from_str::<Metadata>(m).ok())
                 .unwrap_or_default();
             info.remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
             info.waiters = Some(waiters);

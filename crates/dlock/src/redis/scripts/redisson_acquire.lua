@@ -1,6 +1,8 @@
 -- dlock acquire, Redisson RLock/RFencedLock layout.
 -- KEYS[1] the lock hash (the name itself), KEYS[2] the token counter.
--- ARGV[1] lease in ms, ARGV[2] owner field, ARGV[3] metadata (JSON),
+-- ARGV[1] lease in ms, ARGV[2] owner field, ARGV[3] metadata (JSON: stored as the value
+-- of this hold's own field, not in a field of its own, which would cost every grant a
+-- hash entry more),
 -- ARGV[4] this attempt's grant field, 'dlock:g:' .. its nonce (sent whole: building it
 -- here costs the server a string per call), ARGV[5] '1' when retrying after a lost
 -- reply, '2' when recovering an in-process hand-off whose reply was lost (the nonce is
@@ -29,8 +31,7 @@ if ARGV[5] ~= '0' then
 end
 if redis.call('exists', lock) == 0 then
   local token = redis.call('incr', counter)
-  redis.call('hset', lock, owner, '1', 'dlock:fence', token, 'dlock:meta', ARGV[3],
-    grant, '1')
+  redis.call('hset', lock, owner, '1', 'dlock:fence', token, grant, ARGV[3])
   redis.call('pexpire', lock, ARGV[1])
   return token
 end
@@ -42,7 +43,7 @@ if redis.call('hexists', lock, owner) == 1 then
     return tonumber(redis.call('hget', lock, 'dlock:fence') or '0')
   end
   redis.call('hincrby', lock, owner, '1')
-  redis.call('hset', lock, grant, '1')
+  redis.call('hset', lock, grant, ARGV[3])
   if redis.call('pttl', lock) < tonumber(ARGV[1]) then
     redis.call('pexpire', lock, ARGV[1])
   end

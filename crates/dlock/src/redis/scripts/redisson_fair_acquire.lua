@@ -1,8 +1,9 @@
 -- dlock fair acquire, Redisson layout plus a FIFO queue of waiters.
 -- KEYS[1] lock hash, KEYS[2] token counter, KEYS[3] queue list, KEYS[4] waiter
 -- deadlines (sorted set, ms on the server's clock).
--- ARGV[1] lease ms, ARGV[2] owner, ARGV[3] metadata, ARGV[4] this attempt's grant field
--- ('dlock:g:' .. its nonce, as redisson_acquire.lua takes it), ARGV[5] '1' when
+-- ARGV[1] lease ms, ARGV[2] owner, ARGV[3] metadata (the grant field's value),
+-- ARGV[4] this attempt's grant field ('dlock:g:' .. its nonce, as
+-- redisson_acquire.lua takes it), ARGV[5] '1' when
 -- retrying after a lost reply, ARGV[6] queue entry lifetime in ms ('0': do not queue),
 -- ARGV[7] this acquisition's queue entry (owner and acquisition: two waiters of one
 -- owner each have a place of their own).
@@ -30,7 +31,7 @@ if redis.call('hexists', lock, owner) == 1 then
   end
   -- Re-entry by the holding owner: granted at once, and its queue place goes.
   redis.call('hincrby', lock, owner, '1')
-  redis.call('hset', lock, grant, '1')
+  redis.call('hset', lock, grant, ARGV[3])
   if redis.call('pttl', lock) < lease then
     redis.call('pexpire', lock, ARGV[1])
   end
@@ -47,8 +48,7 @@ if redis.call('exists', lock) == 0 and (not head or head == entry) then
     redis.call('zrem', deadlines, entry)
   end
   local token = redis.call('incr', counter)
-  redis.call('hset', lock, owner, '1', 'dlock:fence', token, 'dlock:meta', ARGV[3],
-    grant, '1')
+  redis.call('hset', lock, owner, '1', 'dlock:fence', token, grant, ARGV[3])
   redis.call('pexpire', lock, ARGV[1])
   return token
 end

@@ -1,7 +1,8 @@
 -- dlock release with an in-process hand-off, Redisson layout.
 -- KEYS[1] the lock hash, KEYS[2] the token counter, KEYS[3] the unlock channel.
 -- ARGV[1] owner field, ARGV[2] fencing token, ARGV[3] the next owner,
--- ARGV[4] its lease in ms, ARGV[5] its metadata (JSON), ARGV[6] the hand-off's nonce
+-- ARGV[4] its lease in ms, ARGV[5] its metadata (JSON, the value of
+-- its hold's own field, as in redisson_acquire.lua), ARGV[6] the hand-off's nonce
 -- (never an attempt's),
 -- ARGV[7] '1' when the hand-off streak is spent, ARGV[8] the nonce that took the
 -- releasing hold (its own field goes with it: see redisson_acquire.lua).
@@ -54,7 +55,7 @@ local token = redis.call('incr', KEYS[2])
 -- 'dlock:handoff' marks the hold as the hand-off's until its waiter picks it up: a
 -- waiter that recovers it by this nonce claims it, one that left gives back exactly
 -- this hold (`redisson_abandon.lua`), never a hold its own attempt took.
-redis.call('hset', lock, ARGV[3], '1', 'dlock:fence', token, 'dlock:meta', ARGV[5],
-  'dlock:g:' .. ARGV[6], '1', 'dlock:handoff', ARGV[6])
+redis.call('hset', lock, ARGV[3], '1', 'dlock:fence', token,
+  'dlock:g:' .. ARGV[6], ARGV[5], 'dlock:handoff', ARGV[6])
 redis.call('pexpire', lock, ARGV[4])
 return {0, token}
