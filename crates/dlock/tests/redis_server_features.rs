@@ -987,8 +987,9 @@ async fn break_lock_ends_the_hold_it_was_shown_on_every_layout() {
 }
 
 /// Each hold keeps its acquisition's metadata in a field of its own (no field per lock
-/// beside it): `inspect` shows a hold that is still there, after the first of two
-/// re-entrant holds is given back, and after an in-process hand-off.
+/// beside it): `inspect` shows a hold that is still there — after the first of two
+/// re-entrant holds is given back (plain and fair acquisitions), and after an
+/// in-process hand-off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_shows_the_metadata_of_a_hold_still_there() {
     use dlock::{LockOptions, Metadata, Owner};
@@ -996,33 +997,54 @@ async fn inspect_shows_the_metadata_of_a_hold_still_there() {
         return;
     };
     let locker = Locker::connect(&server.url()).await.expect("connect");
-    let shared: Owner = "shared".parse().expect("owner");
     let meta = |note: &str| Metadata::this_process().with_note(note);
-    let with =
-        |owner: &Owner, note: &str| LockOptions::new().owner(owner.clone()).metadata(meta(note));
-    let first = locker
-        .lock_with("m", &with(&shared, "first"))
-        .await
-        .expect("first");
-    let second = locker
-        .lock_with("m", &with(&shared, "second"))
-        .await
-        .expect("re-entry");
-    let info = locker.inspect("m").await.expect("inspect").expect("held");
-    assert_eq!(info.holds, 2);
-    assert!(
-        [meta("first"), meta("second")].contains(&info.metadata),
-        "{:?}",
-        info.metadata
-    );
-    first.release().await.expect("release");
-    let info = locker.inspect("m").await.expect("inspect").expect("held");
-    assert_eq!((info.holds, info.metadata), (1, meta("second")));
+    let with = |owner: &Owner, note: &str, fair: bool| {
+        LockOptions::new()
+            .owner(owner.clone())
+            .metadata(meta(note))
+            .fair(fair)
+    };
+    let shared: Owner = "shared".parse().expect("owner");
+    for fair in [false, true] {
+        let first = locker
+            .lock_with("m", &with(&shared, "first", fair))
+            .await
+            .expect("first");
+        let info = locker.inspect("m").await.expect("inspect").expect("held");
+        assert_eq!(
+            (info.holds, &info.metadata),
+            (1, &meta("first")),
+            "fair: {fair}"
+        );
+        let second = locker
+            .lock_with("m", &with(&shared, "second", fair))
+            .await
+            .expect("re-entry");
+        let info = locker.inspect("m").await.expect("inspect").expect("held");
+        assert_eq!(info.holds, 2, "fair: {fair}");
+        assert!(
+            [meta("first"), meta("second")].contains(&info.metadata),
+            "fair: {fair}: {:?}",
+            info.metadata
+        );
+        first.release().await.expect("release");
+        let info = locker.inspect("m").await.expect("inspect").expect("held");
+        assert_eq!(
+            (info.holds, info.metadata),
+            (1, meta("second")),
+            "fair: {fair}"
+        );
+        second.release().await.expect("release");
+    }
 
+    let second = locker
+        .lock_with("m", &with(&shared, "second", false))
+        .await
+        .expect("lock");
     let other: Owner = "other".parse().expect("owner");
     let waiter = {
         let locker = locker.clone();
-        let opts = with(&other, "third");
+        let opts = with(&other, "third", false);
         tokio::spawn(async move { locker.lock_with("m", &opts).await })
     };
     let publishes = || {
@@ -1033,7 +1055,15 @@ async fn inspect_shows_the_metadata_of_a_hold_still_there() {
             .and_then(|v| v.split(',').next()?.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    // The waiter has asked once and waits for the release.
+    // The waiter has subscribed, asked again, and waits for the release.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while subscribers(&server, "redisson_lock__channel:{m}") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let published = publishes();
     second.release().await.expect("release");

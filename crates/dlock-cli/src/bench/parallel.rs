@@ -4,7 +4,7 @@
 //! `redis://` (own locks only) is as many tasks issuing the bare `SET NX PX` + `EVALSHA`
 //! compare-and-delete on one shared multiplexed connection, its limit as many tasks
 //! cycling the least fenced lock on it, and its layout limit the least fenced lock in
-//! Redisson's layout, dlock's default, with its holds keyed by acquisition; the four
+//! Redisson's layout, dlock's default, that knows its holds by acquisition; the four
 //! sides take turns over [`ROUNDS`] rounds of the same run.
 
 use std::time::{Duration, Instant};
@@ -271,14 +271,14 @@ async fn bare_burst(
                     }
                     Bare::LayoutLimit => {
                         // A nonce per acquisition (unique per key), as long as dlock's.
-                        let grant = format!("dlock:g:{t:016x}{n:016x}");
+                        let nonce = format!("{t:016x}{n:016x}");
                         crate::bench::raw_redis::hash_fenced_cycle(
                             &mut conn,
                             &key,
                             &counter,
                             &channel,
                             owner.as_str(),
-                            &grant,
+                            &nonce,
                         )
                         .await?;
                     }

@@ -105,17 +105,23 @@ pub async fn fenced_cycle(
 
 /// The least fenced lock in Redisson's layout, dlock's default (for interop): the same
 /// grant as [`fenced_cycle`]'s, but the hold count under the owner and the token in a
-/// hash with a lease, and the hold keyed by its acquisition (a field named by a nonce
-/// of the attempt): where tasks share an owner, a retry after a lost reply must find
-/// its own grant, and a release sent twice must not give back another task's hold, so
-/// a hold cannot be known by its owner alone (`redisson_acquire.lua`). The release
-/// checks the three, deletes the hash and publishes Redisson's unlock message, which
-/// Redisson's waiters need.
+/// hash with a lease, and the hold known by its acquisition, not by its owner alone:
+/// where tasks share an owner, a retry after a lost reply must find its own grant (the
+/// branch for a taken key, never run by an uncontended cycle) and a release sent twice
+/// must not give back another task's hold. The least that takes is the acquisition's
+/// nonce beside the token in one field (dlock gives each hold a field of its own, which
+/// re-entry by a shared owner needs, and keeps the holder's metadata in it). The
+/// release checks both fields, deletes the hash and publishes Redisson's unlock
+/// message, which Redisson's waiters need.
 static HASH_FENCED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        "if redis.call('exists', KEYS[1]) == 1 then return 0 end \
+        "if redis.call('exists', KEYS[1]) == 1 then \
+           local f = redis.call('hget', KEYS[1], 'dlock:fence') \
+           if f and string.sub(f, -#ARGV[3]) == ARGV[3] then \
+             return tonumber(string.match(f, '^%d+')) end \
+           return 0 end \
          local token = redis.call('incr', KEYS[2]) \
-         redis.call('hset', KEYS[1], ARGV[1], '1', 'dlock:fence', token, ARGV[3], '1') \
+         redis.call('hset', KEYS[1], ARGV[1], '1', 'dlock:fence', token .. ':' .. ARGV[3]) \
          redis.call('pexpire', KEYS[1], ARGV[2]) \
          return token",
     )
@@ -123,8 +129,8 @@ static HASH_FENCED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
 
 static HASH_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        "local held = redis.call('hmget', KEYS[1], ARGV[1], 'dlock:fence', ARGV[3]) \
-         if not held[1] or held[2] ~= ARGV[2] or not held[3] then return 0 end \
+        "local held = redis.call('hmget', KEYS[1], ARGV[1], 'dlock:fence') \
+         if not held[1] or held[2] ~= ARGV[2] then return 0 end \
          redis.call('del', KEYS[1]) \
          redis.call('publish', KEYS[2], '0') \
          return 1",
@@ -132,22 +138,22 @@ static HASH_RELEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// One cycle of the least fenced lock in Redisson's layout (above); `channel` is where
-/// its release publishes, `grant` the field that names this acquisition's hold (as
-/// long as dlock's: `dlock:g:` and 32 hex digits).
+/// its release publishes, `nonce` this acquisition's (as long as dlock's: 32 hex
+/// digits).
 pub async fn hash_fenced_cycle(
     conn: &mut ConnectionManager,
     key: &str,
     counter: &str,
     channel: &str,
     owner: &str,
-    grant: &str,
+    nonce: &str,
 ) -> redis::RedisResult<()> {
     let token: i64 = HASH_FENCED_ACQUIRE
         .key(key)
         .key(counter)
         .arg(owner)
         .arg("30000")
-        .arg(grant)
+        .arg(nonce)
         .invoke_async(conn)
         .await?;
     if token == 0 {
@@ -160,8 +166,7 @@ pub async fn hash_fenced_cycle(
         .key(key)
         .key(channel)
         .arg(owner)
-        .arg(token)
-        .arg(grant)
+        .arg(format!("{token}:{nonce}"))
         .invoke_async(conn)
         .await?;
     if released != 1 {

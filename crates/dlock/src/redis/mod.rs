@@ -1236,11 +1236,14 @@ impl Backend for RedisBackend {
                 .unwrap_or(0);
             let mut info = LockInfo::new(name, owner.clone(), holds.parse().unwrap_or(1), fence);
             // Each hold's own field keeps the metadata its acquisition sent: show a
-            // hold's (with several, of one owner, any of theirs).
+            // hold's (with several, of one owner, any of theirs). A hold an earlier
+            // build of dlock took (a rolling upgrade) has '1' there and its metadata
+            // in a `dlock:meta` field.
             info.metadata = fields
                 .iter()
                 .filter(|(f, _)| f.starts_with("dlock:g:"))
                 .find_map(|(_, m)| serde_json::from_str::<Metadata>(m).ok())
+                .or_else(|| serde_json::from_str::<Metadata>(&field("dlock:meta")?).ok())
                 .unwrap_or_default();
             info.remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
             info.waiters = Some(waiters);

@@ -718,9 +718,9 @@ fn main() {
     // The least fenced lock (the one-task limit's script) from as many tasks on the
     // same shared connection, in the same run.
     let l64 = Spread::over(&redis_runs, |r| r["parallel"]["ratio_to_limit"].as_f64());
-    // The least fenced lock in Redisson's layout (dlock's default, for interop) with its
-    // holds keyed by acquisition, from as many tasks in the same run: the honest limit
-    // of the default layout.
+    // The least fenced lock in Redisson's layout (dlock's default, for interop) that
+    // knows its holds by acquisition, from as many tasks in the same run: the honest
+    // limit of the default layout.
     let h64 = Spread::over(&redis_runs, |r| {
         r["parallel"]["ratio_to_layout_limit"].as_f64()
     });
@@ -749,10 +749,10 @@ fn main() {
         "Redis uncontended, 64 tasks: ≥ 0.90× the shared-connection floor, or ≥ 0.95× the \
          limit: the least fenced lock from as many tasks, or ≥ 0.95× the layout limit: \
          the least fenced lock in Redisson's layout (dlock's default, for interop: hold \
-         count and token in a hash with a lease, and the hold keyed by its acquisition, \
-         a field named by a nonce, which a lock that tasks sharing an owner retry must \
-         have: design §10; the release checks the three, deletes the hash and publishes \
-         the unlock message)",
+         count and token in a hash with a lease, the token stored with the acquisition's \
+         nonce, so that a retry after a lost reply finds its own grant and a release sent \
+         twice gives back no other task's hold of the same owner; the release checks \
+         both, deletes the hash and publishes the unlock message)",
         r64.map_or("–".into(), |r| {
             let limit = l64.map_or(String::new(), |l| format!("; {} the limit", l.ratio()));
             let layout = h64.map_or(String::new(), |l| {
@@ -1060,8 +1060,8 @@ fn main() {
          `uncontended-1-task` (acquire + release, one lock, one task); \
          `uncontended-64-tasks` (64 tasks each cycling its own lock; floor: the same \
          client's bare cycles from 64 tasks; on Redis also a limit, the least fenced lock \
-         from 64 tasks, and a layout limit, the least fenced lock in Redisson's layout with \
-         its holds keyed by acquisition; \
+         from 64 tasks, and a layout limit, the least fenced lock in Redisson's layout that \
+         knows its holds by acquisition; \
          the sides take turns over three rounds of 1 s, and the server's own statistics \
          give each side's server time per cycle); \
          `contended-8-processes` (8 processes on one \
