@@ -498,3 +498,45 @@ async fn the_write_back_answers_only_for_the_grant_it_names() {
         "{counter:?} {token:?}"
     );
 }
+
+/// `break_lock` on Redlock: a token no grant carries breaks nothing; with two of five
+/// nodes paused, the three that answer are a majority and the break succeeds, each
+/// node counted once, by its answer; the holder is told at its next renewal (the
+/// paused nodes still hold its grant, a minority); then nothing is left to break.
+#[tokio::test]
+async fn break_lock_succeeds_with_a_majority_of_answers_and_the_holder_is_told() {
+    let Some(mut nodes) = nodes(false).await else {
+        return;
+    };
+    let holder = Locker::connect(&nodes.url()).await.expect("connect");
+    let operator = Locker::connect(&nodes.url()).await.expect("connect");
+    let g = holder
+        .lock_with("broken", &LockOptions::new().ttl(Duration::from_secs(3)))
+        .await
+        .expect("lock");
+    let token = g.fencing_token();
+    assert!(
+        !operator
+            .break_lock("broken", token + 1)
+            .await
+            .expect("break")
+    );
+    assert!(g.is_held(), "a break of another token ended the hold");
+    nodes.node(0).process().pause();
+    nodes.node(1).process().pause();
+    let broke = operator.break_lock("broken", token).await;
+    nodes.node(0).process().resume();
+    nodes.node(1).process().resume();
+    assert!(broke.expect("break with three of five answering"));
+    let lost = tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("the holder is told of the break");
+    assert!(matches!(lost, Error::LockLost { .. }), "{lost:?}");
+    assert!(
+        !operator.break_lock("broken", token).await.expect("break"),
+        "broken twice"
+    );
+    let next = operator.lock_timeout("broken", T).await.expect("free");
+    assert!(next.fencing_token() > token);
+    next.release().await.expect("release");
+}

@@ -55,8 +55,9 @@
 //! with that token (held by a majority: its owner and its metadata, which holds the
 //! grant's nonce), deletes that grant wherever a node holds it, and raises every
 //! answering node's counter to the token; the holder's next renewal finds a majority
-//! without it. It succeeds only once a majority is without the grant (else
-//! [`Error::NoQuorum`]: the holder's renewal would put it back on the others).
+//! without it. It succeeds only once a majority of nodes has answered the break, each
+//! then without the grant (else [`Error::NoQuorum`]: the holder's renewal would put it
+//! back on the others).
 //!
 //! # Not guaranteed
 //! Redlock assumes bounded clock drift and bounded pauses; a holder paused past its
@@ -677,7 +678,6 @@ impl Backend for RedlockBackend {
             return Ok(false);
         };
         let (owner, meta) = ((*owner).to_owned(), (*meta).to_owned());
-        let without = rows.len() - held_by(&owner, &meta);
         let mut inv = BREAK.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.meta)
@@ -686,7 +686,12 @@ impl Backend for RedlockBackend {
             .arg(&owner)
             .arg(&meta)
             .arg(fence);
-        let broke = inner
+        // Every node that answers is without the grant once the script has run there
+        // (deleted, or not there to begin with). Each node counts once, by its answer
+        // to this call: not also by what the read above found, as a node found without
+        // it then may have been given it back since (a renewal re-seeds a node that
+        // lost its key) and counted a second time when the break deleted it there.
+        let without = inner
             .fan_out::<i64>(
                 &inner.all(),
                 timeout,
@@ -696,18 +701,18 @@ impl Backend for RedlockBackend {
             )
             .await
             .into_iter()
-            .filter(|a| matches!(a, Some(Ok(1))))
+            .filter(|a| matches!(a, Some(Ok(_))))
             .count();
         // Broken only once a majority is without it; otherwise the holder's renewal
         // would put it back where it went.
         let n = inner.nodes.len();
-        if without + broke > n - inner.quorum {
+        if without > n - inner.quorum {
             Ok(true)
         } else {
             Err(Error::NoQuorum {
-                granted: without + broke,
+                granted: without,
                 needed: n - inner.quorum + 1,
-                unreachable: n - (without + broke),
+                unreachable: n - without,
             })
         }
     }
