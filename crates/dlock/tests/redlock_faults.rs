@@ -501,8 +501,9 @@ async fn the_write_back_answers_only_for_the_grant_it_names() {
 
 /// `break_lock` on Redlock: a token no grant carries breaks nothing; with two of five
 /// nodes paused, the three that answer are a majority and the break succeeds, each
-/// node counted once, by its answer; the holder is told at its next renewal (the
-/// paused nodes still hold its grant, a minority); then nothing is left to break.
+/// node counted once, by its answer; the holder is told at its next renewal (whatever
+/// the paused nodes do with the break queued for them when they resume, they are a
+/// minority); then nothing is left to break.
 #[tokio::test]
 async fn break_lock_succeeds_with_a_majority_of_answers_and_the_holder_is_told() {
     let Some(mut nodes) = nodes(false).await else {

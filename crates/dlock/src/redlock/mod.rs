@@ -54,10 +54,12 @@
 //! [`Locker::break_lock`](crate::Locker::break_lock) finds the grant inspect shows
 //! with that token (held by a majority: its owner and its metadata, which holds the
 //! grant's nonce), deletes that grant wherever a node holds it, and raises every
-//! answering node's counter to the token; the holder's next renewal finds a majority
-//! without it. It succeeds only once a majority of nodes has answered the break, each
-//! then without the grant (else [`Error::NoQuorum`]: the holder's renewal would put it
-//! back on the others).
+//! answering node's counter past the token, so that a renewal of that grant landing
+//! there after the break cannot put it back (a renewal re-seeds only nodes whose
+//! counter is not past its token); the holder's next renewal finds a majority without
+//! it. It succeeds only once the nodes that have not answered the break are fewer than
+//! a quorum, each that answered then without the grant (else [`Error::NoQuorum`]: the
+//! holder's renewal could still extend it on a quorum).
 //!
 //! # Not guaranteed
 //! Redlock assumes bounded clock drift and bounded pauses; a holder paused past its
@@ -907,6 +909,74 @@ mod tests {
             .await
             .expect("open");
         Some((nodes, backend))
+    }
+
+    /// A renewal of a broken grant that landed on a majority just before the break
+    /// (its extensions counted) may reach the nodes the break emptied only after it:
+    /// it must not put the grant back there, or the holder keeps a majority while the
+    /// break reported success. Run here as that renewal's re-seed, after the break.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_landing_after_a_break_does_not_put_the_grant_back() {
+        let Some((mut nodes, backend)) = three_nodes("node_timeout=1s").await else {
+            return;
+        };
+        let name = LockName::new("broken").expect("name");
+        let owner = crate::options::Owner::random();
+        let req = AcquireRequest::plain(name.clone(), owner.clone(), Duration::from_secs(30));
+        let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
+            panic!("busy");
+        };
+        let token = held.fencing_token();
+        let keys = backend.inner.keys(&name);
+        let mut sides = Vec::new();
+        for i in 0..3 {
+            let addr = nodes.node(i).addr();
+            let client = redis::Client::open(format!("redis://{addr}")).expect("client");
+            sides.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("side"),
+            );
+        }
+        let meta: String = redis::cmd("GET")
+            .arg(&keys.meta)
+            .query_async(&mut sides[0])
+            .await
+            .expect("meta");
+        assert!(backend.break_lock(&name, token).await.expect("break"));
+        for side in &mut sides {
+            let mut reseed = RESEED.prepare_invoke();
+            reseed
+                .key(&keys.lock)
+                .key(&keys.counter)
+                .key(&keys.token)
+                .key(&keys.meta)
+                .arg(owner.as_str())
+                .arg(30_000)
+                .arg(token)
+                .arg(&meta);
+            let put_back: i64 = reseed.invoke_async(side).await.expect("reseed");
+            assert_eq!(put_back, 0, "the broken grant was put back");
+            let held_by: Option<String> = redis::cmd("GET")
+                .arg(&keys.lock)
+                .query_async(side)
+                .await
+                .expect("get");
+            assert_eq!(held_by, None);
+        }
+        // The next grant's token still comes after the broken one's.
+        let next = AcquireRequest::plain(
+            name,
+            crate::options::Owner::random(),
+            Duration::from_secs(30),
+        );
+        let Attempt::Acquired(next) = backend.try_acquire(&next).await.expect("acquire") else {
+            panic!("busy after the break");
+        };
+        assert!(next.fencing_token() > token);
+        let _ = held.release().await;
+        next.release().await.expect("release");
     }
 
     /// A grant refused by a majority is told `NotOwner` even when an unreachable node
