@@ -293,10 +293,21 @@ async fn sentinel_failover_reports_what_happens_to_a_held_lock() {
 }
 
 fn script_calls(server: &RedisServer) -> u64 {
+    calls(server, &["evalsha", "eval"])
+}
+
+/// Calls of `commands` the server counted (`INFO commandstats`).
+fn calls(server: &RedisServer, commands: &[&str]) -> u64 {
     let info = redis_command(server.addr(), &["INFO", "commandstats"], T).expect("INFO");
     String::from_utf8_lossy(&info)
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            commands.iter().any(|c| {
+                l.strip_prefix("cmdstat_")
+                    .and_then(|r| r.strip_prefix(c))
+                    .is_some_and(|r| r.starts_with(':'))
+            })
+        })
         .filter_map(|l| {
             l.split(',')
                 .find_map(|kv| kv.split(':').next_back()?.strip_prefix("calls="))
@@ -1047,14 +1058,7 @@ async fn inspect_shows_the_metadata_of_a_hold_still_there() {
         let opts = with(&other, "third", false);
         tokio::spawn(async move { locker.lock_with("m", &opts).await })
     };
-    let publishes = || {
-        let info = redis_command(server.addr(), &["INFO", "commandstats"], T).expect("INFO");
-        String::from_utf8_lossy(&info)
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_publish:calls="))
-            .and_then(|v| v.split(',').next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let publishes = || calls(&server, &["publish"]);
     // The waiter has subscribed, asked again, and waits for the release.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while subscribers(&server, "redisson_lock__channel:{m}") == 0 {

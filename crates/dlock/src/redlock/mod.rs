@@ -911,6 +911,19 @@ mod tests {
         Some((nodes, backend))
     }
 
+    /// A connection of its own to node `i`, beside the backend's.
+    async fn side(
+        nodes: &mut dlock_testkit::RedisNodes,
+        i: usize,
+    ) -> redis::aio::MultiplexedConnection {
+        let addr = nodes.node(i).addr();
+        let client = redis::Client::open(format!("redis://{addr}")).expect("client");
+        client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("side")
+    }
+
     /// A renewal of a broken grant that landed on a majority just before the break
     /// (its extensions counted) may reach the nodes the break emptied only after it:
     /// it must not put the grant back there, or the holder keeps a majority while the
@@ -930,14 +943,7 @@ mod tests {
         let keys = backend.inner.keys(&name);
         let mut sides = Vec::new();
         for i in 0..3 {
-            let addr = nodes.node(i).addr();
-            let client = redis::Client::open(format!("redis://{addr}")).expect("client");
-            sides.push(
-                client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("side"),
-            );
+            sides.push(side(&mut nodes, i).await);
         }
         let meta: String = redis::cmd("GET")
             .arg(&keys.meta)
@@ -997,12 +1003,7 @@ mod tests {
         };
         let mut sides = Vec::new();
         for i in [0, 2] {
-            let addr = nodes.node(i).addr();
-            let client = redis::Client::open(format!("redis://{addr}")).expect("client");
-            let mut side = client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("side");
+            let mut side = side(&mut nodes, i).await;
             let () = redis::cmd("DEL")
                 .arg("refused")
                 .query_async(&mut side)
@@ -1081,14 +1082,7 @@ mod tests {
         }
         let mut sides = Vec::new();
         for i in 0..3 {
-            let addr = nodes.node(i).addr();
-            let client = redis::Client::open(format!("redis://{addr}")).expect("client");
-            sides.push(
-                client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("side"),
-            );
+            sides.push(side(&mut nodes, i).await);
         }
         // Loads the script on every node, so that each call below is one EVALSHA.
         for h in &held {
