@@ -270,7 +270,8 @@ async fn bare_burst(
                         .await?;
                     }
                     Bare::LayoutLimit => {
-                        // A nonce per acquisition (unique per key), as long as dlock's.
+                        // A nonce per acquisition (unique on its key while the round
+                        // runs), as long as dlock's.
                         let nonce = format!("{t:016x}{n:016x}");
                         crate::bench::raw_redis::hash_fenced_cycle(
                             &mut conn,

@@ -20,7 +20,8 @@
 //! as key, a random value, `PX` lease), so they and dlock exclude each other.
 //!
 //! Renewal extends the lease on every node and succeeds on a majority (within the
-//! validity); a node that lost the key (restarted empty) gets it back only then. If a
+//! validity); a node that lost the key (restarted empty) gets it back only then, unless
+//! a break of that grant ran there (see *Breaking a lock*). If a
 //! majority answers that the key is gone or held by another, the lock is lost. Release
 //! goes to every node.
 //!
@@ -54,10 +55,10 @@
 //! [`Locker::break_lock`](crate::Locker::break_lock) finds the grant inspect shows
 //! with that token (held by a majority: its owner and its metadata, which holds the
 //! grant's nonce), deletes that grant wherever a node holds it, and raises every
-//! answering node's counter past the token, so that a renewal of that grant landing
-//! there after the break cannot put it back (a renewal re-seeds only nodes whose
-//! counter is not past its token); the holder's next renewal finds a majority without
-//! it. It succeeds only once the nodes that have not answered the break are fewer than
+//! answering node's counter to the token; it also leaves a mark there (the token, for
+//! as long as the longest lease), so that a renewal of that grant under way when the
+//! break came cannot put it back on a node the break emptied (a renewal re-seeds only
+//! where no such mark is); the holder's next renewal finds a majority without it. It succeeds only once the nodes that have not answered the break are fewer than
 //! a quorum, each that answered then without the grant (else [`Error::NoQuorum`]: the
 //! holder's renewal could still extend it on a quorum).
 //!
@@ -121,6 +122,12 @@ static RESEED: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(include_str!("scripts/reseed.lua")));
 static BREAK: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(include_str!("scripts/break.lua")));
+/// How long a break's mark stays on a node (`break.lua`): a renewal under way when the
+/// break came re-seeds only within its validity, at most the longest lease. The mark
+/// never refuses a later grant: its token is above the mark (a break answered by more
+/// than n - quorum nodes raised the counter on one node of every majority).
+const BROKEN_MARK_LIFE: Duration = crate::MAX_TTL;
+
 static RELEASE: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
 
@@ -177,6 +184,8 @@ struct Keys {
     counter: String,
     meta: String,
     token: String,
+    /// The highest token a break ended on this node, for a while (`break.lua`).
+    broken: String,
 }
 
 /// How one round of an attempt ended.
@@ -313,6 +322,7 @@ impl Inner {
         let plain = Layout::RedisPy.keys(&key);
         Keys {
             token: suffixed("dlock_fence", &key),
+            broken: suffixed("dlock_broken", &key),
             counter: plain.counter(),
             meta: plain.meta().unwrap_or_default(),
             lock: key,
@@ -685,9 +695,11 @@ impl Backend for RedlockBackend {
             .key(&keys.meta)
             .key(&keys.token)
             .key(&keys.counter)
+            .key(&keys.broken)
             .arg(&owner)
             .arg(&meta)
-            .arg(fence);
+            .arg(fence)
+            .arg(millis(BROKEN_MARK_LIFE));
         // Every node that answers is without the grant once the script has run there
         // (deleted, or not there to begin with). Each node counts once, by its answer
         // to this call: not also by what the read above found, as a node found without
@@ -705,8 +717,8 @@ impl Backend for RedlockBackend {
             .into_iter()
             .filter(|a| matches!(a, Some(Ok(_))))
             .count();
-        // Broken only once a majority is without it; otherwise the holder's renewal
-        // would put it back where it went.
+        // Broken only once the nodes that did not answer are fewer than a quorum:
+        // otherwise the holder's renewal could still extend it on a quorum.
         let n = inner.nodes.len();
         if without > n - inner.quorum {
             Ok(true)
@@ -831,6 +843,7 @@ impl HeldLock for RedlockHeld {
                     .key(&self.keys.counter)
                     .key(&self.keys.token)
                     .key(&self.keys.meta)
+                    .key(&self.keys.broken)
                     .arg(&self.owner)
                     .arg(millis(ttl))
                     .arg(self.token)
@@ -958,6 +971,7 @@ mod tests {
                 .key(&keys.counter)
                 .key(&keys.token)
                 .key(&keys.meta)
+                .key(&keys.broken)
                 .arg(owner.as_str())
                 .arg(30_000)
                 .arg(token)
@@ -983,6 +997,44 @@ mod tests {
         assert!(next.fencing_token() > token);
         let _ = held.release().await;
         next.release().await.expect("release");
+    }
+
+    /// A node that lost the key and whose counter moved on since (a contender's attempt
+    /// was granted there and gave it back) still gets the grant back from its renewal:
+    /// only a break's mark keeps a re-seed out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_reseeds_a_node_whose_counter_moved_on() {
+        let Some((mut nodes, backend)) = three_nodes("node_timeout=1s").await else {
+            return;
+        };
+        let name = LockName::new("moved-on").expect("name");
+        let owner = crate::options::Owner::random();
+        let req = AcquireRequest::plain(name.clone(), owner.clone(), Duration::from_secs(30));
+        let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
+            panic!("busy");
+        };
+        let keys = backend.inner.keys(&name);
+        let mut node = side(&mut nodes, 2).await;
+        let () = redis::cmd("DEL")
+            .arg(&keys.lock)
+            .query_async(&mut node)
+            .await
+            .expect("del");
+        let moved = held.fencing_token() + 5;
+        let () = redis::cmd("SET")
+            .arg(&keys.counter)
+            .arg(moved)
+            .query_async(&mut node)
+            .await
+            .expect("set");
+        held.renew(Duration::from_secs(30)).await.expect("renew");
+        let back: Option<String> = redis::cmd("GET")
+            .arg(&keys.lock)
+            .query_async(&mut node)
+            .await
+            .expect("get");
+        assert_eq!(back.as_deref(), Some(owner.as_str()), "not re-seeded");
+        held.release().await.expect("release");
     }
 
     /// A grant refused by a majority is told `NotOwner` even when an unreachable node
