@@ -1087,4 +1087,26 @@ async fn inspect_shows_the_metadata_of_a_hold_still_there() {
         ("other", third.fencing_token(), meta("third"))
     );
     third.release().await.expect("release");
+
+    // A hold an earlier build of dlock took (rolling upgrade): '1' in its own field,
+    // its metadata in a field of its own.
+    let written = [
+        "HSET",
+        "old",
+        "someone",
+        "1",
+        "dlock:fence",
+        "7",
+        "dlock:meta",
+        r#"{"note":"old"}"#,
+        "dlock:g:0123",
+        "1",
+    ];
+    redis_command(server.addr(), &written, T).expect("HSET");
+    redis_command(server.addr(), &["PEXPIRE", "old", "30000"], T).expect("PEXPIRE");
+    let info = locker.inspect("old").await.expect("inspect").expect("held");
+    assert_eq!(
+        (info.owner.as_str(), info.fencing_token, info.metadata),
+        ("someone", 7, Metadata::default().with_note("old"))
+    );
 }

@@ -958,6 +958,22 @@ mod tests {
         for i in 0..3 {
             sides.push(side(&mut nodes, i).await);
         }
+        // The acquire returns once a majority granted: the third node's grant may land
+        // a moment later (bounded). Then every node has the grant's metadata.
+        let end = Instant::now() + Duration::from_secs(2);
+        for side in &mut sides {
+            loop {
+                let meta: Option<String> = redis::cmd("GET")
+                    .arg(&keys.meta)
+                    .query_async(side)
+                    .await
+                    .expect("meta");
+                if meta.is_some() || Instant::now() >= end {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         let meta: String = redis::cmd("GET")
             .arg(&keys.meta)
             .query_async(&mut sides[0])
@@ -1015,6 +1031,19 @@ mod tests {
         };
         let keys = backend.inner.keys(&name);
         let mut node = side(&mut nodes, 2).await;
+        let get = async |node: &mut redis::aio::MultiplexedConnection| -> Option<String> {
+            redis::cmd("GET")
+                .arg(&keys.lock)
+                .query_async(node)
+                .await
+                .expect("get")
+        };
+        // The acquire returns once a majority granted: node 2's grant may land a
+        // moment later (bounded).
+        let end = Instant::now() + Duration::from_secs(2);
+        while get(&mut node).await.is_none() && Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let () = redis::cmd("DEL")
             .arg(&keys.lock)
             .query_async(&mut node)
@@ -1027,13 +1056,14 @@ mod tests {
             .query_async(&mut node)
             .await
             .expect("set");
-        held.renew(Duration::from_secs(30)).await.expect("renew");
-        let back: Option<String> = redis::cmd("GET")
-            .arg(&keys.lock)
-            .query_async(&mut node)
-            .await
-            .expect("get");
-        assert_eq!(back.as_deref(), Some(owner.as_str()), "not re-seeded");
+        // A renewal re-seeds the nodes that answered "gone" before its verdict was
+        // settled: renew until node 2's answer came in time (bounded).
+        let end = Instant::now() + Duration::from_secs(5);
+        while get(&mut node).await.is_none() {
+            assert!(Instant::now() < end, "never re-seeded");
+            held.renew(Duration::from_secs(30)).await.expect("renew");
+        }
+        assert_eq!(get(&mut node).await.as_deref(), Some(owner.as_str()));
         held.release().await.expect("release");
     }
 
