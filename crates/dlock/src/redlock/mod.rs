@@ -131,6 +131,29 @@ const BROKEN_MARK_LIFE: Duration = crate::MAX_TTL;
 static RELEASE: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
 
+/// The re-seed of a grant (`reseed.lua`) on a node that lost its key: `owner`'s grant
+/// with `token` and `metadata`, for `lease_ms`.
+fn reseed_call(
+    keys: &Keys,
+    owner: &str,
+    lease_ms: u64,
+    token: u64,
+    metadata: &str,
+) -> redis::ScriptInvocation<'static> {
+    let mut reseed = RESEED.prepare_invoke();
+    reseed
+        .key(&keys.lock)
+        .key(&keys.counter)
+        .key(&keys.token)
+        .key(&keys.meta)
+        .key(&keys.broken)
+        .arg(owner)
+        .arg(lease_ms)
+        .arg(token)
+        .arg(metadata);
+    reseed
+}
+
 /// The Redlock backend.
 pub struct RedlockBackend {
     inner: Arc<Inner>,
@@ -837,17 +860,13 @@ impl HeldLock for RedlockHeld {
         if verdict == renewer::Verdict::Held && start.elapsed() + inner.drift(ttl) < ttl {
             if !gone.is_empty() {
                 // Still held by a majority: put it back where a node lost it.
-                let mut reseed = RESEED.prepare_invoke();
-                reseed
-                    .key(&self.keys.lock)
-                    .key(&self.keys.counter)
-                    .key(&self.keys.token)
-                    .key(&self.keys.meta)
-                    .key(&self.keys.broken)
-                    .arg(&self.owner)
-                    .arg(millis(ttl))
-                    .arg(self.token)
-                    .arg(&self.metadata);
+                let reseed = reseed_call(
+                    &self.keys,
+                    &self.owner,
+                    millis(ttl),
+                    self.token,
+                    &self.metadata,
+                );
                 inner
                     .fan_out::<i64>(&gone, timeout, Job::Script(reseed), |_| true, usize::MAX)
                     .await;
@@ -981,17 +1000,7 @@ mod tests {
             .expect("meta");
         assert!(backend.break_lock(&name, token).await.expect("break"));
         for side in &mut sides {
-            let mut reseed = RESEED.prepare_invoke();
-            reseed
-                .key(&keys.lock)
-                .key(&keys.counter)
-                .key(&keys.token)
-                .key(&keys.meta)
-                .key(&keys.broken)
-                .arg(owner.as_str())
-                .arg(30_000)
-                .arg(token)
-                .arg(&meta);
+            let reseed = reseed_call(&keys, owner.as_str(), 30_000, token, &meta);
             let put_back: i64 = reseed.invoke_async(side).await.expect("reseed");
             assert_eq!(put_back, 0, "the broken grant was put back");
             let held_by: Option<String> = redis::cmd("GET")
