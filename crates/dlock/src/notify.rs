@@ -90,6 +90,9 @@ struct KeyWaiters {
     count: usize,
     /// Bit `c` set: a waiter of class `c` holds that class's poller role.
     polled: u8,
+    /// A release here woke a waiter ([`WakeOne::hand_on`]) whose attempt has not begun
+    /// ([`WakeOne::attempting`]).
+    handing: bool,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -134,6 +137,24 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
         }
     }
 
+    /// Wake one waiter of `key` to take it over from a release here: until an attempt
+    /// at the key begins ([`WakeOne::attempting`]), the key counts as being handed on
+    /// ([`WakeWatch::handing`]). Without waiters here, nothing.
+    pub(crate) fn hand_on(&self, key: &K) {
+        if let Some(w) = self.map().get_mut(key) {
+            w.handing = true;
+            w.notify.notify_one();
+        }
+    }
+
+    /// An attempt at `key` begins: a hand-off under way ([`WakeOne::hand_on`]) is
+    /// counted by the attempt from now on.
+    pub(crate) fn attempting(&self, key: &K) {
+        if let Some(w) = self.map().get_mut(key) {
+            w.handing = false;
+        }
+    }
+
     /// Wake every waiter of every key `which` picks (releases of it may have gone
     /// unannounced: several permits or readers may have come free).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -174,6 +195,12 @@ impl<K: std::hash::Hash + Eq + Clone> WakeWatch<K> {
     /// Until this waiter's wake-up, or `max`.
     pub(crate) async fn wait(&self, max: Duration) {
         let _ = tokio::time::timeout(max, self.notify.notified()).await;
+    }
+
+    /// Whether a release here woke a waiter of this key whose attempt has not begun
+    /// yet ([`WakeOne::hand_on`]).
+    pub(crate) fn handing(&self) -> bool {
+        self.hub.map().get(&self.key).is_some_and(|w| w.handing)
     }
 
     /// How long this waiter may wait before asking the server again: `poll` for its

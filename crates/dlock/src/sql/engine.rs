@@ -120,8 +120,14 @@ impl<D: Dialect> SqlBackend<D> {
 
     async fn acquire_lease(&self, req: &AcquireRequest) -> Result<Attempt> {
         let key = lock_key(&req.name);
-        // Counted until the answer is in, and dropped with it if the caller gives up.
-        let counted = D::NATIVE_WAIT.then(|| self.local.enter(key));
+        // Counted until the answer is in, and dropped with it if the caller gives up;
+        // from here on it counts for a hand-off under way, if one is (the waiter a
+        // release here woke, most often).
+        let counted = D::NATIVE_WAIT.then(|| {
+            let counted = self.local.enter(key);
+            self.hub.attempting(&key);
+            counted
+        });
         match self.dialect.lease_acquire(req, &key).await? {
             LeaseAnswer::Granted(fence) => Ok(Attempt::Acquired(Box::new(LeaseHeld {
                 dialect: Arc::clone(&self.dialect),
@@ -416,11 +422,15 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
     async fn release(&self) -> Result<()> {
         let released = self.dialect.lease_release(&self.hold).await;
         // Uncounted before the wake-up: the task woken must not find the key still
-        // held here and wait unmarked behind a holder that has gone. A release that
-        // failed may have freed the row too: a waiter looks.
+        // held here and wait unmarked behind a holder that has gone. The key then
+        // counts as being handed on until the woken task's attempt is counted
+        // instead, so that no waiter here marks it in between ([`LocalMark`]). A
+        // release that failed may have freed the row too: a waiter looks.
         self.uncount();
-        if !matches!(released, Ok(false)) {
-            self.hub.wake(&self.hold.key);
+        match released {
+            Ok(true) => self.hub.hand_on(&self.hold.key),
+            Ok(false) => {}
+            Err(_) => self.hub.wake(&self.hold.key),
         }
         released.map(drop)
     }

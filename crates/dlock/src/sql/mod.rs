@@ -438,7 +438,13 @@ const UNMARKED_POLL: Duration = Duration::from_secs(1);
 /// and every listening process a message: so hand-offs within a process stay silent.
 /// An attempt of the backend in flight counts as here too: it is the hand-off under
 /// way (the task a release woke), and the waiter that lost to it must not mark the
-/// key in that instant and keep the mark for its whole wait. Before each wait the
+/// key in that instant and keep the mark for its whole wait. So does the instant
+/// between a release here and the woken task's attempt
+/// ([`crate::notify::WakeOne::hand_on`]): a waiter looking then (one just subscribed,
+/// or back from an attempt that found the key held) would otherwise mark a key about
+/// to be taken here, and the mark would make the releases of the next second or two
+/// notify. Should the woken task leave without an attempt, the key counts as handed
+/// on until the next attempt here (the poller's, within [`UNMARKED_POLL`]). Before each wait the
 /// waiter looks again ([`LocalHolds::here`]): a key neither held nor being taken here
 /// (another process has it, or a hold was lost) gets its mark back, and the mark's
 /// taking wakes the waiter, whose next attempt sees any release that stayed silent
@@ -469,7 +475,7 @@ impl SqlWaiter {
         let Some(local) = &self.local else {
             return;
         };
-        if local.here.here(&local.key) {
+        if local.here.here(&local.key) || self.watch.handing() {
             self.mark = None;
         } else if self.mark.is_none() {
             self.mark = (local.take)();
@@ -554,6 +560,68 @@ impl Waiter for SqlWaiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A waiter that looks between a release here and the woken task's attempt (it
+    /// just subscribed, or came back from an attempt that found the key held) does not
+    /// mark the key: the release hands it on, and only the next attempt's end, with
+    /// nothing here, lets the waiter mark it.
+    #[test]
+    fn a_waiter_looking_during_a_hand_off_here_does_not_mark_the_key() {
+        let key = [7u8; 32];
+        let hub = Arc::new(crate::notify::WakeOne::<[u8; 32]>::default());
+        let here = Arc::new(LocalHolds::default());
+        let marks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = Arc::clone(&marks);
+        let mut waiter = SqlWaiter {
+            watch: hub.watch(&key, 0),
+            poll: Duration::from_secs(60),
+            jitter: false,
+            mark: None,
+            local: Some(LocalMark {
+                key,
+                here: Arc::clone(&here),
+                take: Box::new(move || {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    Some(Box::new(()))
+                }),
+            }),
+        };
+        let taken = || marks.load(std::sync::atomic::Ordering::Relaxed);
+
+        // Held here: no mark.
+        let hold = here.enter(key);
+        waiter.mark_as_needed();
+        assert_eq!(taken(), 0);
+        // Released here, the woken task's attempt not begun: still none.
+        drop(hold);
+        hub.hand_on(&key);
+        waiter.mark_as_needed();
+        assert!(waiter.mark.is_none(), "marked a key being handed on here");
+        // The woken task's attempt is counted, then ends without a hold (another
+        // process had it): now the waiter marks the key.
+        let attempt = here.enter(key);
+        hub.attempting(&key);
+        waiter.mark_as_needed();
+        assert_eq!(taken(), 0);
+        drop(attempt);
+        waiter.mark_as_needed();
+        assert_eq!(taken(), 1);
+        assert!(waiter.mark.is_some());
+        // A hand-off that starts while marked gives the mark up until it is counted.
+        let hold = here.enter(key);
+        waiter.mark_as_needed();
+        assert!(waiter.mark.is_none());
+        drop(hold);
+        hub.hand_on(&key);
+        waiter.mark_as_needed();
+        assert!(waiter.mark.is_none());
+        assert_eq!(taken(), 1);
+        // Once every waiter has gone, a release hands on nothing.
+        drop(waiter);
+        hub.hand_on(&key);
+        let watch = hub.watch(&key, 0);
+        assert!(!watch.handing());
+    }
 
     /// The memo of the last name answers only for that very name: names taken in any
     /// order, again and again, each get SHA-256 of their own bytes.
