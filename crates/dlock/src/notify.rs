@@ -92,6 +92,7 @@ struct KeyWaiters {
     polled: u8,
     /// A release here woke a waiter ([`WakeOne::hand_on`]) whose attempt has not begun
     /// ([`WakeOne::attempting`]).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     handing: bool,
 }
 
@@ -140,6 +141,7 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
     /// Wake one waiter of `key` to take it over from a release here: until an attempt
     /// at the key begins ([`WakeOne::attempting`]), the key counts as being handed on
     /// ([`WakeWatch::handing`]). Without waiters here, nothing.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn hand_on(&self, key: &K) {
         if let Some(w) = self.map().get_mut(key) {
             w.handing = true;
@@ -149,6 +151,7 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
 
     /// An attempt at `key` begins: a hand-off under way ([`WakeOne::hand_on`]) is
     /// counted by the attempt from now on.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn attempting(&self, key: &K) {
         if let Some(w) = self.map().get_mut(key) {
             w.handing = false;
@@ -199,6 +202,7 @@ impl<K: std::hash::Hash + Eq + Clone> WakeWatch<K> {
 
     /// Whether a release here woke a waiter of this key whose attempt has not begun
     /// yet ([`WakeOne::hand_on`]).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn handing(&self) -> bool {
         self.hub.map().get(&self.key).is_some_and(|w| w.handing)
     }
