@@ -670,8 +670,8 @@ async fn postgres_row_inspect_ignores_a_reused_pid() {
 }
 
 /// PostgreSQL advisory mode: a hold's record names its session by pid and start
-/// (`backend_start`, which a session connection keeps in a setting from when it is
-/// made), on a new connection and on one kept idle from an earlier hold. `inspect`
+/// (`backend_start`, which a session connection reads when it is made and gives each
+/// acquisition on it, bound in binary), on a new connection and on one kept idle from an earlier hold. `inspect`
 /// shows the record only with its own session: a record whose start is another's (a
 /// session that had the same pid before) is not the holder's, and the key shows as
 /// held outside dlock.

@@ -75,7 +75,7 @@ pub(crate) struct HolderRow {
 #[async_trait]
 pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// A connection pinned to a session-mode hold.
-    type Conn: sqlx::Connection + Send + 'static;
+    type Conn: super::session::SessionConn;
     /// How a session-mode lock is named on the server (an advisory key, a `GET_LOCK`
     /// name).
     type SessionKey: std::fmt::Debug + Send + Sync + 'static;

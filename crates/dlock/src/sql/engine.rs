@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::session::SessionConn as _;
 use async_trait::async_trait;
-use sqlx::Connection as _;
 use tokio_util::sync::CancellationToken;
 
 use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};

@@ -14,6 +14,13 @@ use crate::error::{Error, Result};
 use crate::lease::trusted_until;
 use crate::notify::WakeOne;
 
+/// What a session mode's connection must do for the hold pinned to it (a dialect's
+/// [`super::dialect::Dialect::Conn`]): answer a ping, which proves its session alive.
+pub(crate) trait SessionConn: Send + 'static {
+    /// One round trip on the connection.
+    fn ping(&mut self) -> impl Future<Output = std::result::Result<(), sqlx::Error>> + Send + '_;
+}
+
 /// A connection pinned to one held lock (session modes). Its session is proven alive
 /// every `interval` by a ping: the keeper's renewals do it (a session hold asks to be
 /// renewed at least that often, [`crate::backend::HeldLock::prove_alive_every`]), or,
@@ -74,7 +81,7 @@ pub(crate) enum Taken<C> {
     Dropped,
 }
 
-impl<C: sqlx::Connection + 'static> Pinned<C> {
+impl<C: SessionConn> Pinned<C> {
     /// Pin `conn`, to be proven alive every `interval`, each ping answered within
     /// `interval` or `timeout`, whichever is shorter.
     /// `proven` is when the last statement the session answered on it was sent.
@@ -198,7 +205,7 @@ impl Drop for Abandoned<'_> {
 /// of step. Then, with a loss signal `lost` (a heartbeat's), cancel it and close the
 /// connection 50 ms later; without one (a renewal, whose caller hears the answer),
 /// mark it out of step and leave it to the release that follows the loss.
-async fn ping_or_drop<C: sqlx::Connection + 'static>(
+async fn ping_or_drop<C: SessionConn>(
     conn: &PinnedConn<C>,
     lost: Option<&CancellationToken>,
     within: Duration,
@@ -334,7 +341,7 @@ pub(crate) struct Session<C> {
     pub backend: &'static str,
 }
 
-impl<C: sqlx::Connection + 'static> Session<C> {
+impl<C: SessionConn> Session<C> {
     /// Renewal: prove the session is alive (it holds the lock).
     pub(crate) async fn renew(&self) -> Result<()> {
         self.pinned.prove_alive().await

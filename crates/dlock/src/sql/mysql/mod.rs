@@ -481,6 +481,12 @@ fn fence_u64(fence: i64) -> u64 {
     u64::try_from(fence).unwrap_or(0)
 }
 
+impl super::session::SessionConn for MySqlConnection {
+    fn ping(&mut self) -> impl Future<Output = std::result::Result<(), sqlx::Error>> + Send + '_ {
+        sqlx::Connection::ping(self)
+    }
+}
+
 #[async_trait]
 impl Dialect for Mysql {
     type Conn = MySqlConnection;

@@ -136,8 +136,10 @@ use crate::name::LockName;
 use crate::notify::WakeOne;
 use crate::shared_holds::EntryKind;
 use crate::url::ConnectUrl;
+use pinned::{BackendStart, PgSession};
 
 mod marks;
+mod pinned;
 mod statements;
 use statements::Statements;
 
@@ -463,7 +465,7 @@ fn micros(d: Duration) -> i64 {
 
 #[async_trait]
 impl Dialect for Postgres {
-    type Conn = PgConnection;
+    type Conn = PgSession;
     type SessionKey = i64;
     const BACKEND: &'static str = BACKEND;
     const PRODUCT: &'static str = "PostgreSQL";
@@ -596,16 +598,19 @@ impl Dialect for Postgres {
         Ok(holds == Some(0))
     }
 
-    async fn connect_session(&self) -> Result<PgConnection> {
+    async fn connect_session(&self) -> Result<PgSession> {
         timed(BACKEND, self.timeout, async {
             let mut conn = PgConnection::connect_with(&self.connect).await?;
-            let setup = if self.row_mode {
-                &self.sql.row_prepare
+            let started = if self.row_mode {
+                conn.execute(sqlx::raw_sql(AssertSqlSafe(&*self.sql.row_prepare)))
+                    .await?;
+                None
             } else {
-                &self.sql.advisory_session
+                sqlx::query_scalar::<_, BackendStart>(AssertSqlSafe(&*self.sql.advisory_session))
+                    .fetch_optional(&mut conn)
+                    .await?
             };
-            conn.execute(sqlx::raw_sql(AssertSqlSafe(&**setup))).await?;
-            Ok(conn)
+            Ok(PgSession { conn, started })
         })
         .await
     }
@@ -616,14 +621,14 @@ impl Dialect for Postgres {
 
     async fn session_lock(
         &self,
-        conn: &mut PgConnection,
+        conn: &mut PgSession,
         req: &AcquireRequest,
         key: &[u8; 32],
         akey: &i64,
     ) -> Result<Option<u64>> {
         let meta = metadata_json(&req.metadata);
         let (name, owner) = (req.name.as_str(), req.owner.as_str());
-        let args = reserved::<PgArguments>(&[8, key.len(), name.len(), owner.len(), meta.len()]);
+        let args = reserved::<PgArguments>(&[8, key.len(), name.len(), owner.len(), meta.len(), 8]);
         let fence =
             sqlx::query_scalar_with::<_, i64, _>(AssertSqlSafe(&*self.sql.advisory_acquire), args)
                 .bind(*akey)
@@ -631,7 +636,8 @@ impl Dialect for Postgres {
                 .bind(name)
                 .bind(owner)
                 .bind(meta)
-                .fetch_optional(conn)
+                .bind(conn.started)
+                .fetch_optional(&mut conn.conn)
                 .await
                 .map_err(|e| db_err(BACKEND, &e))?;
         Ok(fence.map(fence_u64))
@@ -639,7 +645,7 @@ impl Dialect for Postgres {
 
     async fn session_unlock(
         &self,
-        conn: &mut PgConnection,
+        conn: &mut PgSession,
         akey: &i64,
         hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error> {
@@ -649,12 +655,13 @@ impl Dialect for Postgres {
             .bind(*akey)
             .bind(channel)
             .bind(key_hex)
-            .execute(conn)
+            .execute(&mut conn.conn)
             .await
             .map(drop)
     }
 
-    async fn row_lock(&self, conn: &mut PgConnection, key: &[u8; 32]) -> Result<RowLock> {
+    async fn row_lock(&self, session: &mut PgSession, key: &[u8; 32]) -> Result<RowLock> {
+        let conn = &mut session.conn;
         let batch = self.sql.row_lock_batch(key);
         let locked = sqlx::raw_sql(AssertSqlSafe(batch))
             .fetch_optional(&mut *conn)
@@ -677,7 +684,7 @@ impl Dialect for Postgres {
         Ok(found)
     }
 
-    async fn row_ensure(&self, _conn: &mut PgConnection, key: &[u8; 32]) -> Result<()> {
+    async fn row_ensure(&self, _conn: &mut PgSession, key: &[u8; 32]) -> Result<()> {
         timed(
             BACKEND,
             self.timeout,
@@ -728,11 +735,12 @@ impl Dialect for Postgres {
 
     async fn row_unlock(
         &self,
-        conn: &mut PgConnection,
+        conn: &mut PgSession,
         hold: &Hold,
     ) -> std::result::Result<(), sqlx::Error> {
         let batch = self.sql.row_release_batch(&hold.key);
-        conn.execute(sqlx::raw_sql(AssertSqlSafe(batch)))
+        conn.conn
+            .execute(sqlx::raw_sql(AssertSqlSafe(batch)))
             .await
             .map(drop)
     }

@@ -36,8 +36,8 @@ pub(super) struct Statements {
     /// Names with a lease row / a holder record beginning with a prefix (byte order).
     pub names_lease: String,
     pub names_session: String,
-    /// Run once on each advisory-mode session connection, when it is made: keeps the
-    /// session's `backend_start` in a session setting for [`Statements::advisory_acquire`].
+    /// Run once on each advisory-mode session connection, when it is made: reads the
+    /// session's `backend_start`, which [`Statements::advisory_acquire`] is given.
     pub advisory_session: String,
     pub advisory_acquire: String,
     pub advisory_release: String,
@@ -171,15 +171,6 @@ impl SharedStatements {
         }
     }
 }
-
-/// This session's `backend_start`, as the session setting `dlock.backend_start` holds
-/// it ([`Statements::advisory_session`] writes it when the connection is made). Read
-/// from `pg_stat_activity` inside the acquisition (lazily, under a `CASE`), it still
-/// cost every acquisition server time: the server sets the view's subplan up on each
-/// run, whether it runs or not. An empty or missing setting gives NULL, which
-/// `inspect` takes as a match (the pid alone).
-const OWN_BACKEND_START: &str =
-    "NULLIF(current_setting('dlock.backend_start', true), '')::timestamptz";
 
 /// Remaining lease of row `l` in whole milliseconds (negative: expired).
 const REMAINING_MS: &str =
@@ -366,15 +357,17 @@ impl Statements {
                  FROM {p}_locks l
                  WHERE l.lock_key = $1 AND l.holds > 0 AND l.expires_at > statement_timestamp()"
             ),
-            advisory_session: "SELECT set_config('dlock.backend_start', backend_start::text, false) \
-                 FROM pg_stat_activity WHERE pid = pg_backend_pid()"
-                .to_owned(),
+            advisory_session:
+                "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+                    .to_owned(),
             // On the pinned connection. Binds: 1 advisory key, 2 key, 3 name, 4 owner,
-            // 5 metadata. One row (the fence) when the lock was taken.
+            // 5 metadata, 6 the session's `backend_start` (NULL if unknown, which
+            // `inspect` takes as a match: the pid alone). One row (the fence) when the
+            // lock was taken.
             advisory_acquire: format!(
                 "WITH g AS (SELECT pg_try_advisory_lock($1) AS ok)
                  INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, backend_start)
-                 SELECT $2, $3, $4, nextval('{p}_fence'), $5, pg_backend_pid(), {OWN_BACKEND_START}
+                 SELECT $2, $3, $4, nextval('{p}_fence'), $5, pg_backend_pid(), $6
                  FROM g WHERE g.ok
                  ON CONFLICT (lock_key) DO UPDATE SET
                     name = excluded.name, owner = excluded.owner, fence = excluded.fence,
