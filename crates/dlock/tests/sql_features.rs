@@ -669,6 +669,17 @@ async fn postgres_row_inspect_ignores_a_reused_pid() {
     drop(gone);
 }
 
+/// `inspect` shows `g` as its name's holder (in `round`); then `g` is released.
+async fn shown_then_released(locker: &Locker, g: dlock::LockGuard, round: u32) {
+    let info = locker.inspect(g.name()).await.expect("inspect");
+    assert_eq!(
+        info.map(|i| i.fencing_token),
+        Some(g.fencing_token()),
+        "round {round}: the holder is not shown"
+    );
+    g.release().await.expect("release");
+}
+
 /// PostgreSQL advisory mode: a hold's record names its session by pid and start
 /// (`backend_start`, which a session connection reads when it is made and gives each
 /// acquisition on it, bound in binary), on a new connection and on one kept idle from an earlier hold. `inspect`
@@ -699,13 +710,7 @@ async fn postgres_advisory_record_names_its_session_by_its_start() {
         pids.push(pg.psql(&format!(
             "SELECT pid FROM dlock_holders WHERE name = '{name}'"
         )));
-        let info = locker.inspect(&name).await.expect("inspect");
-        assert_eq!(
-            info.map(|i| i.fencing_token),
-            Some(g.fencing_token()),
-            "round {round}: the holder is not shown"
-        );
-        g.release().await.expect("release");
+        shown_then_released(&locker, g, round).await;
     }
     assert_eq!(
         pids[0], pids[1],
@@ -725,6 +730,52 @@ async fn postgres_advisory_record_names_its_session_by_its_start() {
         "a record of another session shown as the holder: {info:?}"
     );
     g.release().await.expect("release");
+}
+
+/// PostgreSQL advisory mode under a role the login switches to (`ALTER ROLE … SET
+/// role`) that lacks the login role's privileges: the server hides the session's own
+/// `backend_start` from it (NULL). The lock is still taken and released, its record
+/// names the session by its pid alone, and `inspect` shows the holder.
+#[tokio::test]
+async fn postgres_advisory_locks_where_the_session_start_is_hidden() {
+    let Some(pg) = PgServer::start() else {
+        return;
+    };
+    drop(
+        Locker::connect(&format!("{}?mode=advisory", pg.url()))
+            .await
+            .expect("admin"),
+    );
+    let _ = pg.psql(
+        "CREATE ROLE worker NOLOGIN;
+         GRANT SELECT, INSERT, UPDATE ON dlock_locks, dlock_holders, dlock_rows TO worker;
+         GRANT USAGE ON SEQUENCE dlock_fence TO worker;
+         CREATE ROLE gate LOGIN PASSWORD 'gate-pw' IN ROLE worker;
+         ALTER ROLE gate SET role = 'worker';",
+    );
+    let url = format!(
+        "postgres://gate:gate-pw@127.0.0.1:{}/postgres?mode=advisory",
+        pg.port()
+    );
+    let locker = Locker::connect(&url).await.expect("connect as gate");
+    let name = unique("hidden-start");
+    for round in 0..2 {
+        let g = locker
+            .lock(&name)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let record = pg.psql(&format!(
+            "SELECT h.backend_start IS NULL, a.usename
+             FROM dlock_holders h JOIN pg_stat_activity a ON a.pid = h.pid
+             WHERE h.name = '{name}'"
+        ));
+        assert_eq!(
+            record.trim(),
+            "t|gate",
+            "round {round}: no record of the gate session with its start hidden (NULL)"
+        );
+        shown_then_released(&locker, g, round).await;
+    }
 }
 
 /// A MariaDB server whose default is `autocommit=0`: dlock's connections commit each

@@ -21,8 +21,8 @@
 //!   `key` is the first 8 bytes of SHA-256 of the name (`advisory_key=sha256`, default)
 //!   or the name itself read as a decimal int8 (`advisory_key=number`, to share locks
 //!   with code that calls `pg_advisory_lock(42)`). A session connection reads its
-//!   own `backend_start` once, when it is made, for the holder record (one more round
-//!   trip then).
+//!   own `backend_start` once, when it is made, and gives it to each holder record it
+//!   writes (a prepared statement then: two more round trips when it connects).
 //! - `mode=row`: `SELECT … FOR UPDATE NOWAIT` on the name's row in `<prefix>_rows`, in a
 //!   READ COMMITTED transaction held open on a pinned connection; the lock ends at
 //!   commit or when the connection dies. The token is taken on another connection, by a
@@ -33,8 +33,7 @@
 //!   session-level state, so it does not work through a transaction pooler (neither
 //!   do the other session modes), nor on a connection someone `DISCARD`s.
 //!
-//! Needs PostgreSQL 10 or later (`txid_status`, `ON CONFLICT`, `current_setting(…,
-//! true)`).
+//! Needs PostgreSQL 10 or later (`txid_status`, `ON CONFLICT`).
 //!
 //! In session modes the holder (owner, token, metadata, backend pid) is recorded in
 //! `<prefix>_holders` for `inspect`. The pinned connection is pinged every `heartbeat`
@@ -606,9 +605,15 @@ impl Dialect for Postgres {
                     .await?;
                 None
             } else {
-                sqlx::query_scalar::<_, BackendStart>(AssertSqlSafe(&*self.sql.advisory_session))
-                    .fetch_optional(&mut conn)
-                    .await?
+                // NULL where the server hides it from the session's current role (a
+                // role set after login that lacks the login role's privileges): the
+                // record then names the session by its pid alone, as `inspect` reads it.
+                sqlx::query_scalar::<_, Option<BackendStart>>(AssertSqlSafe(
+                    &*self.sql.advisory_session,
+                ))
+                .fetch_optional(&mut conn)
+                .await?
+                .flatten()
             };
             Ok(PgSession { conn, started })
         })
@@ -973,7 +978,9 @@ async fn listen(mut listener: PgListener, hub: Arc<WakeOne<[u8; 32]>>, poll: Dur
     loop {
         match listener.try_recv().await {
             Ok(Some(n)) => match parse_key(n.payload()) {
-                Some(key) => hub.wake(&key),
+                Some(key) => {
+                    hub.wake(&key);
+                }
                 None => hub.wake_all(),
             },
             Ok(None) => hub.wake_all(),
