@@ -88,12 +88,11 @@ struct KeyWaiters {
     notify: std::sync::Arc<tokio::sync::Notify>,
     /// Registered [`WakeWatch`]es.
     count: usize,
+    /// Of them, those of each class.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    classes: [u32; 8],
     /// Bit `c` set: a waiter of class `c` holds that class's poller role.
     polled: u8,
-    /// A release here woke a waiter ([`WakeOne::hand_on`]) whose attempt has not begun
-    /// ([`WakeOne::attempting`]).
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    handing: bool,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -120,6 +119,7 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
             let mut map = self.map();
             let entry = map.entry(key.clone()).or_default();
             entry.count += 1;
+            entry.classes[usize::from(class & 7)] += 1;
             std::sync::Arc::clone(&entry.notify)
         };
         WakeWatch {
@@ -138,24 +138,12 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
         }
     }
 
-    /// Wake one waiter of `key` to take it over from a release here: until an attempt
-    /// at the key begins ([`WakeOne::attempting`]), the key counts as being handed on
-    /// ([`WakeWatch::handing`]). Without waiters here, nothing.
+    /// How many waiters of `key` of `class` this process has.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    pub(crate) fn hand_on(&self, key: &K) {
-        if let Some(w) = self.map().get_mut(key) {
-            w.handing = true;
-            w.notify.notify_one();
-        }
-    }
-
-    /// An attempt at `key` begins: a hand-off under way ([`WakeOne::hand_on`]) is
-    /// counted by the attempt from now on.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    pub(crate) fn attempting(&self, key: &K) {
-        if let Some(w) = self.map().get_mut(key) {
-            w.handing = false;
-        }
+    pub(crate) fn waiters(&self, key: &K, class: u8) -> u32 {
+        self.map()
+            .get(key)
+            .map_or(0, |w| w.classes[usize::from(class & 7)])
     }
 
     /// Wake every waiter of every key `which` picks (releases of it may have gone
@@ -200,11 +188,10 @@ impl<K: std::hash::Hash + Eq + Clone> WakeWatch<K> {
         let _ = tokio::time::timeout(max, self.notify.notified()).await;
     }
 
-    /// Whether a release here woke a waiter of this key whose attempt has not begun
-    /// yet ([`WakeOne::hand_on`]).
+    /// The hub this waiter is registered with.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    pub(crate) fn handing(&self) -> bool {
-        self.hub.map().get(&self.key).is_some_and(|w| w.handing)
+    pub(crate) fn hub(&self) -> std::sync::Arc<WakeOne<K>> {
+        std::sync::Arc::clone(&self.hub)
     }
 
     /// How long this waiter may wait before asking the server again: `poll` for its
@@ -239,6 +226,8 @@ impl<K: std::hash::Hash + Eq + Clone> Drop for WakeWatch<K> {
         let mut map = self.hub.map();
         if let Some(entry) = map.get_mut(&self.key) {
             entry.count -= 1;
+            let class = usize::try_from(self.role.trailing_zeros()).unwrap_or(0) & 7;
+            entry.classes[class] = entry.classes[class].saturating_sub(1);
             if entry.count == 0 {
                 map.remove(&self.key);
             } else if self.polls || entry.polled & self.role == 0 {

@@ -123,11 +123,7 @@ impl<D: Dialect> SqlBackend<D> {
         // Counted until the answer is in, and dropped with it if the caller gives up;
         // from here on it counts for a hand-off under way, if one is (the waiter a
         // release here woke, most often).
-        let counted = D::NATIVE_WAIT.then(|| {
-            let counted = self.local.enter(key);
-            self.hub.attempting(&key);
-            counted
-        });
+        let counted = D::NATIVE_WAIT.then(|| self.local.enter(key));
         match self.dialect.lease_acquire(req, &key).await? {
             LeaseAnswer::Granted(fence) => Ok(Attempt::Acquired(Box::new(LeaseHeld {
                 dialect: Arc::clone(&self.dialect),
@@ -314,7 +310,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
                     }
                 });
         let mut waiter = SqlWaiter {
-            watch,
+            watch: Some(watch),
             poll: self.opts.poll,
             jitter: D::POLL_JITTER,
             mark: None,
@@ -423,14 +419,18 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
         let released = self.dialect.lease_release(&self.hold).await;
         // Uncounted before the wake-up: the task woken must not find the key still
         // held here and wait unmarked behind a holder that has gone. The key then
-        // counts as being handed on until the woken task's attempt is counted
-        // instead, so that no waiter here marks it in between ([`LocalMark`]). A
-        // release that failed may have freed the row too: a waiter looks.
-        self.uncount();
-        match released {
-            Ok(true) => self.hub.hand_on(&self.hold.key),
-            Ok(false) => {}
-            Err(_) => self.hub.wake(&self.hold.key),
+        // counts as being handed on until the next attempt here (the woken task's,
+        // most often) is counted instead, so that no waiter here marks it in between
+        // ([`LocalHold::hand_on`]).
+        // A release that failed may have freed the row too: a waiter looks.
+        let counted = self.take_counted();
+        match (&released, counted) {
+            (Ok(true), Some(counted)) => counted.hand_on(&self.hub),
+            (Ok(false), counted) => drop(counted),
+            (_, counted) => {
+                drop(counted);
+                self.hub.wake(&self.hold.key);
+            }
         }
         released.map(drop)
     }
@@ -451,11 +451,15 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
 impl<D> LeaseHeld<D> {
     /// No longer counted among the backend's local holds; whether it still was.
     fn uncount(&self) -> bool {
+        self.take_counted().is_some()
+    }
+
+    /// The hold's count among the backend's local holds, if it still has it.
+    fn take_counted(&self) -> Option<LocalHold> {
         self.local
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
-            .is_some()
     }
 }
 
@@ -529,7 +533,7 @@ impl<D: Dialect> HeldLock for SessionHeld<D> {
 /// come free where a lock or a write may not, so each class polls for itself.
 fn waiter_class(primitive: Primitive) -> u8 {
     match primitive {
-        Primitive::Lock => 0,
+        Primitive::Lock => super::LOCK_CLASS,
         Primitive::Permit { .. } => 1,
         Primitive::Read => 2,
         Primitive::Write => 3,

@@ -414,7 +414,8 @@ pub(crate) fn capabilities(
 /// of waiters (see [`crate::notify::WakeOne`]).
 #[derive(Debug)]
 pub(crate) struct SqlWaiter {
-    pub watch: WakeWatch<[u8; 32]>,
+    /// `None` only while the waiter is dropped.
+    pub watch: Option<WakeWatch<[u8; 32]>>,
     pub poll: Duration,
     pub jitter: bool,
     /// The server-side mark that makes releases of the key notify (see
@@ -424,6 +425,10 @@ pub(crate) struct SqlWaiter {
     /// A lease-mode lock's waiter on a server that notifies: see [`LocalMark`].
     pub local: Option<LocalMark>,
 }
+
+/// The class of a lock's waiters in the backend's [`crate::notify::WakeOne`] hub (a permit's, a
+/// read's and a write's have classes of their own).
+pub(crate) const LOCK_CLASS: u8 = 0;
 
 /// The longest an unmarked [`LocalMark`] waiter's poller waits between looks: no
 /// longer than a bucket's mark lingers after its last waiter (`postgres::marks`), so a
@@ -439,12 +444,14 @@ const UNMARKED_POLL: Duration = Duration::from_secs(1);
 /// An attempt of the backend in flight counts as here too: it is the hand-off under
 /// way (the task a release woke), and the waiter that lost to it must not mark the
 /// key in that instant and keep the mark for its whole wait. So does the instant
-/// between a release here and the woken task's attempt
-/// ([`crate::notify::WakeOne::hand_on`]): a waiter looking then (one just subscribed,
-/// or back from an attempt that found the key held) would otherwise mark a key about
-/// to be taken here, and the mark would make the releases of the next second or two
-/// notify. Should the woken task leave without an attempt, the key counts as handed
-/// on until the next attempt here (the poller's, within [`UNMARKED_POLL`]). Before each wait the
+/// between a release here and the woken task's attempt ([`LocalHold::hand_on`]): a
+/// waiter looking then (one just subscribed, or back from an attempt that found the
+/// key held) would otherwise mark a key about to be taken here, and the mark would
+/// make the releases of the next second or two notify. Should the woken task not
+/// attempt (it left; or it waits for a permit, a read or a write of the same name,
+/// which shares the key's waiters), the key counts as handed on until the next
+/// attempt here (the poller's, within [`UNMARKED_POLL`]), or until the key's last
+/// lock waiter here has gone; a release with no lock waiter here hands nothing on. Before each wait the
 /// waiter looks again ([`LocalHolds::here`]): a key neither held nor being taken here
 /// (another process has it, or a hold was lost) gets its mark back, and the mark's
 /// taking wakes the waiter, whose next attempt sees any release that stayed silent
@@ -475,7 +482,7 @@ impl SqlWaiter {
         let Some(local) = &self.local else {
             return;
         };
-        if local.here.here(&local.key) || self.watch.handing() {
+        if local.here.here(&local.key) {
             self.mark = None;
         } else if self.mark.is_none() {
             self.mark = (local.take)();
@@ -483,22 +490,38 @@ impl SqlWaiter {
     }
 }
 
-/// The lease-mode locks a backend holds now and the attempts at them it has in flight,
-/// counted by key: what [`LocalMark`] asks.
+/// The lease-mode locks a backend holds now, the attempts at them it has in flight,
+/// and the hand-offs under way from one to the next, by key: what [`LocalMark`] asks.
+/// One lock covers all three, so a key goes from held to handed on to attempted
+/// without an instant in which it looks free here.
 #[derive(Debug, Default)]
-pub(crate) struct LocalHolds(std::sync::Mutex<std::collections::HashMap<[u8; 32], u32>>);
+pub(crate) struct LocalHolds(std::sync::Mutex<std::collections::HashMap<[u8; 32], Here>>);
+
+/// A key's entry in [`LocalHolds`]: there while `count` or `handing` is.
+#[derive(Debug, Default)]
+struct Here {
+    /// Holds and attempts counted.
+    count: u32,
+    /// A release here woke a waiter here whose attempt has not begun
+    /// ([`LocalHold::hand_on`]).
+    handing: bool,
+}
 
 impl LocalHolds {
-    /// Count a hold of `key`, or an attempt at it, until the entry is dropped.
+    /// Count a hold of `key`, or an attempt at it, until the entry is dropped. An
+    /// attempt takes over a hand-off under way: the key is counted by it from now on.
     pub(crate) fn enter(self: &Arc<Self>, key: [u8; 32]) -> LocalHold {
-        *self.map().entry(key).or_default() += 1;
+        let mut map = self.map();
+        let here = map.entry(key).or_default();
+        here.count += 1;
+        here.handing = false;
         LocalHold {
-            here: Arc::clone(self),
+            here: Some(Arc::clone(self)),
             key,
         }
     }
 
-    /// Whether a hold of `key` or an attempt at it is counted.
+    /// Whether a hold of `key`, an attempt at it or a hand-off of it is under way.
     pub(crate) fn here(&self, key: &[u8; 32]) -> bool {
         self.map().contains_key(key)
     }
@@ -506,10 +529,23 @@ impl LocalHolds {
     /// Whether a hold of `key` or an attempt at it is counted besides the caller's own
     /// (`counted`: whether the caller's is).
     pub(crate) fn here_besides(&self, key: &[u8; 32], counted: bool) -> bool {
-        self.map().get(key).is_some_and(|&n| n > u32::from(counted))
+        self.map()
+            .get(key)
+            .is_some_and(|h| h.count > u32::from(counted))
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 32], u32>> {
+    /// A lock's waiter of `key` has left (its watch is gone): if no other is left in
+    /// `hub`, a hand-off under way ends, as nobody is left to take the key over. Under
+    /// this map's lock, as [`LocalHold::hand_on`] counts the waiters: of two waiters
+    /// leaving at once, the one that looks last sees neither.
+    pub(crate) fn waiter_left(&self, key: &[u8; 32], hub: &crate::notify::WakeOne<[u8; 32]>) {
+        let mut map = self.map();
+        if map.get(key).is_some_and(|h| h.count == 0) && hub.waiters(key, LOCK_CLASS) == 0 {
+            map.remove(key);
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 32], Here>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -519,18 +555,56 @@ impl LocalHolds {
 /// One counted hold or attempt ([`LocalHolds::enter`]): uncounted when dropped.
 #[derive(Debug)]
 pub(crate) struct LocalHold {
-    here: Arc<LocalHolds>,
+    /// `None` once handed on.
+    here: Option<Arc<LocalHolds>>,
     key: [u8; 32],
+}
+
+impl LocalHold {
+    /// A released hold: uncounted, and, if that wakes a waiter here, the key counts as
+    /// handed on until the next attempt at it ([`LocalHolds::enter`]) — in one step, so
+    /// no waiter here sees the key free between the hold and the woken task's attempt.
+    pub(crate) fn hand_on(mut self, hub: &crate::notify::WakeOne<[u8; 32]>) {
+        let Some(holds) = self.here.take() else {
+            return;
+        };
+        let mut map = holds.map();
+        hub.wake(&self.key);
+        // Only a lock's waiter takes the key over: a permit's, a read's or a write's
+        // of the same name shares the key's waiters, but attempts something else.
+        let lock_waiters = hub.waiters(&self.key, LOCK_CLASS) > 0;
+        if let Some(here) = map.get_mut(&self.key) {
+            here.count = here.count.saturating_sub(1);
+            here.handing |= lock_waiters;
+            if here.count == 0 && !here.handing {
+                map.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl Drop for LocalHold {
     fn drop(&mut self) {
-        let mut map = self.here.map();
-        if let Some(n) = map.get_mut(&self.key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        let Some(holds) = self.here.take() else {
+            return;
+        };
+        let mut map = holds.map();
+        if let Some(here) = map.get_mut(&self.key) {
+            here.count = here.count.saturating_sub(1);
+            if here.count == 0 && !here.handing {
                 map.remove(&self.key);
             }
+        }
+    }
+}
+
+impl Drop for SqlWaiter {
+    fn drop(&mut self) {
+        // The watch goes first: a hand-off that comes after no longer counts it.
+        if let (Some(local), Some(watch)) = (&self.local, self.watch.take()) {
+            let hub = watch.hub();
+            drop(watch);
+            local.here.waiter_left(&local.key, &hub);
         }
     }
 }
@@ -547,12 +621,15 @@ impl Waiter for SqlWaiter {
         } else {
             self.poll
         };
-        let mut wait = self.watch.poll_every(poll).min(max);
+        let Some(watch) = self.watch.as_mut() else {
+            return Ok(());
+        };
+        let mut wait = watch.poll_every(poll).min(max);
         if self.jitter {
             let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
             wait = Duration::from_nanos(nanos / 2 + fastrand::u64(0..=nanos / 2));
         }
-        self.watch.wait(wait).await;
+        watch.wait(wait).await;
         Ok(())
     }
 }
@@ -564,63 +641,95 @@ mod tests {
     /// A waiter that looks between a release here and the woken task's attempt (it
     /// just subscribed, or came back from an attempt that found the key held) does not
     /// mark the key: the release hands it on, and only the next attempt's end, with
-    /// nothing here, lets the waiter mark it.
+    /// nothing here, lets the waiter mark it. A hand-off with no waiter here, or whose
+    /// last waiter left, leaves nothing behind.
     #[test]
     fn a_waiter_looking_during_a_hand_off_here_does_not_mark_the_key() {
         let key = [7u8; 32];
         let hub = Arc::new(crate::notify::WakeOne::<[u8; 32]>::default());
         let here = Arc::new(LocalHolds::default());
         let marks = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let counter = Arc::clone(&marks);
-        let mut waiter = SqlWaiter {
-            watch: hub.watch(&key, 0),
-            poll: Duration::from_secs(60),
-            jitter: false,
-            mark: None,
-            local: Some(LocalMark {
-                key,
-                here: Arc::clone(&here),
-                take: Box::new(move || {
-                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    Some(Box::new(()))
+        let waiter = |marks: &Arc<std::sync::atomic::AtomicU32>| {
+            let counter = Arc::clone(marks);
+            SqlWaiter {
+                watch: Some(hub.watch(&key, LOCK_CLASS)),
+                poll: Duration::from_secs(60),
+                jitter: false,
+                mark: None,
+                local: Some(LocalMark {
+                    key,
+                    here: Arc::clone(&here),
+                    take: Box::new(move || {
+                        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        Some(Box::new(()))
+                    }),
                 }),
-            }),
+            }
         };
+        let mut waiting = waiter(&marks);
         let taken = || marks.load(std::sync::atomic::Ordering::Relaxed);
 
         // Held here: no mark.
         let hold = here.enter(key);
-        waiter.mark_as_needed();
+        waiting.mark_as_needed();
         assert_eq!(taken(), 0);
         // Released here, the woken task's attempt not begun: still none.
-        drop(hold);
-        hub.hand_on(&key);
-        waiter.mark_as_needed();
-        assert!(waiter.mark.is_none(), "marked a key being handed on here");
+        hold.hand_on(&hub);
+        waiting.mark_as_needed();
+        assert!(waiting.mark.is_none(), "marked a key being handed on here");
         // The woken task's attempt is counted, then ends without a hold (another
         // process had it): now the waiter marks the key.
         let attempt = here.enter(key);
-        hub.attempting(&key);
-        waiter.mark_as_needed();
+        waiting.mark_as_needed();
         assert_eq!(taken(), 0);
         drop(attempt);
-        waiter.mark_as_needed();
+        waiting.mark_as_needed();
         assert_eq!(taken(), 1);
-        assert!(waiter.mark.is_some());
-        // A hand-off that starts while marked gives the mark up until it is counted.
+        assert!(waiting.mark.is_some());
+        // A hand-off that starts while marked gives the mark up until an attempt has
+        // counted itself and ended.
         let hold = here.enter(key);
-        waiter.mark_as_needed();
-        assert!(waiter.mark.is_none());
-        drop(hold);
-        hub.hand_on(&key);
-        waiter.mark_as_needed();
-        assert!(waiter.mark.is_none());
+        waiting.mark_as_needed();
+        assert!(waiting.mark.is_none());
+        hold.hand_on(&hub);
+        waiting.mark_as_needed();
+        assert!(waiting.mark.is_none());
         assert_eq!(taken(), 1);
-        // Once every waiter has gone, a release hands on nothing.
-        drop(waiter);
-        hub.hand_on(&key);
-        let watch = hub.watch(&key, 0);
-        assert!(!watch.handing());
+        // The woken task left without an attempt: its leaving, as the key's last
+        // waiter here, ends the hand-off.
+        drop(waiting);
+        assert!(!here.here(&key), "a hand-off to nobody stays");
+        // With no waiter here, a release hands nothing on.
+        here.enter(key).hand_on(&hub);
+        assert!(!here.here(&key), "a hand-off to nobody stays");
+        // A failed release (dropped, not handed on) leaves nothing either.
+        let waiting = waiter(&marks);
+        drop(here.enter(key));
+        assert!(!here.here(&key));
+        drop(waiting);
+
+        // Two waiters: the first to leave keeps the hand-off for the other; the
+        // second's leaving ends it.
+        let (first, second) = (waiter(&marks), waiter(&marks));
+        here.enter(key).hand_on(&hub);
+        drop(first);
+        assert!(
+            here.here(&key),
+            "a hand-off ended while a lock waiter is left"
+        );
+        drop(second);
+        assert!(!here.here(&key), "a hand-off to nobody stays");
+        // Only a permit's waiter here: a lock's release hands nothing on; a lock
+        // waiter leaving while a permit's waiter stays ends a hand-off.
+        let permit = hub.watch(&key, 1);
+        here.enter(key).hand_on(&hub);
+        assert!(!here.here(&key), "handed on to a waiter of another class");
+        let waiting = waiter(&marks);
+        here.enter(key).hand_on(&hub);
+        assert!(here.here(&key));
+        drop(waiting);
+        assert!(!here.here(&key), "a hand-off to a permit's waiter stays");
+        drop(permit);
     }
 
     /// The memo of the last name answers only for that very name: names taken in any
