@@ -155,9 +155,18 @@ impl ServerProcess {
         }
     }
 
-    /// SIGSTOP: the server freezes, connections stay open.
+    /// SIGSTOP: the server freezes, connections stay open. Returns once every thread
+    /// of the server shows as stopped (at most 2 s): `kill` returns before a thread
+    /// running on another CPU has stopped, and a request sent in that instant could
+    /// still be answered.
     pub fn pause(&self) {
         self.signal(Signal::SIGSTOP);
+        if let Some(c) = &self.child {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while !all_stopped(c.id()) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// SIGCONT after [`ServerProcess::pause`].
@@ -755,6 +764,29 @@ impl Drop for PortHolder {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// Whether every thread of process `pid` is stopped (`T`, or `t` when traced), as
+/// `/proc` shows it; `false` if it cannot be read.
+fn all_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            return false;
+        };
+        // The state follows the command's name, which is in parentheses.
+        let state = stat
+            .rfind(')')
+            .and_then(|end| stat[end + 1..].trim_start().chars().next());
+        if !matches!(state, Some('T' | 't')) {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
 #[cfg(test)]
