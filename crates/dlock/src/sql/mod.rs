@@ -540,8 +540,16 @@ impl LocalHolds {
     /// leaving at once, the one that looks last sees neither.
     pub(crate) fn waiter_left(&self, key: &[u8; 32], hub: &crate::notify::WakeOne<[u8; 32]>) {
         let mut map = self.map();
-        if map.get(key).is_some_and(|h| h.count == 0) && hub.waiters(key, LOCK_CLASS) == 0 {
-            map.remove(key);
+        if hub.waiters(key, LOCK_CLASS) > 0 {
+            return;
+        }
+        match map.get_mut(key) {
+            Some(h) if h.count == 0 => {
+                map.remove(key);
+            }
+            // A hold or attempt of the key stays counted: only the hand-off ends.
+            Some(h) => h.handing = false,
+            None => {}
         }
     }
 
@@ -575,7 +583,7 @@ impl LocalHold {
         let lock_waiters = hub.waiters(&self.key, LOCK_CLASS) > 0;
         if let Some(here) = map.get_mut(&self.key) {
             here.count = here.count.saturating_sub(1);
-            here.handing |= lock_waiters;
+            here.handing = lock_waiters;
             if here.count == 0 && !here.handing {
                 map.remove(&self.key);
             }
@@ -730,6 +738,16 @@ mod tests {
         drop(waiting);
         assert!(!here.here(&key), "a hand-off to a permit's waiter stays");
         drop(permit);
+        // Another hold of the key still counted (a re-entry, another task's attempt)
+        // when the last waiter leaves: the hand-off ends with the waiter, and the
+        // hold's end leaves nothing.
+        let other = here.enter(key);
+        let waiting = waiter(&marks);
+        here.enter(key).hand_on(&hub);
+        drop(waiting);
+        assert!(here.here(&key), "a hold still counted is not here");
+        drop(other);
+        assert!(!here.here(&key), "a hand-off to nobody stays");
     }
 
     /// The memo of the last name answers only for that very name: names taken in any

@@ -978,9 +978,7 @@ async fn listen(mut listener: PgListener, hub: Arc<WakeOne<[u8; 32]>>, poll: Dur
     loop {
         match listener.try_recv().await {
             Ok(Some(n)) => match parse_key(n.payload()) {
-                Some(key) => {
-                    hub.wake(&key);
-                }
+                Some(key) => hub.wake(&key),
                 None => hub.wake_all(),
             },
             Ok(None) => hub.wake_all(),
