@@ -943,6 +943,20 @@ mod tests {
         Some((nodes, backend))
     }
 
+    /// `name`, free on every node, taken for `owner` for `ttl`.
+    async fn take(
+        backend: &RedlockBackend,
+        name: &LockName,
+        owner: &crate::options::Owner,
+        ttl: Duration,
+    ) -> Box<dyn HeldLock> {
+        let req = AcquireRequest::plain(name.clone(), owner.clone(), ttl);
+        let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
+            panic!("{name} busy");
+        };
+        held
+    }
+
     /// A connection of its own to node `i`, beside the backend's.
     async fn side(
         nodes: &mut dlock_testkit::RedisNodes,
@@ -967,10 +981,7 @@ mod tests {
         };
         let name = LockName::new("broken").expect("name");
         let owner = crate::options::Owner::random();
-        let req = AcquireRequest::plain(name.clone(), owner.clone(), Duration::from_secs(30));
-        let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
-            panic!("busy");
-        };
+        let held = take(&backend, &name, &owner, Duration::from_secs(30)).await;
         let token = held.fencing_token();
         let keys = backend.inner.keys(&name);
         let mut sides = Vec::new();
@@ -1034,10 +1045,7 @@ mod tests {
         };
         let name = LockName::new("moved-on").expect("name");
         let owner = crate::options::Owner::random();
-        let req = AcquireRequest::plain(name.clone(), owner.clone(), Duration::from_secs(30));
-        let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
-            panic!("busy");
-        };
+        let held = take(&backend, &name, &owner, Duration::from_secs(30)).await;
         let keys = backend.inner.keys(&name);
         let mut node = side(&mut nodes, 2).await;
         let get = async |node: &mut redis::aio::MultiplexedConnection| -> Option<String> {
@@ -1084,14 +1092,13 @@ mod tests {
         let Some((mut nodes, backend)) = three_nodes("node_timeout=3s").await else {
             return;
         };
-        let req = AcquireRequest::plain(
-            LockName::new("refused").expect("name"),
-            crate::options::Owner::random(),
+        let held = take(
+            &backend,
+            &LockName::new("refused").expect("name"),
+            &crate::options::Owner::random(),
             Duration::from_secs(30),
-        );
-        let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
-            panic!("busy");
-        };
+        )
+        .await;
         let mut sides = Vec::new();
         for i in [0, 2] {
             let mut side = side(&mut nodes, i).await;
@@ -1126,14 +1133,13 @@ mod tests {
         let Some((mut nodes, backend)) = three_nodes("node_timeout=20s&timeout=20s").await else {
             return;
         };
-        let req = AcquireRequest::plain(
-            LockName::new("undecided").expect("name"),
-            crate::options::Owner::random(),
+        let held = take(
+            &backend,
+            &LockName::new("undecided").expect("name"),
+            &crate::options::Owner::random(),
             Duration::from_secs(60),
-        );
-        let Attempt::Acquired(held) = backend.try_acquire(&req).await.expect("acquire") else {
-            panic!("busy");
-        };
+        )
+        .await;
         nodes.node(0).process().kill();
         nodes.node(1).process().kill();
         nodes.node(2).process().pause();
