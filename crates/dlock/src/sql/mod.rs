@@ -426,8 +426,8 @@ pub(crate) struct SqlWaiter {
     pub local: Option<LocalMark>,
 }
 
-/// The class of a lock's waiters in the backend's [`crate::notify::WakeOne`] hub (a permit's, a
-/// read's and a write's have classes of their own).
+/// The class of a lock's waiters in the backend's [`crate::notify::WakeOne`] hub (a
+/// permit's, a read's and a write's have classes of their own).
 pub(crate) const LOCK_CLASS: u8 = 0;
 
 /// The longest an unmarked [`LocalMark`] waiter's poller waits between looks: no
@@ -451,9 +451,10 @@ const UNMARKED_POLL: Duration = Duration::from_secs(1);
 /// attempt (it left; or it waits for a permit, a read or a write of the same name,
 /// which shares the key's waiters), the key counts as handed on until the next
 /// attempt here (the poller's, within [`UNMARKED_POLL`]), or until the key's last
-/// lock waiter here has gone; a release with no lock waiter here hands nothing on. Before each wait the
-/// waiter looks again ([`LocalHolds::here`]): a key neither held nor being taken here
-/// (another process has it, or a hold was lost) gets its mark back, and the mark's
+/// lock waiter here has gone; a release with no lock waiter here hands nothing on.
+/// Before each wait the waiter looks again ([`LocalHolds::here`]): a key neither
+/// held nor being taken here (another process has it, or a hold was lost) gets its
+/// mark back, and the mark's
 /// taking wakes the waiter, whose next attempt sees any release that stayed silent
 /// meanwhile; a key here again gives it up (the bucket's mark lingers one to two
 /// seconds: `postgres::marks`). A hold the core counts lost is uncounted at once, and wakes a
@@ -581,12 +582,24 @@ impl LocalHold {
         // Only a lock's waiter takes the key over: a permit's, a read's or a write's
         // of the same name shares the key's waiters, but attempts something else.
         let lock_waiters = hub.waiters(&self.key, LOCK_CLASS) > 0;
-        if let Some(here) = map.get_mut(&self.key) {
-            here.count = here.count.saturating_sub(1);
-            here.handing = lock_waiters;
-            if here.count == 0 && !here.handing {
-                map.remove(&self.key);
-            }
+        uncount(&mut map, &self.key, Some(lock_waiters));
+    }
+}
+
+/// One hold or attempt of `key` less in `map`, with the hand-off set to `handing` if
+/// given; the entry goes once neither is left.
+fn uncount(
+    map: &mut std::collections::HashMap<[u8; 32], Here>,
+    key: &[u8; 32],
+    handing: Option<bool>,
+) {
+    if let Some(here) = map.get_mut(key) {
+        here.count = here.count.saturating_sub(1);
+        if let Some(handing) = handing {
+            here.handing = handing;
+        }
+        if here.count == 0 && !here.handing {
+            map.remove(key);
         }
     }
 }
@@ -596,13 +609,7 @@ impl Drop for LocalHold {
         let Some(holds) = self.here.take() else {
             return;
         };
-        let mut map = holds.map();
-        if let Some(here) = map.get_mut(&self.key) {
-            here.count = here.count.saturating_sub(1);
-            if here.count == 0 && !here.handing {
-                map.remove(&self.key);
-            }
-        }
+        uncount(&mut holds.map(), &self.key, None);
     }
 }
 
