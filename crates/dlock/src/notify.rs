@@ -11,17 +11,21 @@ use tokio::sync::watch;
 
 use crate::name::LockName;
 
+/// The hubs' hasher: foldhash, seeded per map. Every acquisition and release looks a
+/// key up here (SipHash, std's default, made that a visible share of a lease cycle).
+type Hasher = foldhash::fast::RandomState;
+
 /// Change counters keyed by lock name. Entries without watchers are dropped on the
 /// next notification, so the map stays as small as the set of names being waited on.
 #[derive(Debug)]
 pub(crate) struct ChangeHub<K = LockName> {
-    senders: Mutex<HashMap<K, watch::Sender<u64>>>,
+    senders: Mutex<HashMap<K, watch::Sender<u64>, Hasher>>,
 }
 
 impl<K> Default for ChangeHub<K> {
     fn default() -> Self {
         ChangeHub {
-            senders: Mutex::new(HashMap::new()),
+            senders: Mutex::new(HashMap::default()),
         }
     }
 }
@@ -78,7 +82,7 @@ pub(crate) async fn wait_change(rx: &mut watch::Receiver<u64>, max: Duration) {
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[derive(Debug)]
 pub(crate) struct WakeOne<K> {
-    map: Mutex<HashMap<K, KeyWaiters>>,
+    map: Mutex<HashMap<K, KeyWaiters, Hasher>>,
 }
 
 /// The waiters of one key.
@@ -99,14 +103,14 @@ struct KeyWaiters {
 impl<K> Default for WakeOne<K> {
     fn default() -> Self {
         WakeOne {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(HashMap::default()),
         }
     }
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<K, KeyWaiters>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<K, KeyWaiters, Hasher>> {
         self.map
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -496,7 +496,11 @@ impl SqlWaiter {
 /// One lock covers all three, so a key goes from held to handed on to attempted
 /// without an instant in which it looks free here.
 #[derive(Debug, Default)]
-pub(crate) struct LocalHolds(std::sync::Mutex<std::collections::HashMap<[u8; 32], Here>>);
+pub(crate) struct LocalHolds(std::sync::Mutex<HoldsMap>);
+
+/// [`LocalHolds`]' map, with foldhash (seeded per map): every lease acquisition and
+/// release looks its key up here, where SipHash was a visible share of a cycle.
+type HoldsMap = std::collections::HashMap<[u8; 32], Here, foldhash::fast::RandomState>;
 
 /// A key's entry in [`LocalHolds`]: there while `count` or `handing` is.
 #[derive(Debug, Default)]
@@ -554,7 +558,7 @@ impl LocalHolds {
         }
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 32], Here>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HoldsMap> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -588,18 +592,16 @@ impl LocalHold {
 
 /// One hold or attempt of `key` less in `map`, with the hand-off set to `handing` if
 /// given; the entry goes once neither is left.
-fn uncount(
-    map: &mut std::collections::HashMap<[u8; 32], Here>,
-    key: &[u8; 32],
-    handing: Option<bool>,
-) {
-    if let Some(here) = map.get_mut(key) {
+fn uncount(map: &mut HoldsMap, key: &[u8; 32], handing: Option<bool>) {
+    // One lookup, whether the entry stays or goes.
+    if let std::collections::hash_map::Entry::Occupied(mut entry) = map.entry(*key) {
+        let here = entry.get_mut();
         here.count = here.count.saturating_sub(1);
         if let Some(handing) = handing {
             here.handing = handing;
         }
         if here.count == 0 && !here.handing {
-            map.remove(key);
+            entry.remove();
         }
     }
 }
