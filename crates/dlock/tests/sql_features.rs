@@ -258,6 +258,63 @@ async fn abandoned_ping_never_leaves_its_answer_to_the_next_statement() {
     }
 }
 
+/// Session modes: an attempt whose statement goes unanswered (the network cut, or the
+/// server's replies lost after it ran the statement) fails with a connection error
+/// after the backend's `timeout`, as every other statement does. (It used to wait as
+/// long as the server kept the session: 5 s here, where PostgreSQL ends a silent
+/// session after five heartbeats; for ever where the server never ends it, or its
+/// close never arrives.) It drops its connection, so a lock the server granted it
+/// unheard goes with the session: once the network is back, another client takes the
+/// name at once, and so does the locker that failed.
+#[tokio::test(flavor = "current_thread")]
+async fn an_unanswered_session_attempt_fails_within_the_timeout() {
+    let (Some(pg), Some(maria)) = (PgServer::start(), MariaDbServer::start()) else {
+        return;
+    };
+    let proxies = session_proxies(&pg, &maria).await;
+    let labels = ["pg advisory", "pg row", "mariadb named", "mariadb row"];
+    for (label, direct, proxy, port) in session_cases(&pg, &maria, &proxies, &labels) {
+        for fault in [Fault::Blackhole, Fault::DropReplies] {
+            proxy.set(Fault::None);
+            let through = via(&format!("{direct}&timeout=1s"), port, proxy);
+            let holder = Locker::connect(&through).await.expect("holder connects");
+            let other = Locker::connect(&direct).await.expect("other connects");
+            let name = unique("unanswered");
+            // Leaves a session connection idle: the next attempt sends its statement
+            // on it (no new connection, whose own timeout would answer instead).
+            let g = holder.lock(&name).await.expect("lock");
+            g.release().await.expect("release");
+
+            proxy.set(fault);
+            let started = Instant::now();
+            let attempt = tokio::time::timeout(Duration::from_secs(20), holder.lock(&name)).await;
+            let took = started.elapsed();
+            let Ok(r) = attempt else {
+                panic!("{label}, {fault:?}: an attempt still unanswered after {took:?}");
+            };
+            assert!(
+                took < Duration::from_secs(3),
+                "{label}, {fault:?}: failed after {took:?} (timeout 1 s): {r:?}"
+            );
+            assert!(
+                matches!(r, Err(Error::Connection { .. })),
+                "{label}, {fault:?}: {r:?}"
+            );
+
+            proxy.set(Fault::None);
+            for (who, locker) in [("another client", &other), ("the same locker", &holder)] {
+                let g = locker
+                    .lock_timeout(&name, Duration::from_secs(10))
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("{label}, {fault:?}: {who} cannot take the name after the cut: {e}")
+                    });
+                g.release().await.expect("release");
+            }
+        }
+    }
+}
+
 /// Many clients taking and giving back fresh lease rows at once on MariaDB: every call
 /// succeeds (no deadlock error reaches the caller) and the counter is exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -126,9 +126,8 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// [`crate::Error::InvalidName`] when the name cannot be one.
     fn session_key(&self, name: &LockName, key: &[u8; 32]) -> Result<Self::SessionKey>;
     /// Session lock (advisory, named) on `conn`, recording the holder: the token when
-    /// granted, `None` when busy. No timeout: a statement cut off mid-flight could
-    /// leave the lock taken on a connection nobody tracks (on error the connection is
-    /// dropped, which ends its session).
+    /// granted, `None` when busy. No timeout of its own: the engine bounds it, and
+    /// drops `conn` (which ends its session) when it is cut off or fails.
     async fn session_lock(
         &self,
         conn: &mut Self::Conn,

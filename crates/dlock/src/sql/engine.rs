@@ -164,11 +164,8 @@ impl<D: Dialect> SqlBackend<D> {
         let skey = self.dialect.session_key(&req.name, &key)?;
         let mut conn = self.session_conn().await?;
         let sent = std::time::Instant::now();
-        match self
-            .dialect
-            .session_lock(&mut conn, req, &key, &skey)
-            .await?
-        {
+        let locked = self.bounded(self.dialect.session_lock(&mut conn, req, &key, &skey));
+        match locked.await? {
             Some(fence) => Ok(Attempt::Acquired(Box::new(SessionHeld {
                 dialect: Arc::clone(&self.dialect),
                 hold: self.hold(req, key, fence),
@@ -182,6 +179,18 @@ impl<D: Dialect> SqlBackend<D> {
         }
     }
 
+    /// A statement of an attempt on its pinned connection, given the backend's
+    /// `timeout` like every other statement. Cut off, the attempt fails and drops the
+    /// connection (never put back idle), which ends its session on the server, and
+    /// with it a lock the statement may have taken there unheard; till the server
+    /// hears of the close (at once, unless the network is cut too), that lock stays
+    /// taken by a session nobody uses, as a crashed client's would.
+    async fn bounded<T>(&self, statement: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout(self.opts.timeout, statement)
+            .await
+            .unwrap_or_else(|_| Err(super::no_answer(D::BACKEND, self.opts.timeout)))
+    }
+
     /// Row mode. Any error drops the connection, which ends its session and with it a
     /// transaction (and row lock) this attempt may have opened.
     async fn acquire_row(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -189,7 +198,7 @@ impl<D: Dialect> SqlBackend<D> {
         let mut conn = self.session_conn().await?;
         for _ in 0..2 {
             let locked_at = std::time::Instant::now();
-            match self.dialect.row_lock(&mut conn, &key).await? {
+            match self.bounded(self.dialect.row_lock(&mut conn, &key)).await? {
                 RowLock::Locked { session, xact } => {
                     let fence = self.dialect.row_holder(req, &key, session, xact).await?;
                     // The token comes from another connection: it is this hold's only if the
@@ -226,7 +235,10 @@ impl<D: Dialect> SqlBackend<D> {
                     })));
                 }
                 // First use of this name: create its row, then try again.
-                RowLock::Missing => self.dialect.row_ensure(&mut conn, &key).await?,
+                RowLock::Missing => {
+                    self.bounded(self.dialect.row_ensure(&mut conn, &key))
+                        .await?
+                }
                 RowLock::Busy => {
                     self.idle.put(conn);
                     return Ok(Attempt::Busy { retry_after: None });
