@@ -261,9 +261,9 @@ async fn abandoned_ping_never_leaves_its_answer_to_the_next_statement() {
 /// Session modes: an attempt whose statement goes unanswered (the network cut, or the
 /// server's replies lost after it ran the statement) fails with a connection error
 /// after the backend's `timeout`, as every other statement does. (It used to wait as
-/// long as the server kept the session: 5 s here, where PostgreSQL ends a silent
-/// session after five heartbeats; for ever where the server never ends it, or its
-/// close never arrives.) It drops its connection, so a lock the server granted it
+/// long as the server kept the session: 5 s here, where both servers end a session
+/// silent for five heartbeats; for ever where the server's close never arrives, as
+/// over a cut network.) It drops its connection, so a lock the server granted it
 /// unheard goes with the session: once the network is back, another client takes the
 /// name at once, and so does the locker that failed.
 #[tokio::test(flavor = "current_thread")]

@@ -234,11 +234,9 @@ impl<D: Dialect> SqlBackend<D> {
                         unlock: Unlock::Row,
                     })));
                 }
-                // First use of this name: create its row, then try again.
-                RowLock::Missing => {
-                    self.bounded(self.dialect.row_ensure(&mut conn, &key))
-                        .await?
-                }
+                // First use of this name: create its row, then try again (bounded by
+                // the dialect, on a connection that may not be the pinned one).
+                RowLock::Missing => self.dialect.row_ensure(&mut conn, &key).await?,
                 RowLock::Busy => {
                     self.idle.put(conn);
                     return Ok(Attempt::Busy { retry_after: None });
