@@ -142,6 +142,16 @@ impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
         }
     }
 
+    /// Wake one waiter of `key`, if this process has any, and say how many of them
+    /// are of `class`: one look at the key for both.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn wake_counting(&self, key: &K, class: u8) -> u32 {
+        self.map().get(key).map_or(0, |w| {
+            w.notify.notify_one();
+            w.classes[usize::from(class & 7)]
+        })
+    }
+
     /// How many waiters of `key` of `class` this process has.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn waiters(&self, key: &K, class: u8) -> u32 {

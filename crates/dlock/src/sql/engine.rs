@@ -209,13 +209,15 @@ impl<D: Dialect> SqlBackend<D> {
                     // long as the session lives, so one answered ping proves it, unless
                     // the token's statement already checked that transaction.
                     let (alive, proven) = if xact.is_some() {
-                        (Ok(Ok(())), locked_at)
+                        (true, locked_at)
                     } else {
                         let sent = std::time::Instant::now();
-                        let ping = tokio::time::timeout(self.opts.timeout, conn.ping()).await;
-                        (ping, sent)
+                        let ping = self.bounded(async {
+                            conn.ping().await.map_err(|e| super::db_err(D::BACKEND, &e))
+                        });
+                        (ping.await.is_ok(), sent)
                     };
-                    if !matches!(alive, Ok(Ok(()))) {
+                    if !alive {
                         // Its record names a dead session with a token no one holds;
                         // a later holder may already have written its own (then this
                         // matches nothing). In the background: the server may be the

@@ -545,16 +545,9 @@ impl LocalHolds {
     /// leaving at once, the one that looks last sees neither.
     pub(crate) fn waiter_left(&self, key: &[u8; 32], hub: &crate::notify::WakeOne<[u8; 32]>) {
         let mut map = self.map();
-        if hub.waiters(key, LOCK_CLASS) > 0 {
-            return;
-        }
-        match map.get_mut(key) {
-            Some(h) if h.count == 0 => {
-                map.remove(key);
-            }
+        if hub.waiters(key, LOCK_CLASS) == 0 {
             // A hold or attempt of the key stays counted: only the hand-off ends.
-            Some(h) => h.handing = false,
-            None => {}
+            settle(&mut map, key, 0, Some(false));
         }
     }
 
@@ -582,21 +575,20 @@ impl LocalHold {
             return;
         };
         let mut map = holds.map();
-        hub.wake(&self.key);
         // Only a lock's waiter takes the key over: a permit's, a read's or a write's
         // of the same name shares the key's waiters, but attempts something else.
-        let lock_waiters = hub.waiters(&self.key, LOCK_CLASS) > 0;
-        uncount(&mut map, &self.key, Some(lock_waiters));
+        let lock_waiters = hub.wake_counting(&self.key, LOCK_CLASS) > 0;
+        settle(&mut map, &self.key, 1, Some(lock_waiters));
     }
 }
 
-/// One hold or attempt of `key` less in `map`, with the hand-off set to `handing` if
-/// given; the entry goes once neither is left.
-fn uncount(map: &mut HoldsMap, key: &[u8; 32], handing: Option<bool>) {
+/// `by` holds or attempts of `key` fewer in `map` (0: none), with the hand-off set to
+/// `handing` if given; the entry goes once neither is left.
+fn settle(map: &mut HoldsMap, key: &[u8; 32], by: u32, handing: Option<bool>) {
     // One lookup, whether the entry stays or goes.
     if let std::collections::hash_map::Entry::Occupied(mut entry) = map.entry(*key) {
         let here = entry.get_mut();
-        here.count = here.count.saturating_sub(1);
+        here.count = here.count.saturating_sub(by);
         if let Some(handing) = handing {
             here.handing = handing;
         }
@@ -611,7 +603,7 @@ impl Drop for LocalHold {
         let Some(holds) = self.here.take() else {
             return;
         };
-        uncount(&mut holds.map(), &self.key, None);
+        settle(&mut holds.map(), &self.key, 1, None);
     }
 }
 
