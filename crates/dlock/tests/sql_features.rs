@@ -315,6 +315,104 @@ async fn an_unanswered_session_attempt_fails_within_the_timeout() {
     }
 }
 
+/// MariaDB row mode: an attempt cut off while its token's statement (on a connection of
+/// its own) still runs has the holder record that statement writes cleared of its dead
+/// session. A trigger holds that statement for 2 s, past the 1 s timeout: the attempt
+/// fails, its session ends, and the statement commits a second later, writing the
+/// record. Until a later holder writes its own, `inspect` would name the dead attempt
+/// while a transaction outside dlock holds the row; the backend clears the record's
+/// session in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_row_attempt_cut_off_at_its_token_has_its_record_cleared() {
+    let Some(maria) = MariaDbServer::start() else {
+        return;
+    };
+    let url = format!("{}?mode=row&timeout=1s", maria.url());
+    let locker = Locker::connect(&url).await.expect("connect");
+    let name = unique("rowcut");
+    // The name's row and record exist: the cut-off statement is the record's update.
+    locker
+        .lock(&name)
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    let mut raw = sqlx::MySqlConnection::connect(&maria.url())
+        .await
+        .expect("raw");
+    let trigger = format!(
+        "CREATE TRIGGER dlock_test_slow BEFORE UPDATE ON dlock_holders FOR EACH ROW \
+         BEGIN IF NEW.name = '{name}' AND NEW.conn_id <> 0 THEN SET @slept = SLEEP(2); END IF; END"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(trigger))
+        .execute(&mut raw)
+        .await
+        .expect("trigger");
+
+    let owner = dlock::Owner::random();
+    let cut = locker
+        .lock_with(&name, &LockOptions::new().owner(owner.clone()))
+        .await;
+    let failed_at = Instant::now();
+    sqlx::query("DROP TRIGGER dlock_test_slow")
+        .execute(&mut raw)
+        .await
+        .expect("drop trigger");
+    assert!(
+        matches!(cut, Err(Error::Connection { .. })),
+        "an attempt whose token's statement went unanswered: {cut:?}"
+    );
+
+    // Once the held statement has committed (2 s after it started), the record must
+    // not name the attempt's session for long.
+    tokio::time::sleep_until(failed_at + Duration::from_secs(2)).await;
+    let key = dlock::sql::lock_key(&dlock::name::LockName::new(&name).expect("name"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (rec_owner, conn_id): (Vec<u8>, u64) = sqlx::query_as(
+            "SELECT owner, CAST(conn_id AS UNSIGNED) FROM dlock_holders WHERE lock_key = ?",
+        )
+        .bind(&key[..])
+        .fetch_one(&mut raw)
+        .await
+        .expect("record");
+        if rec_owner != owner.as_str().as_bytes() || conn_id == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the record still names the cut-off attempt's session {conn_id} 12 s after it failed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A transaction outside dlock holding the row is not taken for the dead attempt.
+    sqlx::query("BEGIN").execute(&mut raw).await.expect("begin");
+    sqlx::query("SELECT 1 FROM dlock_rows WHERE lock_key = ? FOR UPDATE")
+        .bind(&key[..])
+        .fetch_one(&mut raw)
+        .await
+        .expect("raw row lock");
+    let info = locker
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("a row locked outside dlock is reported free");
+    assert_ne!(info.owner, owner.as_str(), "{info:?}");
+    sqlx::query("ROLLBACK")
+        .execute(&mut raw)
+        .await
+        .expect("end");
+    // And the name is free for dlock again.
+    locker
+        .lock_timeout(&name, Duration::from_secs(10))
+        .await
+        .expect("lock after the cut")
+        .release()
+        .await
+        .expect("release");
+}
+
 /// Many clients taking and giving back fresh lease rows at once on MariaDB: every call
 /// succeeds (no deadlock error reaches the caller) and the counter is exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

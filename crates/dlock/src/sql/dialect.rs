@@ -89,6 +89,9 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     const NATIVE_WAIT: bool;
     /// Waiters jitter their polls (no notifications to spread them).
     const POLL_JITTER: bool;
+    /// Row mode: a failed attempt's holder record names its dead session until cleared
+    /// ([`Dialect::row_forget`]); without, `inspect` checks the recorded session itself.
+    const ROW_FORGET: bool = false;
 
     /// Session modes: how long the server keeps a pinned session that sends nothing
     /// (the idle limits it is opened with) — at most: a holder whose session was not
@@ -159,11 +162,15 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         session: i64,
         xact: Option<i64>,
     ) -> Result<u64>;
-    /// Row mode: the record with token `fence` names no holder any more (best effort;
-    /// after a `row_holder` whose session turned out dead, so that `inspect` does not
-    /// show it for the next holder). A no-op where `row_holder` rolls such a record
-    /// back itself.
-    async fn row_forget(&self, _key: &[u8; 32], _fence: u64) {}
+    /// Row mode: a record that names session `session` and `owner` (and token `fence`;
+    /// 0 when the attempt never heard its token) names no holder any more. Best effort,
+    /// in the background, after an attempt that locked the row but failed from
+    /// `row_holder` on (its session is gone with it), so that `inspect` does not take
+    /// that session for the holder of the row. A token's statement still on its way
+    /// may land after a first look: the dialect looks again a `timeout` later (one
+    /// landing later still leaves the record until the next holder writes its own).
+    /// Only called where [`Dialect::ROW_FORGET`].
+    async fn row_forget(&self, _key: &[u8; 32], _session: i64, _owner: &Owner, _fence: u64) {}
     /// Row mode: commit (which unlocks the row) and mark the record released.
     async fn row_unlock(
         &self,

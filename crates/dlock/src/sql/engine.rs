@@ -50,6 +50,46 @@ impl<D: Dialect> std::fmt::Debug for SqlBackend<D> {
     }
 }
 
+/// A row-mode attempt's holder record ([`Dialect::ROW_FORGET`]), from the row's lock
+/// until the attempt returns its hold. Dropped before that (the attempt failed: its
+/// token's statement, or the ping after it), it has the record cleared of the
+/// attempt's session in the background ([`Dialect::row_forget`]): that session ends
+/// with the attempt, and until a later holder writes its own record, `inspect` would
+/// take it for the row's holder while a transaction outside dlock holds the row.
+/// Cleared by the session's id and the owner, so a record a later holder wrote stays
+/// as it is (across a server restart, which numbers sessions anew, unless it is of the
+/// same owner).
+struct RowRecord<D: Dialect> {
+    dialect: Arc<D>,
+    key: [u8; 32],
+    session: i64,
+    owner: crate::Owner,
+    /// The token, once heard (0 till then).
+    fence: u64,
+    /// The attempt returned its hold: the record is that hold's.
+    kept: bool,
+}
+
+impl<D: Dialect> Drop for RowRecord<D> {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        // No runtime (the attempt dropped as one shuts down): the record stays, as a
+        // crashed client's would.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (dialect, key, session, fence) = (
+                Arc::clone(&self.dialect),
+                self.key,
+                self.session,
+                self.fence,
+            );
+            let owner = self.owner.clone();
+            runtime.spawn(async move { dialect.row_forget(&key, session, &owner, fence).await });
+        }
+    }
+}
+
 impl<D: Dialect> SqlBackend<D> {
     /// `hub` is the one the dialect's release listener (if any) wakes; idle pinned
     /// connections are dropped after `max_idle`, before the server's idle timeout.
@@ -200,7 +240,22 @@ impl<D: Dialect> SqlBackend<D> {
             let locked_at = std::time::Instant::now();
             match self.bounded(self.dialect.row_lock(&mut conn, &key)).await? {
                 RowLock::Locked { session, xact } => {
+                    // From here until the hold is returned, an attempt that ends any
+                    // other way (an error, or its task gone with the runtime) ends its
+                    // session, and the record it may have written would name that
+                    // session.
+                    let mut record = D::ROW_FORGET.then(|| RowRecord {
+                        dialect: Arc::clone(&self.dialect),
+                        key,
+                        session,
+                        owner: req.owner.clone(),
+                        fence: 0,
+                        kept: false,
+                    });
                     let fence = self.dialect.row_holder(req, &key, session, xact).await?;
+                    if let Some(r) = &mut record {
+                        r.fence = fence;
+                    }
                     // The token comes from another connection: it is this hold's only if the
                     // pinned session still held the row lock after the token was taken.
                     // (A session that ended first lets another holder lock the row and
@@ -219,15 +274,14 @@ impl<D: Dialect> SqlBackend<D> {
                     };
                     if !alive {
                         // Its record names a dead session with a token no one holds;
-                        // a later holder may already have written its own (then this
-                        // matches nothing). In the background: the server may be the
-                        // reason the ping failed, and the error should not wait for it.
-                        let dialect = Arc::clone(&self.dialect);
-                        tokio::spawn(async move { dialect.row_forget(&key, fence).await });
+                        // `record` has it cleared as it drops.
                         return Err(Error::connection(
                             D::BACKEND,
                             "the session holding the row lock ended while its token was taken",
                         ));
+                    }
+                    if let Some(r) = &mut record {
+                        r.kept = true;
                     }
                     return Ok(Attempt::Acquired(Box::new(SessionHeld {
                         dialect: Arc::clone(&self.dialect),
