@@ -315,6 +315,30 @@ async fn an_unanswered_session_attempt_fails_within_the_timeout() {
     }
 }
 
+/// Take `name` once and give it back: its row and holder record exist from then on.
+async fn taken_once(locker: &Locker, name: &str) {
+    locker
+        .lock(name)
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+}
+
+/// MariaDB row mode: a transaction outside dlock on `raw` locks the row of `key`.
+async fn row_locked_outside(raw: &mut sqlx::MySqlConnection, key: &[u8; 32]) {
+    sqlx::query("BEGIN")
+        .execute(&mut *raw)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM dlock_rows WHERE lock_key = ? FOR UPDATE")
+        .bind(&key[..])
+        .fetch_one(&mut *raw)
+        .await
+        .expect("raw row lock");
+}
+
 /// MariaDB row mode: an attempt cut off while its token's statement (on a connection of
 /// its own) still runs has the holder record that statement writes cleared of its dead
 /// session. A trigger holds that statement for 2 s, past the 1 s timeout: the attempt
@@ -331,13 +355,7 @@ async fn mariadb_row_attempt_cut_off_at_its_token_has_its_record_cleared() {
     let locker = Locker::connect(&url).await.expect("connect");
     let name = unique("rowcut");
     // The name's row and record exist: the cut-off statement is the record's update.
-    locker
-        .lock(&name)
-        .await
-        .expect("lock")
-        .release()
-        .await
-        .expect("release");
+    taken_once(&locker, &name).await;
     let mut raw = sqlx::MySqlConnection::connect(&maria.url())
         .await
         .expect("raw");
@@ -387,12 +405,7 @@ async fn mariadb_row_attempt_cut_off_at_its_token_has_its_record_cleared() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // A transaction outside dlock holding the row is not taken for the dead attempt.
-    sqlx::query("BEGIN").execute(&mut raw).await.expect("begin");
-    sqlx::query("SELECT 1 FROM dlock_rows WHERE lock_key = ? FOR UPDATE")
-        .bind(&key[..])
-        .fetch_one(&mut raw)
-        .await
-        .expect("raw row lock");
+    row_locked_outside(&mut raw, &key).await;
     let info = locker
         .inspect(&name)
         .await
@@ -1133,22 +1146,11 @@ async fn inspect_sees_every_holder_of_an_advisory_key() {
     // dlock holder had come and gone (its record stays, naming it).
     let url = format!("{}?mode=row", maria.url());
     let locker = Locker::connect(&url).await.expect("connect");
-    locker
-        .lock("job")
-        .await
-        .expect("lock")
-        .release()
-        .await
-        .expect("release");
+    taken_once(&locker, "job").await;
     let mut raw = sqlx::MySqlConnection::connect(&maria.url())
         .await
         .expect("raw");
-    sqlx::query("BEGIN").execute(&mut raw).await.expect("begin");
-    sqlx::query("SELECT 1 FROM dlock_rows WHERE lock_key = ? FOR UPDATE")
-        .bind(&key[..])
-        .fetch_one(&mut raw)
-        .await
-        .expect("raw row lock");
+    row_locked_outside(&mut raw, &key).await;
     assert!(locker.try_lock("job").await.expect("try").is_none());
     let info = locker
         .inspect("job")
