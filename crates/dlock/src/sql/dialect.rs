@@ -162,15 +162,15 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         session: i64,
         xact: Option<i64>,
     ) -> Result<u64>;
-    /// Row mode: a record that names session `session` and `owner` (and token `fence`;
-    /// 0 when the attempt never heard its token) names no holder any more. Best effort,
-    /// in the background, after an attempt that locked the row but failed from
-    /// `row_holder` on (its session is gone with it), so that `inspect` does not take
-    /// that session for the holder of the row. A token's statement still on its way
-    /// may land after a first look: the dialect looks again a `timeout` later (one
-    /// landing later still leaves the record until the next holder writes its own).
-    /// Only called where [`Dialect::ROW_FORGET`].
-    async fn row_forget(&self, _key: &[u8; 32], _session: i64, _owner: &Owner, _fence: u64) {}
+    /// Row mode: a record that names session `session` and `owner` names no holder any
+    /// more. Best effort, in the background, after an attempt that locked the row but
+    /// failed from `row_holder` on (its session is gone with it, and it may never have
+    /// heard its token), so that `inspect` does not take that session for the holder
+    /// of the row. A token's statement the server is still running holds the record's
+    /// row, and this waits for it; one that reaches the server later still leaves the
+    /// record until the next holder writes its own. Only called where
+    /// [`Dialect::ROW_FORGET`].
+    async fn row_forget(&self, _key: &[u8; 32], _session: i64, _owner: &Owner) {}
     /// Row mode: commit (which unlocks the row) and mark the record released.
     async fn row_unlock(
         &self,

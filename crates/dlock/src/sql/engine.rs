@@ -64,8 +64,6 @@ struct RowRecord<D: Dialect> {
     key: [u8; 32],
     session: i64,
     owner: crate::Owner,
-    /// The token, once heard (0 till then).
-    fence: u64,
     /// The attempt returned its hold: the record is that hold's.
     kept: bool,
 }
@@ -78,14 +76,9 @@ impl<D: Dialect> Drop for RowRecord<D> {
         // No runtime (the attempt dropped as one shuts down): the record stays, as a
         // crashed client's would.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (dialect, key, session, fence) = (
-                Arc::clone(&self.dialect),
-                self.key,
-                self.session,
-                self.fence,
-            );
+            let (dialect, key, session) = (Arc::clone(&self.dialect), self.key, self.session);
             let owner = self.owner.clone();
-            runtime.spawn(async move { dialect.row_forget(&key, session, &owner, fence).await });
+            runtime.spawn(async move { dialect.row_forget(&key, session, &owner).await });
         }
     }
 }
@@ -249,13 +242,9 @@ impl<D: Dialect> SqlBackend<D> {
                         key,
                         session,
                         owner: req.owner.clone(),
-                        fence: 0,
                         kept: false,
                     });
                     let fence = self.dialect.row_holder(req, &key, session, xact).await?;
-                    if let Some(r) = &mut record {
-                        r.fence = fence;
-                    }
                     // The token comes from another connection: it is this hold's only if the
                     // pinned session still held the row lock after the token was taken.
                     // (A session that ended first lets another holder lock the row and
@@ -267,9 +256,7 @@ impl<D: Dialect> SqlBackend<D> {
                         (true, locked_at)
                     } else {
                         let sent = std::time::Instant::now();
-                        let ping = self.bounded(async {
-                            conn.ping().await.map_err(|e| super::db_err(D::BACKEND, &e))
-                        });
+                        let ping = super::timed(D::BACKEND, self.opts.timeout, conn.ping());
                         (ping.await.is_ok(), sent)
                     };
                     if !alive {

@@ -31,8 +31,9 @@
 //! outside dlock, or a holder between its lock and its record) is reported held with
 //! token 0. A release clears the record in the transaction it commits, and an attempt
 //! that fails once it locked the row (its token's statement, or the ping after it)
-//! clears the record it may have written, by its session's id and owner, at once and
-//! a `timeout` later (best effort), so neither is shown for the next holder. A holder whose connection died
+//! clears the record it may have written, by its session's id and owner (best effort:
+//! after a token's statement the server is still running, not after one that reaches
+//! it later), so neither is shown for the next holder. A holder whose connection died
 //! leaves its record, which is shown for the next holder until that one writes its own
 //! (one statement; without `PROCESS` the server gives no way to see whether a recorded
 //! connection lives). Every connection sets `autocommit=1` and READ COMMITTED, whatever
@@ -799,28 +800,18 @@ impl Dialect for Mysql {
         Ok(done.last_insert_id())
     }
 
-    async fn row_forget(&self, key: &[u8; 32], session: i64, owner: &Owner, fence: u64) {
+    async fn row_forget(&self, key: &[u8; 32], session: i64, owner: &Owner) {
         // By the session's id, which no other session of this server run has, and the
-        // owner: the failed attempt may never have heard its token. Twice: the
-        // record's statement, sent on a connection of its own, may still be on its way
-        // the first time (one the server runs meanwhile holds the record's row, and
-        // this one waits for it).
+        // owner.
         let Ok(conn_id) = u64::try_from(session) else {
             return;
         };
-        for round in 0..2 {
-            if round > 0 {
-                tokio::time::sleep(self.timeout).await;
-            }
-            let forget = sqlx::query(AssertSqlSafe(&*self.sql.row_forget))
-                .bind(&key[..])
-                .bind(conn_id)
-                .bind(owner.as_str().as_bytes())
-                .bind(fence)
-                .bind(fence)
-                .execute(&self.pool);
-            let _ = tokio::time::timeout(self.timeout, forget).await;
-        }
+        let forget = sqlx::query(AssertSqlSafe(&*self.sql.row_forget))
+            .bind(&key[..])
+            .bind(conn_id)
+            .bind(owner.as_str().as_bytes())
+            .execute(&self.pool);
+        let _ = tokio::time::timeout(self.timeout, forget).await;
     }
 
     async fn row_unlock(

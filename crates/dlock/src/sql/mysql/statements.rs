@@ -378,10 +378,9 @@ impl Statements {
                  ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), name = ?, owner = ?,
                     metadata = ?, conn_id = ?"
             ),
-            // Binds: key, conn id, owner, fence, fence (0: not known).
+            // Binds: key, conn id, owner.
             row_forget: format!(
-                "UPDATE {p}_holders SET conn_id = 0
-                 WHERE lock_key = ? AND conn_id = ? AND owner = ? AND (fence = ? OR ? = 0)"
+                "UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = ? AND conn_id = ? AND owner = ?"
             ),
             // The pinned transaction's end: see [`Statements::row_release_batch`].
             row_release: format!("UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = x'"),
