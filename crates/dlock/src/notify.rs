@@ -11,15 +11,17 @@ use tokio::sync::watch;
 
 use crate::name::LockName;
 
-/// The hubs' hasher: foldhash, seeded per map. Every acquisition and release looks a
-/// key up here (SipHash, std's default, made that a visible share of a lease cycle).
-type Hasher = foldhash::fast::RandomState;
+/// The hasher of the in-process maps every acquisition and release looks its key up
+/// in (these hubs, SQL's `LocalHolds`, Redis's hand-off table): foldhash, seeded per
+/// map. SipHash, std's default, made those look-ups a visible share of a lock cycle;
+/// the keys are lock names or their digests, within one process.
+pub(crate) type KeyHasher = foldhash::fast::RandomState;
 
 /// Change counters keyed by lock name. Entries without watchers are dropped on the
 /// next notification, so the map stays as small as the set of names being waited on.
 #[derive(Debug)]
 pub(crate) struct ChangeHub<K = LockName> {
-    senders: Mutex<HashMap<K, watch::Sender<u64>, Hasher>>,
+    senders: Mutex<HashMap<K, watch::Sender<u64>, KeyHasher>>,
 }
 
 impl<K> Default for ChangeHub<K> {
@@ -82,7 +84,7 @@ pub(crate) async fn wait_change(rx: &mut watch::Receiver<u64>, max: Duration) {
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[derive(Debug)]
 pub(crate) struct WakeOne<K> {
-    map: Mutex<HashMap<K, KeyWaiters, Hasher>>,
+    map: Mutex<HashMap<K, KeyWaiters, KeyHasher>>,
 }
 
 /// The waiters of one key.
@@ -110,7 +112,7 @@ impl<K> Default for WakeOne<K> {
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 impl<K: std::hash::Hash + Eq + Clone> WakeOne<K> {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<K, KeyWaiters, Hasher>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<K, KeyWaiters, KeyHasher>> {
         self.map
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::backend::AcquisitionId;
+use crate::notify::KeyHasher;
 use crate::options::Owner;
 
 /// How long this process's attempts on a lock hold back after a streak ended with a
@@ -186,19 +187,15 @@ impl Owners {
     }
 }
 
-/// The table's hasher: foldhash, seeded per table. Every acquisition and release looks
-/// up its lock here several times; SipHash made that a visible share of a cycle.
-type Hasher = foldhash::fast::RandomState;
-
 #[derive(Debug)]
 struct Table<G> {
-    lines: HashMap<String, Line<G>, Hasher>,
+    lines: HashMap<String, Line<G>, KeyHasher>,
     /// By a hash of the lock key, seeded per table. A collision (odds 2^-64 per pair of
     /// keys, and no way to aim for one without the seed) would make a newcomer to one
     /// lock hold back while the other is held here; grants stay the server's.
-    holders: HashMap<u64, Holders, Hasher>,
+    holders: HashMap<u64, Holders, KeyHasher>,
     /// Hashes lock keys and owners for `holders`.
-    keys: Hasher,
+    keys: KeyHasher,
     /// When the table was made: `holders` keeps its instants as nanoseconds after it.
     base: Instant,
 }
@@ -229,7 +226,7 @@ impl<G> Handoffs<G> {
             table: Mutex::new(Table {
                 lines: HashMap::default(),
                 holders: HashMap::default(),
-                keys: Hasher::default(),
+                keys: KeyHasher::default(),
                 base: Instant::now(),
             }),
             burst,

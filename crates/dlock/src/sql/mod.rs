@@ -498,9 +498,8 @@ impl SqlWaiter {
 #[derive(Debug, Default)]
 pub(crate) struct LocalHolds(std::sync::Mutex<HoldsMap>);
 
-/// [`LocalHolds`]' map, with foldhash (seeded per map): every lease acquisition and
-/// release looks its key up here, where SipHash was a visible share of a cycle.
-type HoldsMap = std::collections::HashMap<[u8; 32], Here, foldhash::fast::RandomState>;
+/// [`LocalHolds`]' map: every lease acquisition and release looks its key up here.
+type HoldsMap = std::collections::HashMap<[u8; 32], Here, crate::notify::KeyHasher>;
 
 /// A key's entry in [`LocalHolds`]: there while `count` or `handing` is.
 #[derive(Debug, Default)]
