@@ -54,6 +54,35 @@ use crate::name::LockName;
 use crate::notify::WakeWatch;
 use crate::url::ConnectUrl;
 
+/// `format!` for a statement's text, returned without the spaces that indent its
+/// lines in the source ([`compact`]).
+macro_rules! sql_text {
+    ($($arg:tt)*) => {
+        $crate::sql::compact(format!($($arg)*))
+    };
+}
+
+/// A statement's text without the spaces and tabs that begin its lines (outside
+/// quoted literals): the indentation of the source. sqlx looks each statement up in
+/// its cache by its text, hashing and comparing all of it, on every run; and the
+/// server shows the text in its logs and statistics. Line breaks stay, so the text
+/// still reads line by line (and a `--` comment still ends where it did).
+pub(crate) fn compact(text: String) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut quoted, mut line_start) = (false, false);
+    for c in text.chars() {
+        if line_start && !quoted && (c == ' ' || c == '\t') {
+            continue;
+        }
+        line_start = c == '\n';
+        if c == '\'' {
+            quoted = !quoted;
+        }
+        out.push(c);
+    }
+    out
+}
+
 mod dialect;
 mod engine;
 #[cfg(feature = "mysql")]
@@ -748,6 +777,18 @@ mod tests {
         assert!(here.here(&key), "a hold still counted is not here");
         drop(other);
         assert!(!here.here(&key), "a hand-off to nobody stays");
+    }
+
+    /// The indentation goes, line breaks stay, and a quoted literal keeps every
+    /// character, a line break and what follows it included.
+    #[test]
+    fn compact_removes_only_the_indentation_outside_literals() {
+        let text = "SELECT 1\n        FROM t\n\t WHERE a = 'x\n   y' AND b = ''\n    AND c = 2";
+        assert_eq!(
+            compact(text.to_owned()),
+            "SELECT 1\nFROM t\nWHERE a = 'x\n   y' AND b = ''\nAND c = 2"
+        );
+        assert_eq!(compact("  lead stays".to_owned()), "  lead stays");
     }
 
     /// The memo of the last name answers only for that very name: names taken in any

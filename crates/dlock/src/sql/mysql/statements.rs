@@ -35,7 +35,7 @@ const _: () = assert!(RENEW_MANY_SIZES[3] >= crate::sql::renewer::MAX_BATCH);
 fn held_among(n: usize) -> String {
     let keys = vec!["?"; n].join(", ");
     let rows = vec!["(?, ?, ?)"; n].join(", ");
-    format!(
+    sql_text!(
         "lock_key IN ({keys}) AND (lock_key, owner, fence) IN ({rows})
            AND holds > 0 AND expires_at > SYSDATE(6)"
     )
@@ -45,7 +45,7 @@ fn held_among(n: usize) -> String {
 /// [`held_among`]. Found rows: how many of the holds were renewed (a grant named twice
 /// counts once).
 fn renew_many(p: &str, n: usize) -> String {
-    format!(
+    sql_text!(
         "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
          WHERE {}",
         held_among(n)
@@ -57,7 +57,7 @@ fn renew_many(p: &str, n: usize) -> String {
 /// renewed, by that statement (a grant's token is never held again once let go).
 /// Binds as [`held_among`].
 fn held_of_many(p: &str, n: usize) -> String {
-    format!(
+    sql_text!(
         "SELECT lock_key, fence FROM {p}_locks WHERE {}",
         held_among(n)
     )
@@ -115,7 +115,7 @@ impl SharedStatements {
     fn new(p: &str) -> Self {
         SharedStatements {
             schema: [
-                format!(
+                sql_text!(
                     "CREATE TABLE IF NOT EXISTS {p}_shared_gate (
                         lock_key BINARY(32) NOT NULL,
                         family   VARCHAR(16) NOT NULL,
@@ -123,7 +123,7 @@ impl SharedStatements {
                         PRIMARY KEY (lock_key, family)
                      ) ENGINE=InnoDB"
                 ),
-                format!(
+                sql_text!(
                     "CREATE TABLE IF NOT EXISTS {p}_shared (
                         lock_key    BINARY(32) NOT NULL,
                         family      VARCHAR(16) NOT NULL,
@@ -138,7 +138,7 @@ impl SharedStatements {
                      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
                 ),
             ],
-            tables: format!(
+            tables: sql_text!(
                 "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()
                  AND TABLE_NAME IN ('{p}_shared_gate', '{p}_shared')"
             ),
@@ -148,7 +148,7 @@ impl SharedStatements {
             // server sends each statement's answer as it goes, a wake-up for the client
             // each, so the token is not read back by a statement of its own); deletes
             // the dead rows; reads the live ones.
-            begin: format!(
+            begin: sql_text!(
                 "BEGIN;
                  INSERT INTO {p}_shared_gate (lock_key, family, fence)
                  VALUES (x'{{key}}', '{{family}}', LAST_INSERT_ID(1))
@@ -160,7 +160,7 @@ impl SharedStatements {
                  FROM {p}_shared WHERE lock_key = x'{{key}}' AND family = '{{family}}'"
             ),
             // Binds: key, family, acquisition, name, owner, kind, fence, ttl µs, metadata.
-            put: format!(
+            put: sql_text!(
                 "INSERT INTO {p}_shared (lock_key, family, acquisition, name, owner, kind, fence, expires_at, metadata)
                  VALUES (?, ?, ?, ?, ?, ?, ?, {NOW} + INTERVAL ? MICROSECOND, ?)
                  ON DUPLICATE KEY UPDATE kind = VALUES(kind), fence = VALUES(fence),
@@ -168,12 +168,12 @@ impl SharedStatements {
                     metadata = VALUES(metadata)"
             ),
             // Binds: ttl µs, key, family, acquisition, fence. Found rows: 1 when renewed.
-            renew: format!(
+            renew: sql_text!(
                 "UPDATE {p}_shared SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
                  WHERE lock_key = ? AND family = ? AND acquisition = ? AND fence = ?
                    AND kind <> 'want-write' AND expires_at > {NOW}"
             ),
-            holders: format!(
+            holders: sql_text!(
                 "SELECT kind, owner, fence,
                         CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) DIV 1000 AS SIGNED),
                         metadata
@@ -182,7 +182,7 @@ impl SharedStatements {
                  ORDER BY fence"
             ),
             // Binds: key, family, acquisition, what, what, what, fence.
-            remove: format!(
+            remove: sql_text!(
                 "DELETE FROM {p}_shared
                  WHERE lock_key = ? AND family = ? AND acquisition = ?
                    AND (? = 'any' OR (? = 'want' AND kind = 'want-write')
@@ -246,7 +246,7 @@ impl Statements {
         // assign keeps the session's last value, so both are always assigned, the
         // first as the left operand). Binds the owner.
         let b = grant_budget.as_micros();
-        let free = format!(
+        let free = sql_text!(
             "(@dlock_free := ((@dlock_in := (SYSDATE(6) < {NOW} + INTERVAL {b} MICROSECOND)) \
                               AND (expires_at <= {NOW} - INTERVAL {d} MICROSECOND \
                                    OR (owner = ? AND expires_at <= SYSDATE(6)))))"
@@ -254,7 +254,7 @@ impl Statements {
         Statements {
             shared: SharedStatements::new(p),
             schema: [
-                format!(
+                sql_text!(
                     "CREATE TABLE IF NOT EXISTS {p}_locks (
                         lock_key   BINARY(32) NOT NULL PRIMARY KEY,
                         name       TEXT NOT NULL,
@@ -265,7 +265,7 @@ impl Statements {
                         metadata   TEXT NOT NULL
                      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
                 ),
-                format!(
+                sql_text!(
                     "CREATE TABLE IF NOT EXISTS {p}_holders (
                         lock_key BINARY(32) NOT NULL PRIMARY KEY,
                         name     TEXT NOT NULL,
@@ -275,13 +275,13 @@ impl Statements {
                         conn_id  BIGINT UNSIGNED NOT NULL
                      ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
                 ),
-                format!(
+                sql_text!(
                     "CREATE TABLE IF NOT EXISTS {p}_rows (
                         lock_key BINARY(32) NOT NULL PRIMARY KEY
                      ) ENGINE=InnoDB"
                 ),
             ],
-            tables: format!(
+            tables: sql_text!(
                 "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()
                  AND TABLE_NAME IN ('{p}_locks', '{p}_holders', '{p}_rows')"
             ),
@@ -296,7 +296,7 @@ impl Statements {
             // Binds: key, name, owner, ttl µs, metadata, then owner (free), owner for
             // fence, owner for holds, metadata, name, owner, and owner, ttl µs for
             // expires_at. last_insert_id = fence when granted, else 0.
-            acquire: format!(
+            acquire: sql_text!(
                 "INSERT INTO {p}_locks (lock_key, name, owner, holds, fence, expires_at, metadata)
                  VALUES (?, ?, ?, 1, LAST_INSERT_ID(1), {NOW} + INTERVAL ? MICROSECOND, ?)
                  ON DUPLICATE KEY UPDATE
@@ -314,7 +314,7 @@ impl Statements {
             // that has run out is not renewed, judged by the clock when the row is
             // read (`SYSDATE`, as the acquire judges its owner's own lease).
             // Binds: ttl µs, key, owner, fence. Affected (found) rows: 1 when renewed.
-            renew: format!(
+            renew: sql_text!(
                 "UPDATE {p}_locks SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND)
                  WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0 AND expires_at > SYSDATE(6)"
             ),
@@ -327,26 +327,26 @@ impl Statements {
                 .map(|&n| (n, held_of_many(p, n)))
                 .collect(),
             // Binds: key, owner, fence.
-            break_lease: format!(
+            break_lease: sql_text!(
                 "UPDATE {p}_locks SET holds = 0, expires_at = {NOW} - INTERVAL {d} MICROSECOND
                  WHERE lock_key = ? AND fence = ? AND holds > 0 AND expires_at > {NOW}"
             ),
-            release: format!(
+            release: sql_text!(
                 "UPDATE {p}_locks SET expires_at = IF(holds <= 1, {NOW} - INTERVAL {d} MICROSECOND, expires_at),
                         holds = holds - 1
                  WHERE lock_key = ? AND owner = ? AND fence = ? AND holds > 0"
             ),
             // Binds: key.
-            names_lease: format!("SELECT name FROM {p}_locks WHERE LEFT(name, CHAR_LENGTH(?)) = BINARY ? ORDER BY BINARY name LIMIT ?"),
-            names_session: format!("SELECT name FROM {p}_holders WHERE LEFT(name, CHAR_LENGTH(?)) = BINARY ? ORDER BY BINARY name LIMIT ?"),
-            inspect_lease: format!(
+            names_lease: sql_text!("SELECT name FROM {p}_locks WHERE LEFT(name, CHAR_LENGTH(?)) = BINARY ? ORDER BY BINARY name LIMIT ?"),
+            names_session: sql_text!("SELECT name FROM {p}_holders WHERE LEFT(name, CHAR_LENGTH(?)) = BINARY ? ORDER BY BINARY name LIMIT ?"),
+            inspect_lease: sql_text!(
                 "SELECT name, owner, holds, fence, metadata,
                         TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at)
                  FROM {p}_locks WHERE lock_key = ? AND holds > 0 AND expires_at > {NOW}"
             ),
             // On the pinned connection. Binds: key, name, owner, metadata, lock name,
             // name, owner, metadata. last_insert_id = fence when taken, else 0.
-            named_acquire: format!(
+            named_acquire: sql_text!(
                 "INSERT INTO {p}_holders (lock_key, name, owner, fence, metadata, conn_id)
                  SELECT ?, ?, ?, LAST_INSERT_ID(1), ?, CONNECTION_ID() FROM DUAL
                  WHERE GET_LOCK(?, 0) = 1
@@ -357,7 +357,7 @@ impl Statements {
             // holder record of that connection, if any (none: a client outside dlock).
             // Binds: lock name, key. Row: name, owner, fence, metadata (empty without a
             // record), connection id.
-            inspect_named: format!(
+            inspect_named: sql_text!(
                 "SELECT COALESCE(h.name, ''), COALESCE(h.owner, ''), COALESCE(h.fence, 0),
                         COALESCE(h.metadata, '{{}}'), u.conn
                  FROM (SELECT IS_USED_LOCK(?) AS conn) u
@@ -365,38 +365,38 @@ impl Statements {
                  WHERE u.conn IS NOT NULL"
             ),
             // Binds: key.
-            row_ensure: format!("INSERT IGNORE INTO {p}_rows (lock_key) VALUES (?)"),
+            row_ensure: sql_text!("INSERT IGNORE INTO {p}_rows (lock_key) VALUES (?)"),
             // See [`Statements::row_lock_batch`].
-            row_lock: format!(
+            row_lock: sql_text!(
                 "BEGIN; SELECT CONNECTION_ID() FROM {p}_rows WHERE lock_key = x'"
             ),
             // Autocommitted beside the pinned transaction. Binds: key, name, owner,
             // metadata, conn id, name, owner, metadata, conn id.
-            row_holder: format!(
+            row_holder: sql_text!(
                 "INSERT INTO {p}_holders (lock_key, name, owner, fence, metadata, conn_id)
                  VALUES (?, ?, ?, LAST_INSERT_ID(1), ?, ?)
                  ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), name = ?, owner = ?,
                     metadata = ?, conn_id = ?"
             ),
             // Binds: key, conn id, owner.
-            row_forget: format!(
+            row_forget: sql_text!(
                 "UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = ? AND conn_id = ? AND owner = ?"
             ),
             // The pinned transaction's end: see [`Statements::row_release_batch`].
-            row_release: format!("UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = x'"),
+            row_release: sql_text!("UPDATE {p}_holders SET conn_id = 0 WHERE lock_key = x'"),
             // Asks what the acquire asks: can the row be locked? A shared lock, with
             // NOWAIT, for the one autocommitted statement: busy means held. (Not
             // `INNODB_TRX`: InnoDB refreshes that view only when nobody read it for
             // 100 ms, so an observer polling faster saw a past holder or none for
             // ever; and it needs PROCESS.) MySQL 8 spells it `FOR SHARE NOWAIT`
             // (`open` rewrites it there). Binds: key.
-            row_probe: format!(
+            row_probe: sql_text!(
                 "SELECT 1 FROM {p}_rows WHERE lock_key = ? LOCK IN SHARE MODE NOWAIT"
             ),
             // Once the probe found the row held: who holds it, by the holder record
             // (none: a transaction outside dlock, or a holder about to write its
             // record). Binds: key.
-            inspect_row: format!(
+            inspect_row: sql_text!(
                 "SELECT COALESCE(h.name, ''), COALESCE(h.owner, ''), COALESCE(h.fence, 0),
                         COALESCE(h.metadata, '{{}}'), CAST(COALESCE(h.conn_id, 0) AS UNSIGNED)
                  FROM (SELECT 1) AS one
@@ -410,6 +410,20 @@ impl Statements {
 mod tests {
     use super::*;
 
+    /// Every statement is sent without its source indentation (no line of any of
+    /// them begins with a space), and keeps its line breaks.
+    #[test]
+    fn statements_are_sent_without_their_indentation() {
+        let sql = Statements::new(
+            "dlock",
+            std::time::Duration::ZERO,
+            std::time::Duration::from_secs(5),
+        );
+        let shown = format!("{sql:?}");
+        assert!(shown.contains("\\n"), "line breaks kept");
+        assert!(!shown.contains("\\n "), "an indented line: {shown}");
+    }
+
     /// The row batches inline the key exactly where the statement text expects it.
     #[test]
     fn row_batches_inline_the_key_as_hex() {
@@ -422,11 +436,11 @@ mod tests {
         let hex = "0f".repeat(32);
         assert_eq!(
             sql.row_lock_batch(&key),
-            format!("{}{hex}' FOR UPDATE NOWAIT", sql.row_lock)
+            sql_text!("{}{hex}' FOR UPDATE NOWAIT", sql.row_lock)
         );
         assert_eq!(
             sql.row_release_batch(&key, 42),
-            format!("{}{hex}' AND fence = 42; COMMIT", sql.row_release)
+            sql_text!("{}{hex}' AND fence = 42; COMMIT", sql.row_release)
         );
     }
 }

@@ -79,10 +79,10 @@ impl SharedStatements {
         let limit_ms = gate_limit.as_millis().clamp(1, i32::MAX as u128);
         let notify_remove = notify_if_marked("$6", "$7");
         SharedStatements {
-            tables: format!(
+            tables: sql_text!(
                 "SELECT to_regclass('{p}_shared') IS NOT NULL AND to_regclass('{p}_shared_gate') IS NOT NULL"
             ),
-            schema: format!(
+            schema: sql_text!(
                 "CREATE TABLE IF NOT EXISTS {p}_shared_gate (
                     lock_key bytea NOT NULL,
                     family   text NOT NULL,
@@ -116,7 +116,7 @@ impl SharedStatements {
             // documentation), `SET LOCAL`: for this transaction only, and through a
             // connection pooler too, where a connection's startup options would not
             // reach the session or be refused.
-            begin: format!(
+            begin: sql_text!(
                 "BEGIN ISOLATION LEVEL READ COMMITTED;
                  SET LOCAL idle_in_transaction_session_timeout = {limit_ms};
                  SET LOCAL lock_timeout = {limit_ms};
@@ -133,7 +133,7 @@ impl SharedStatements {
             ),
             // Binds: 1 key, 2 family, 3 acquisition, 4 name, 5 owner, 6 kind, 7 fence,
             // 8 ttl µs, 9 metadata.
-            put: format!(
+            put: sql_text!(
                 "INSERT INTO {p}_shared (lock_key, family, acquisition, name, owner, kind, fence, expires_at, metadata)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, statement_timestamp() + $8 * interval '1 microsecond', $9)
                  ON CONFLICT (lock_key, family, acquisition) DO UPDATE SET
@@ -141,13 +141,13 @@ impl SharedStatements {
                     expires_at = excluded.expires_at, metadata = excluded.metadata"
             ),
             // Binds: 1 key, 2 family, 3 acquisition, 4 fence, 5 ttl µs.
-            renew: format!(
+            renew: sql_text!(
                 "UPDATE {p}_shared
                  SET expires_at = GREATEST(expires_at, statement_timestamp() + $5 * interval '1 microsecond')
                  WHERE lock_key = $1 AND family = $2 AND acquisition = $3 AND fence = $4
                    AND kind <> 'want-write' AND expires_at > statement_timestamp()"
             ),
-            holders: format!(
+            holders: sql_text!(
                 "SELECT kind, owner, fence,
                         (EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000)::bigint,
                         metadata
@@ -157,7 +157,7 @@ impl SharedStatements {
             ),
             // Binds: 1 key, 2 family, 3 acquisition, 4 what (token | want | any),
             // 5 fence, 6 channel, 7 key hex. Notifies when a row went.
-            remove: format!(
+            remove: sql_text!(
                 "WITH d AS (
                     DELETE FROM {p}_shared
                     WHERE lock_key = $1 AND family = $2 AND acquisition = $3
@@ -198,7 +198,7 @@ impl Statements {
         lock_delay: std::time::Duration,
         gate_limit: std::time::Duration,
     ) -> Self {
-        let delay = format!("interval '{} microseconds'", lock_delay.as_micros());
+        let delay = sql_text!("interval '{} microseconds'", lock_delay.as_micros());
         // What a renewal inserts should the row be gone (deleted by hand: the name
         // shows again, free): the row free (no hold, its lease ended — at a finite
         // time, which a busy acquire subtracts from), keeping its token.
@@ -209,7 +209,7 @@ impl Statements {
         let notify_release = notify_if_marked("$4", "$5");
         Statements {
             shared: SharedStatements::new(p, gate_limit),
-            schema: format!(
+            schema: sql_text!(
                 "CREATE TABLE IF NOT EXISTS {p}_locks (
                     lock_key   bytea PRIMARY KEY,
                     name       text NOT NULL,
@@ -232,21 +232,21 @@ impl Statements {
                  );
                  CREATE TABLE IF NOT EXISTS {p}_rows (lock_key bytea PRIMARY KEY);"
             ),
-            tables: format!(
+            tables: sql_text!(
                 "SELECT to_regclass('{p}_locks') IS NOT NULL AND to_regclass('{p}_fence') IS NOT NULL \
                  AND to_regclass('{p}_holders') IS NOT NULL AND to_regclass('{p}_rows') IS NOT NULL"
             ),
             // Behind a long reader the ALTER would queue every other statement on the
             // table behind it: it gives up after 2 s instead.
-            add_xact: format!(
+            add_xact: sql_text!(
                 "SET LOCAL lock_timeout = '2s';
                  ALTER TABLE {p}_holders ADD COLUMN IF NOT EXISTS xact bigint"
             ),
-            holders_xact: format!(
+            holders_xact: sql_text!(
                 "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{p}_holders') \
                                 AND attname = 'xact' AND NOT attisdropped)"
             ),
-            channel: format!("{p}_released"),
+            channel: sql_text!("{p}_released"),
             // Binds: 1 key, 2 name, 3 owner, 4 ttl µs, 5 metadata, 6 how long the
             // statement may run and still grant (µs, below the client's timeout: a
             // statement that waited for the row past it grants nothing, as its client
@@ -262,7 +262,7 @@ impl Statements {
             // (`clock_timestamp()`: the statement's start may come before a lease that
             // has ended since). Another owner's lease is judged by the statement's
             // start, which can only find it live longer.
-            acquire: format!(
+            acquire: sql_text!(
                 "INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
                     VALUES ($1, $2, $3, 1, nextval('{p}_fence'), statement_timestamp() + $4 * interval '1 microsecond', $5)
                     ON CONFLICT (lock_key) DO UPDATE SET
@@ -282,7 +282,7 @@ impl Statements {
             ),
             // Binds: 1 key. One row (ms; ≤ 0: free now, released since the acquire
             // included) unless the row is gone.
-            busy_left: format!(
+            busy_left: sql_text!(
                 "SELECT CASE WHEN l.holds > 0
                         THEN (EXTRACT(EPOCH FROM (l.expires_at + {delay} - statement_timestamp())) * 1000)::bigint
                         ELSE 0 END
@@ -301,7 +301,7 @@ impl Statements {
             // be gone (deleted by hand) the copy that lands is a free one — no hold,
             // an ended lease — and renews nothing: only rows holding count.
             // Binds: 1 key, 2 owner, 3 fence, 4 ttl µs. A row (holds) when renewed.
-            renew: format!(
+            renew: sql_text!(
                 "WITH r AS (
                     INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
                     SELECT {free_copy} FROM {p}_locks WHERE lock_key = $1
@@ -317,7 +317,7 @@ impl Statements {
             // 2 owners, 3 fences (arrays, one element per hold), 4 ttl µs. Returns
             // the renewed rows' key and fence (a grant renewed twice in the batch,
             // once).
-            renew_many: format!(
+            renew_many: sql_text!(
                 "WITH r AS (
                     INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
                     SELECT {free_copy} FROM {p}_locks WHERE lock_key = ANY($1::bytea[])
@@ -331,7 +331,7 @@ impl Statements {
                  SELECT lock_key, fence FROM r WHERE holds > 0"
             ),
             // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. Notifies at the last hold.
-            break_lease: format!(
+            break_lease: sql_text!(
                 "WITH b AS (
                     UPDATE {p}_locks SET holds = 0
                     WHERE lock_key = $1 AND fence = $2 AND holds > 0
@@ -344,15 +344,15 @@ impl Statements {
             // left) when released; notifies at the last hold. The announcement is a
             // `RETURNING` expression, evaluated once for the updated row (a join
             // around a CTE costs the server more to set up on every run).
-            release: format!(
+            release: sql_text!(
                 "UPDATE {p}_locks SET holds = holds - 1
                  WHERE lock_key = $1 AND owner = $2 AND fence = $3 AND holds > 0
                  RETURNING holds, (CASE WHEN holds = 0 THEN {notify_release} END) IS NULL"
             ),
             // Binds: 1 key.
-            names_lease: format!("SELECT name FROM {p}_locks WHERE left(name, length($1)) = $1 ORDER BY name COLLATE \"C\" LIMIT $2"),
-            names_session: format!("SELECT name FROM {p}_holders WHERE left(name, length($1)) = $1 ORDER BY name COLLATE \"C\" LIMIT $2"),
-            inspect_lease: format!(
+            names_lease: sql_text!("SELECT name FROM {p}_locks WHERE left(name, length($1)) = $1 ORDER BY name COLLATE \"C\" LIMIT $2"),
+            names_session: sql_text!("SELECT name FROM {p}_holders WHERE left(name, length($1)) = $1 ORDER BY name COLLATE \"C\" LIMIT $2"),
+            inspect_lease: sql_text!(
                 "SELECT l.name, l.owner, l.holds, l.fence, l.metadata, {REMAINING_MS}
                  FROM {p}_locks l
                  WHERE l.lock_key = $1 AND l.holds > 0 AND l.expires_at > statement_timestamp()"
@@ -364,7 +364,7 @@ impl Statements {
             // 5 metadata, 6 the session's `backend_start` (NULL if unknown, which
             // `inspect` takes as a match: the pid alone). One row (the fence) when the
             // lock was taken.
-            advisory_acquire: format!(
+            advisory_acquire: sql_text!(
                 "WITH g AS (SELECT pg_try_advisory_lock($1) AS ok)
                  INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, backend_start)
                  SELECT $2, $3, $4, nextval('{p}_fence'), $5, pg_backend_pid(), $6
@@ -376,7 +376,7 @@ impl Statements {
                  RETURNING h.fence"
             ),
             // On the pinned connection. Binds: 1 advisory key, 2 channel, 3 key hex.
-            advisory_release: format!(
+            advisory_release: sql_text!(
                 "SELECT pg_advisory_unlock($1), {}",
                 notify_if_marked("$2", "$3")
             ),
@@ -385,7 +385,7 @@ impl Statements {
             // a client outside dlock, or dlock under a name with the same key).
             // Binds: 1 key, 2 advisory key. Row: name, owner, fence, metadata (empty
             // without a record), backend pid.
-            inspect_advisory: format!(
+            inspect_advisory: sql_text!(
                 "SELECT COALESCE(h.name, ''), COALESCE(h.owner, ''), COALESCE(h.fence, 0::bigint),
                         COALESCE(h.metadata, '{{}}'), k.pid
                  FROM pg_locks k
@@ -402,20 +402,20 @@ impl Statements {
                  LIMIT 1"
             ),
             // Binds: 1 key.
-            row_ensure: format!(
+            row_ensure: sql_text!(
                 "INSERT INTO {p}_rows (lock_key) VALUES ($1) ON CONFLICT (lock_key) DO NOTHING"
             ),
             // `{p}_row_lock(key)` answers the session's pid and the transaction's id
             // once the row is locked. `{p}_row_release(key)` announces the release
             // (delivered at commit). The record is left as it is: `inspect` shows it
             // only while the transaction that locked the row is open.
-            row_prepare: format!(
+            row_prepare: sql_text!(
                 "PREPARE {p}_row_lock(bytea) AS
                     SELECT pg_backend_pid()::int8, txid_current() FROM {p}_rows
                     WHERE lock_key = $1 FOR UPDATE NOWAIT;
                  PREPARE {p}_row_release(bytea) AS
                     SELECT {notify_row}",
-                notify_row = notify_if_marked(&format!("'{p}_released'"), "encode($1, 'hex')")
+                notify_row = notify_if_marked(&sql_text!("'{p}_released'"), "encode($1, 'hex')")
             ),
             // Opens the pinned transaction and locks the row in one round trip (a
             // simple query: no binds; the key is hex digits, decoded by the server,
@@ -423,7 +423,7 @@ impl Statements {
             // whatever the server's default, as the token's statement checks it
             // from another connection.
             row_lock: (
-                format!("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE {p}_row_lock(decode('"),
+                sql_text!("BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE {p}_row_lock(decode('"),
                 "', 'hex'))".to_owned(),
             ),
             // Autocommitted beside the pinned transaction. Binds: 1 key, 2 name, 3 owner,
@@ -435,7 +435,7 @@ impl Statements {
             // the statement fails (22P02, a cast that cannot succeed; of a column, so
             // the planner cannot fold it early), so the record it wrote is rolled back
             // and cannot cover the real holder's.
-            row_holder: format!(
+            row_holder: sql_text!(
                 "WITH ins AS (
                     INSERT INTO {p}_holders AS h (lock_key, name, owner, fence, metadata, pid, xact)
                     VALUES ($1, $2, $3, nextval('{p}_fence'), $4, $5, $6)
@@ -451,7 +451,7 @@ impl Statements {
             // The pinned transaction's end, in one round trip: the prepared release,
             // then the commit that unlocks the row.
             row_release: (
-                format!("EXECUTE {p}_row_release(decode('"),
+                sql_text!("EXECUTE {p}_row_release(decode('"),
                 "); COMMIT".to_owned(),
             ),
             // The record's holder holds the row for exactly as long as the transaction
@@ -462,7 +462,7 @@ impl Statements {
             // transaction began before that: a transaction id at or past the snapshot's
             // horizon is from another cluster (a restored dump), which `txid_status`
             // rejects as "in the future", and is not in progress here. Binds: 1 key.
-            inspect_row: format!(
+            inspect_row: sql_text!(
                 "SELECT h.name, h.owner, h.fence, h.metadata FROM {p}_holders h
                  WHERE h.lock_key = $1
                    AND CASE WHEN h.xact < txid_snapshot_xmax(txid_current_snapshot())
@@ -476,6 +476,20 @@ impl Statements {
 mod tests {
     use super::*;
 
+    /// Every statement is sent without its source indentation (no line of any of
+    /// them begins with a space), and keeps its line breaks.
+    #[test]
+    fn statements_are_sent_without_their_indentation() {
+        let sql = Statements::new(
+            "dlock",
+            std::time::Duration::ZERO,
+            std::time::Duration::from_secs(10),
+        );
+        let shown = format!("{sql:?}");
+        assert!(shown.contains("\\n"), "line breaks kept");
+        assert!(!shown.contains("\\n "), "an indented line: {shown}");
+    }
+
     /// The row batches inline the key exactly where the statement text expects it.
     #[test]
     fn row_batches_inline_the_key_as_hex() {
@@ -487,11 +501,11 @@ mod tests {
         let key = [0xa5u8; 32];
         let hex = "a5".repeat(32);
         let (head, tail) = &sql.row_lock;
-        assert_eq!(sql.row_lock_batch(&key), format!("{head}{hex}{tail}"));
+        assert_eq!(sql.row_lock_batch(&key), sql_text!("{head}{hex}{tail}"));
         let (head, tail) = &sql.row_release;
         assert_eq!(
             sql.row_release_batch(&key),
-            format!("{head}{hex}', 'hex'){tail}")
+            sql_text!("{head}{hex}', 'hex'){tail}")
         );
     }
 }
