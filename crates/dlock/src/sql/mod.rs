@@ -67,6 +67,11 @@ macro_rules! sql_text {
 /// its cache by its text, hashing and comparing all of it, on every run; and the
 /// server shows the text in its logs and statistics. Line breaks stay, so the text
 /// still reads line by line (and a `--` comment still ends where it did).
+///
+/// Only standard literals are told apart (`'…'`, a quote doubled inside): a
+/// statement with a backslash escape, an `E'…'` or dollar-quoted string, or a quote
+/// in a comment or a quoted identifier is outside what this keeps intact, and the
+/// statements' tests refuse such text.
 pub(crate) fn compact(text: String) -> String {
     let mut out = String::with_capacity(text.len());
     let (mut quoted, mut line_start) = (false, false);

@@ -246,7 +246,7 @@ impl Statements {
                 "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{p}_holders') \
                                 AND attname = 'xact' AND NOT attisdropped)"
             ),
-            channel: sql_text!("{p}_released"),
+            channel: format!("{p}_released"),
             // Binds: 1 key, 2 name, 3 owner, 4 ttl µs, 5 metadata, 6 how long the
             // statement may run and still grant (µs, below the client's timeout: a
             // statement that waited for the row past it grants nothing, as its client
@@ -415,7 +415,7 @@ impl Statements {
                     WHERE lock_key = $1 FOR UPDATE NOWAIT;
                  PREPARE {p}_row_release(bytea) AS
                     SELECT {notify_row}",
-                notify_row = notify_if_marked(&sql_text!("'{p}_released'"), "encode($1, 'hex')")
+                notify_row = notify_if_marked(&format!("'{p}_released'"), "encode($1, 'hex')")
             ),
             // Opens the pinned transaction and locks the row in one round trip (a
             // simple query: no binds; the key is hex digits, decoded by the server,
@@ -488,6 +488,14 @@ mod tests {
         let shown = format!("{sql:?}");
         assert!(shown.contains("\\n"), "line breaks kept");
         assert!(!shown.contains("\\n "), "an indented line: {shown}");
+        // What `compact` cannot tell from a standard literal (shown escaped: a
+        // backslash as two).
+        for unknown in ["\\\\", "$$", "--", "/*"] {
+            assert!(
+                !shown.contains(unknown),
+                "{unknown} in a statement: {shown}"
+            );
+        }
     }
 
     /// The row batches inline the key exactly where the statement text expects it.
@@ -501,11 +509,11 @@ mod tests {
         let key = [0xa5u8; 32];
         let hex = "a5".repeat(32);
         let (head, tail) = &sql.row_lock;
-        assert_eq!(sql.row_lock_batch(&key), sql_text!("{head}{hex}{tail}"));
+        assert_eq!(sql.row_lock_batch(&key), format!("{head}{hex}{tail}"));
         let (head, tail) = &sql.row_release;
         assert_eq!(
             sql.row_release_batch(&key),
-            sql_text!("{head}{hex}', 'hex'){tail}")
+            format!("{head}{hex}', 'hex'){tail}")
         );
     }
 }
