@@ -62,6 +62,21 @@ macro_rules! sql_text {
     };
 }
 
+/// For the dialects' tests: `shown`, the `Debug` of their statements, keeps its line
+/// breaks, has no indented line, and holds nothing `compact` cannot tell from a
+/// standard literal (shown escaped: a backslash as two).
+#[cfg(test)]
+pub(crate) fn assert_sent_compacted(shown: &str) {
+    assert!(shown.contains("\\n"), "line breaks kept");
+    assert!(!shown.contains("\\n "), "an indented line: {shown}");
+    for unknown in ["\\\\", "$$", "--", "/*"] {
+        assert!(
+            !shown.contains(unknown),
+            "{unknown} in a statement: {shown}"
+        );
+    }
+}
+
 /// A statement's text without the spaces and tabs that begin its lines (outside
 /// quoted literals): the indentation of the source. sqlx looks each statement up in
 /// its cache by its text, hashing and comparing all of it, on every run; and the

@@ -419,17 +419,7 @@ mod tests {
             std::time::Duration::ZERO,
             std::time::Duration::from_secs(5),
         );
-        let shown = format!("{sql:?}");
-        assert!(shown.contains("\\n"), "line breaks kept");
-        assert!(!shown.contains("\\n "), "an indented line: {shown}");
-        // What `compact` cannot tell from a standard literal (shown escaped: a
-        // backslash as two).
-        for unknown in ["\\\\", "$$", "--", "/*"] {
-            assert!(
-                !shown.contains(unknown),
-                "{unknown} in a statement: {shown}"
-            );
-        }
+        crate::sql::assert_sent_compacted(&format!("{sql:?}"));
     }
 
     /// The row batches inline the key exactly where the statement text expects it.
