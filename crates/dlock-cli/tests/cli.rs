@@ -2115,6 +2115,25 @@ fn break_ends_a_stuck_hold_at(env: &Env, url: &str) {
     assert_eq!(out.status.code(), Some(1), "{url}: {}", text(&out.stdout));
 }
 
+/// A command that ends after its lock was broken, before any renewal could notice,
+/// does not exit with its own status: the release finds the hold gone and says the
+/// lock was lost (76), since the command may not have run alone.
+#[test]
+fn a_command_that_ends_after_a_break_exits_lock_lost() {
+    let env = Env::new();
+    let go = env.path("go");
+    let wait_for_go = format!("while [ ! -e '{}' ]; do sleep 0.02; done", go.display());
+    let mut holder = env.spawn(&["run", "--ttl", "60s", "broken", "sh", "-c", &wait_for_go]);
+    env.wait_held("broken");
+    let out = env.run(&["break", "--yes", "broken"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    std::fs::write(&go, b"").expect("go");
+    let status = wait_timeout(&mut holder, Duration::from_secs(10));
+    let said = stderr_of(&mut holder);
+    assert_eq!(status.code(), Some(76), "{said}");
+    assert!(said.contains("lost"), "{said}");
+}
+
 #[test]
 fn break_ends_a_stuck_hold() {
     let env = Env::new();

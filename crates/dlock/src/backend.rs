@@ -153,6 +153,18 @@ pub struct Capabilities {
     /// before its holder's own deadline has passed.
     #[serde(serialize_with = "ser_opt_ms", rename = "connection_loss_notice_ms")]
     pub connection_loss_notice: Option<Duration>,
+    /// A lock's release that finds its hold gone on the server — broken by an
+    /// operator ([`crate::Locker::break_lock`]), or its lease ended and the lock taken
+    /// without the holder seeing it — fails with [`crate::Error::LockLost`] (reason
+    /// [`crate::LossReason::NotOwner`]) rather than succeeding: the work done under
+    /// the guard may not have been exclusive. It is told only when the server's "not
+    /// held" answered the one send of that release. Off where the client library may
+    /// send a command again by itself (Redis Sentinel and Cluster), so that "not held"
+    /// could be the first send's own doing, and in the SQL session modes, where a lock
+    /// cannot be broken and ends only with its connection (reported by the heartbeat).
+    /// Not for permits (semaphores, read-write locks): their release reports `Ok`
+    /// when the permit is gone, as it always did.
+    pub release_reports_loss: bool,
     /// The primitives beside the lock this backend offers.
     pub primitives: Primitives,
 }
@@ -172,6 +184,7 @@ impl Capabilities {
             queued_waiting: false,
             session_timeout: None,
             connection_loss_notice: None,
+            release_reports_loss: false,
             primitives: Primitives::NONE,
         }
     }
@@ -530,11 +543,14 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     /// renewal or the release act on another answer than its own.
     async fn renew(&self, ttl: Duration) -> Result<()>;
 
-    /// Give up this hold (owner-checked on the server). Idempotent: a second call, or a
-    /// call after the lease expired, succeeds without touching anyone else's lock.
+    /// Give up this hold (owner-checked on the server). Idempotent: a second call
+    /// succeeds without touching anyone else's lock.
     ///
     /// # Errors
-    /// Connection or server errors.
+    /// [`crate::Error::NotOwner`] when the server answered that this hold was not there
+    /// (broken, or its lease ended), where [`Capabilities::release_reports_loss`]; only
+    /// when that answer came to the one send of this release, never when the release
+    /// (or a hand-off before it) may have run already. Connection or server errors.
     ///
     /// # Cancel safety
     /// Need not be cancel safe.

@@ -976,7 +976,20 @@ impl Hold {
                 Err(e)
             }
             Ok(()) => match keep.held.as_ref() {
-                Some(held) => held.release().await,
+                Some(held) => match held.release().await {
+                    // The server said this hold was gone (broken, or its lease ended
+                    // and the lock was taken) while it looked held here: lost, and
+                    // told so, as a renewal would have.
+                    Err(Error::NotOwner { .. }) => {
+                        self.mark_lost(LossReason::NotOwner);
+                        Err(self.lost_error())
+                    }
+                    Err(Error::LockLost { reason, .. }) => {
+                        self.mark_lost(reason);
+                        Err(self.lost_error())
+                    }
+                    done => done,
+                },
                 None => Err(self.lost_error()),
             },
         };

@@ -159,6 +159,7 @@ impl Backend for MemoryBackend {
             queued_waiting: false,
             session_timeout: None,
             connection_loss_notice: None,
+            release_reports_loss: true,
             primitives: Primitives::ALL,
         }
     }
@@ -480,11 +481,16 @@ impl HeldLock for MemoryHeld {
         }
         let mut st = self.store.state()?;
         let remove = match st.locks.get_mut(&self.name) {
-            Some(e) if e.owner == self.owner && e.fence == self.fence => {
-                e.holds = e.holds.saturating_sub(1);
+            Some(e) if e.owner == self.owner && e.fence == self.fence && e.holds > 0 => {
+                e.holds -= 1;
                 e.holds == 0
             }
-            _ => false,
+            // Broken, or its lease ended and the lock was taken or collected.
+            _ => {
+                return Err(Error::NotOwner {
+                    name: self.name.as_str().to_owned(),
+                });
+            }
         };
         if remove {
             st.locks.remove(&self.name);

@@ -22,6 +22,7 @@ pub(crate) fn capabilities(session_timeout: Duration) -> Capabilities {
     caps.cross_process = true;
     caps.queued_waiting = true;
     caps.session_timeout = Some(session_timeout);
+    caps.release_reports_loss = true;
     caps
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Harness, eventually, opts, short_lease, unique};
-use crate::{Error, LockGuard, LockOptions, Metadata, Owner, Renewal, Wait};
+use crate::{Error, LockGuard, LockOptions, LossReason, Metadata, Owner, Renewal, Wait};
 
 /// Many tasks on several clients run a deliberately racy read–yield–write on a shared
 /// counter under the lock: no update is lost and no two are inside at once.
@@ -171,6 +171,90 @@ pub async fn stale_owner_cannot_release_or_extend(h: &Harness) {
     assert_eq!(info.fencing_token, fresh.fencing_token());
     assert!(fresh.is_held());
     fresh.release().await.expect("release");
+}
+
+/// A holder whose lock an operator broke, and another client then took, hears of it
+/// at its release, where the backend says it can tell
+/// ([`crate::Capabilities::release_reports_loss`]): `LockLost` with `NotOwner`, not
+/// `Ok`, since the work done under the guard may not have been exclusive. Each
+/// reentrant hold of the owner hears of it; the new holder is untouched, and a waiter
+/// in the broken holder's process (offered an in-process hand-off by its release)
+/// gets the lock only after the new holder's release. Where locks cannot be broken
+/// (the SQL session modes), `break_lock` says so.
+pub async fn release_after_a_break_reports_the_loss(h: &Harness) {
+    let name = unique("broken");
+    let (a, b) = (h.locker().await, h.locker().await);
+    let caps = a.capabilities();
+    let o = opts().owner(a.owner());
+    let mut holds = vec![a.lock_with(&name, &o).await.expect("lock")];
+    if caps.reentrant {
+        holds.push(a.lock_with(&name, &o).await.expect("reentrant lock"));
+    }
+    let token = holds[0].fencing_token();
+    match b.break_lock(&name, token).await {
+        Err(Error::Unsupported(_)) => {
+            assert!(
+                !caps.release_reports_loss,
+                "claims to report a broken lock's release, but cannot break one"
+            );
+            for g in holds {
+                g.release().await.expect("release");
+            }
+            return;
+        }
+        broke => assert!(broke.expect("break"), "the holder's token broke nothing"),
+    }
+    let fresh = b
+        .lock_timeout(&name, Duration::from_secs(5))
+        .await
+        .expect("a broken lock must be free");
+    let waiter = {
+        let (a, name) = (a.clone(), name.clone());
+        tokio::spawn(async move { a.lock_timeout(&name, Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (i, g) in holds.into_iter().enumerate() {
+        let released = g.release().await;
+        let told = matches!(
+            released,
+            Err(Error::LockLost {
+                reason: LossReason::NotOwner,
+                ..
+            })
+        );
+        if caps.release_reports_loss {
+            assert!(
+                told,
+                "hold {i}: the release of a broken lock said {released:?}"
+            );
+        } else {
+            assert!(told || released.is_ok(), "hold {i}: {released:?}");
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiter.is_finished(),
+        "a waiter got the lock while the new holder held it"
+    );
+    let info = b.inspect(&name).await.expect("inspect").expect("held");
+    assert_eq!(
+        info.owner,
+        fresh.owner().as_str(),
+        "the new holder was disturbed"
+    );
+    assert_eq!(info.fencing_token, fresh.fencing_token());
+    assert!(fresh.is_held());
+    let fresh_token = fresh.fencing_token();
+    fresh.release().await.expect("release");
+    let next = waiter
+        .await
+        .expect("waiter task")
+        .expect("the waiter gets the lock after the new holder's release");
+    assert!(
+        next.fencing_token() > fresh_token,
+        "the waiter's token is not above the new holder's"
+    );
+    next.release().await.expect("release");
 }
 
 /// 10,000 attempts with forged owner tokens on a held lock: none gets it, the holder

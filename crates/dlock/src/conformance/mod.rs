@@ -179,6 +179,7 @@ macro_rules! conformance_suite {
             drop_releases_promptly,
             drop_off_the_runtime_releases_promptly,
             stale_owner_cannot_release_or_extend,
+            release_after_a_break_reports_the_loss,
             forged_owners_never_succeed,
             ttl_expiry_frees,
             renewal_outlives_ttl,

@@ -1613,9 +1613,16 @@ impl HeldLock for EtcdHeld {
             Ok(())
         } else {
             // Our key was gone: the session expired (then its other holds end now), or
-            // an operator broke this lock (which must not end them).
+            // an operator broke this lock (which must not end them). (The delete is
+            // sent once: its "not there" is not its own doing.)
             session::confirm(&self.inner.client, &self.session).await;
-            Err(lost())
+            if self.session.check().is_err() {
+                Err(lost())
+            } else {
+                Err(Error::NotOwner {
+                    name: self.dir.clone(),
+                })
+            }
         }
     }
 

@@ -455,8 +455,10 @@ impl RedisBackend {
     }
 }
 
-/// What a Redis backend guarantees in `layout`, with tokens of quality `fencing`.
-fn caps(layout: Layout, fencing: Fencing) -> Capabilities {
+/// What a Redis backend guarantees in `layout`, with tokens of quality `fencing`, on a
+/// single server (`single`: where the client library never sends a command twice by
+/// itself) or not.
+fn caps(layout: Layout, fencing: Fencing, single: bool) -> Capabilities {
     Capabilities {
         fencing,
         fifo: layout == Layout::Redisson,
@@ -468,6 +470,7 @@ fn caps(layout: Layout, fencing: Fencing) -> Capabilities {
         queued_waiting: false,
         session_timeout: None,
         connection_loss_notice: None,
+        release_reports_loss: single,
         primitives: crate::backend::Primitives::ALL,
     }
 }
@@ -476,7 +479,7 @@ impl RedisBackend {
     /// The capabilities of the default layout on a server that persists every write
     /// before answering (`durable`), or not.
     pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
-        caps(Layout::Redisson, durable_if(durable))
+        caps(Layout::Redisson, durable_if(durable), true)
     }
 }
 
@@ -911,7 +914,11 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        caps(self.inner.layout, self.inner.fencing)
+        caps(
+            self.inner.layout,
+            self.inner.fencing,
+            matches!(self.inner.conn, Conn::Single(_)),
+        )
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -1399,16 +1406,27 @@ impl std::fmt::Debug for RedisHeld {
     }
 }
 
+/// What a release's in-process hand-off did ([`RedisHeld::hand_off`]).
+enum HandOff {
+    /// This hold was given back (and the lock handed over, or released to everyone).
+    Done,
+    /// The script found this hold gone: nothing was given back, nor handed over.
+    NotHeld,
+    /// The script did not run: the release gives the hold back itself.
+    NotRun,
+}
+
 impl RedisHeld {
     /// Release by handing the lock to the waiter of `offer`: one script, which gives
     /// back this hold and, if it was the last, makes the waiter the holder with a new
     /// fencing token (or, at the end of a streak with listeners elsewhere, releases it
-    /// to everyone). `Ok(false)`: the script could not run, release the plain way.
+    /// to everyone). An error that [`Error::is_retryable`]: cut off, it may or may not
+    /// have run.
     async fn hand_off(
         &self,
         handoffs: &handoff::Handoffs<RedisHeld>,
         offer: handoff::Offer<RedisHeld>,
-    ) -> Result<bool> {
+    ) -> Result<HandOff> {
         let sent_at = std::time::Instant::now();
         let want = &offer.want;
         let keys = [
@@ -1462,16 +1480,21 @@ impl RedisHeld {
                         }
                     }
                 }
-                Ok(true)
+                Ok(HandOff::Done)
             }
             Ok((-2, _)) => {
                 handoffs.released_to_everyone(&self.keys.lock, offer);
-                Ok(true)
+                Ok(HandOff::Done)
+            }
+            Ok((-1, _)) => {
+                // No longer ours: nothing was handed over, nor given back.
+                handoffs.decline(offer);
+                Ok(HandOff::NotHeld)
             }
             Ok(_) => {
-                // Not the last hold, or no longer ours: nothing was handed over.
+                // Not the last hold: given back, nothing handed over.
                 handoffs.decline(offer);
-                Ok(true)
+                Ok(HandOff::Done)
             }
             Err(e) if uncertain(&e) => {
                 if let Some((owner, nonce)) = handoffs.uncertain(offer, sent_at) {
@@ -1487,7 +1510,7 @@ impl RedisHeld {
                 // Refused (e.g. a script the ACL does not allow): nothing ran.
                 tracing::debug!(lock = %self.name, error = %e, "hand-off refused; releasing");
                 handoffs.decline(offer);
-                Ok(false)
+                Ok(HandOff::NotRun)
             }
         }
     }
@@ -1538,13 +1561,20 @@ impl HeldLock for RedisHeld {
                     // Boxed: inline, the hand-off's state would make every
                     // release's future too large for the allocator's per-thread cache.
                     Some(offer) => Box::pin(self.hand_off(handoffs, offer)).await,
-                    None => Ok(false),
+                    None => Ok(HandOff::NotRun),
                 }
             }
-            None => Ok(false),
+            None => Ok(HandOff::NotRun),
         };
+        // Whether a "not held" is this release's own answer: on a single server (where
+        // the client library sends each command once), to the first send of the only
+        // script that ran (a hand-off cut off may have given the hold back already).
+        let single = matches!(self.inner.conn, Conn::Single(_));
+        let certain = single && handed.is_ok();
+        // Ok(whether the hold was found), as far as this release can tell.
         let released = match handed {
-            Ok(true) => Ok(()),
+            Ok(HandOff::Done) => Ok(true),
+            Ok(HandOff::NotHeld) => Ok(!single),
             Err(e) if !e.is_retryable() => Err(e),
             // Not handed over, or the hand-off was cut off (`hand_off`'s only retryable
             // error: it may or may not have run): this hold's own release. After a
@@ -1555,7 +1585,7 @@ impl HeldLock for RedisHeld {
             // On the Redisson layout, sent again up to `RELEASE_TRIES` in all when
             // `worth_resending`. (Inline, not a function of its own: one more future
             // level costs every release about 110 instructions.)
-            Ok(false) | Err(_) => {
+            Ok(HandOff::NotRun) | Err(_) => {
                 let tries = if self.keys.meta_key().is_none() {
                     RELEASE_TRIES
                 } else {
@@ -1573,7 +1603,7 @@ impl HeldLock for RedisHeld {
                         )
                         .await
                     {
-                        Ok(_) => break Ok(()),
+                        Ok(left) => break Ok(left >= 0 || !certain || tried > 1),
                         Err(e) if tried < tries && worth_resending(&e) => {
                             tracing::debug!(error = %e, "redis: release failed; sending it again");
                             tokio::time::sleep(pause).await;
@@ -1585,7 +1615,7 @@ impl HeldLock for RedisHeld {
             }
         };
         match released {
-            Ok(()) => {
+            Ok(found) => {
                 if self.in_doubt {
                     // A try of this acquisition that is still on its way would take a
                     // hold no guard owns, now that this one is gone.
@@ -1597,7 +1627,13 @@ impl HeldLock for RedisHeld {
                         GIVE_BACK_WATCH,
                     );
                 }
-                Ok(())
+                if found {
+                    Ok(())
+                } else {
+                    Err(Error::NotOwner {
+                        name: self.name.as_str().to_owned(),
+                    })
+                }
             }
             Err(e) => {
                 self.released.store(false, Ordering::SeqCst);

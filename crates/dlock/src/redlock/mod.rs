@@ -190,6 +190,7 @@ impl std::fmt::Debug for RedlockBackend {
 fn caps(fencing: Fencing) -> Capabilities {
     let mut caps = Capabilities::new(fencing);
     caps.cross_process = true;
+    caps.release_reports_loss = true;
     caps
 }
 
@@ -456,8 +457,14 @@ impl Inner {
 
     /// Release on `targets` what the grant with `nonce` holds there (never another
     /// grant of the same owner), waiting for each (bounded). Returns how many nodes
-    /// answered.
-    async fn release_on(&self, targets: &[usize], keys: &Keys, owner: &str, nonce: &str) -> usize {
+    /// answered, and how many of them still held this grant.
+    async fn release_on(
+        &self,
+        targets: &[usize],
+        keys: &Keys,
+        owner: &str,
+        nonce: &str,
+    ) -> (usize, usize) {
         let mut inv = RELEASE.prepare_invoke();
         inv.key(&keys.lock)
             .key(&keys.meta)
@@ -465,11 +472,12 @@ impl Inner {
             .arg(owner)
             .arg(nonce);
         let timeout = self.call_timeout();
-        self.fan_out::<i64>(targets, timeout, Job::Script(inv), |_| true, usize::MAX)
-            .await
-            .iter()
-            .filter(|a| matches!(a, Some(Ok(_))))
-            .count()
+        let answers = self
+            .fan_out::<i64>(targets, timeout, Job::Script(inv), |_| true, usize::MAX)
+            .await;
+        let answered = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
+        let held = answers.iter().filter(|a| matches!(a, Some(Ok(1)))).count();
+        (answered, held)
     }
 
     async fn round(self: &Arc<Self>, req: &AcquireRequest, keys: &Keys) -> Result<Round> {
@@ -892,10 +900,17 @@ impl HeldLock for RedlockHeld {
             return Ok(());
         }
         let inner = &self.inner;
-        let answered = inner
+        let (answered, held) = inner
             .release_on(&inner.all(), &self.keys, &self.owner, &self.nonce)
             .await;
-        if answered >= inner.quorum {
+        let n = inner.nodes.len();
+        if held + (n - answered) < inner.quorum {
+            // Each node's release is sent once: a majority answered that this grant
+            // was not there (broken, or expired and perhaps taken).
+            Err(Error::NotOwner {
+                name: self.name.as_str().to_owned(),
+            })
+        } else if answered >= inner.quorum {
             // Nodes that did not answer let the key expire with its lease.
             Ok(())
         } else {

@@ -37,6 +37,19 @@ pub(crate) enum LeaseAnswer {
     Busy,
 }
 
+/// What a lease-mode release found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseReleased {
+    /// The hold was dropped and the lock is free now, or may be (MySQL does not say
+    /// whether other holds of its owner remain).
+    Free,
+    /// The hold was dropped; other holds of its owner remain.
+    StillHeld,
+    /// This grant held nothing any more: broken, or its lease ended and the lock was
+    /// taken. Nothing changed.
+    NotHeld,
+}
+
 /// What the locking read of a name's row (row mode) found.
 #[derive(Debug)]
 pub(crate) enum RowLock {
@@ -117,8 +130,8 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// (`false`: it is not the one held); wakes waiters in other processes where the
     /// server can.
     async fn lease_break(&self, key: &[u8; 32], fence: u64) -> Result<bool>;
-    /// Lease mode: give one hold back; `true` when the lock is free now.
-    async fn lease_release(&self, hold: &Hold) -> Result<bool>;
+    /// Lease mode: give one hold back, by one statement sent once.
+    async fn lease_release(&self, hold: &Hold) -> Result<LeaseReleased>;
 
     /// A new connection for a session mode, set up for it.
     async fn connect_session(&self) -> Result<Self::Conn>;

@@ -8,7 +8,7 @@ use super::session::SessionConn as _;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
+use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, LeaseReleased, RowLock};
 use super::renewer::LeaseRenewer;
 use super::session::{IdleConns, Pinned, Session};
 use super::{
@@ -476,16 +476,23 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
         // most often) is counted instead, so that no waiter here marks it in between
         // ([`LocalHold::hand_on`]).
         // A release that failed may have freed the row too: a waiter looks.
+        // A release that found the hold gone changed nothing, but the key may be free
+        // (broken): a waiter looks too.
         let counted = self.take_counted();
         match (&released, counted) {
-            (Ok(true), Some(counted)) => counted.hand_on(&self.hub),
-            (Ok(false), counted) => drop(counted),
+            (Ok(LeaseReleased::Free), Some(counted)) => counted.hand_on(&self.hub),
+            (Ok(LeaseReleased::StillHeld), counted) => drop(counted),
             (_, counted) => {
                 drop(counted);
                 self.hub.wake(&self.hold.key);
             }
         }
-        released.map(drop)
+        match released? {
+            LeaseReleased::Free | LeaseReleased::StillHeld => Ok(()),
+            LeaseReleased::NotHeld => Err(Error::NotOwner {
+                name: String::new(),
+            }),
+        }
     }
 
     fn keeps_lock_delay(&self) -> bool {

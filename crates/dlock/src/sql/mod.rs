@@ -453,6 +453,7 @@ pub(crate) fn capabilities(
         caps.connection_loss_notice = Some(heartbeat);
     } else {
         caps.reentrant = true;
+        caps.release_reports_loss = true;
     }
     caps
 }

@@ -217,6 +217,8 @@ enum Done {
     Acquired(Outcome),
     /// Whether a break found the hold it was asked to free.
     Broke(bool),
+    /// Whether a lock's release found its hold (not broken, nor expired and taken).
+    Released(bool),
 }
 
 impl Op<'_> {
@@ -263,11 +265,7 @@ impl Op<'_> {
             } => {
                 Done::Acquired(statements::acquire(conn, req, now, metadata, *delay, level).await?)
             }
-            Op::Release { hold } => {
-                // Nothing to drop (already released, or lost) is fine too.
-                statements::release(conn, hold).await?;
-                Done::Nothing
-            }
+            Op::Release { hold } => Done::Released(statements::release(conn, hold).await?),
             Op::LeaveQueue { name, entry } => {
                 statements::leave_queue(conn, name, entry).await?;
                 Done::Nothing
@@ -630,12 +628,15 @@ impl Inner {
     }
 
     /// Run a release once (a failed one may be tried again) and wake this process's
-    /// waiters of `name`.
+    /// waiters of `name`; [`Error::NotOwner`] when it found the hold gone.
     async fn release_once(&self, released: &AtomicBool, op: Op<'_>, name: &LockName) -> Result<()> {
         if released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
         match self.run(op).await {
+            Ok(Done::Released(false)) => Err(Error::NotOwner {
+                name: name.as_str().to_owned(),
+            }),
             Ok(_) => {
                 self.released(name);
                 Ok(())
@@ -1010,6 +1011,7 @@ fn caps(durable: bool, cross_process: bool) -> Capabilities {
         queued_waiting: false,
         session_timeout: None,
         connection_loss_notice: None,
+        release_reports_loss: true,
         primitives: Primitives::ALL,
     }
 }
@@ -1188,9 +1190,12 @@ mod tests {
                 fence: i64::try_from(h.fencing_token()).expect("fence"),
             };
             let mut conn = b.inner.writer.acquire().await.expect("writer");
-            statements::release(&mut conn, &hold)
-                .await
-                .expect("release");
+            assert!(
+                !statements::release(&mut conn, &hold)
+                    .await
+                    .expect("release"),
+                "{url}: a release of another owner's hold said it dropped one"
+            );
             drop(conn);
             assert!(
                 matches!(

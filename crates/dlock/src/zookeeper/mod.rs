@@ -1108,10 +1108,16 @@ impl HeldLock for ZkHeld {
         }
         if delete_node(&self.session, &self.node).await? {
             Ok(())
-        } else {
-            // Our ephemeral node was gone: the session expired without this process
-            // seeing it yet.
+        } else if self.session.lost.is_cancelled() {
+            // Our ephemeral node was gone with the session.
             Err(lost())
+        } else {
+            // Our ephemeral node was gone while the session answered: an operator
+            // broke the lock (`break_lock` deletes the node). (The delete is sent once:
+            // its "no node" is not its own doing.)
+            Err(Error::NotOwner {
+                name: self.dir.clone(),
+            })
         }
     }
 

@@ -88,7 +88,7 @@ use futures_util::TryStreamExt as _;
 use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlSslMode};
 use sqlx::{Arguments as _, AssertSqlSafe, Connection, Executor, Row};
 
-use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
+use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, LeaseReleased, RowLock};
 use super::engine::SqlBackend;
 use super::own_conns::{OwnConn, OwnConns};
 use super::shared::{SharedKey, SharedRemove, SharedRow, fill_in};
@@ -617,20 +617,29 @@ impl Dialect for Mysql {
         Ok(done.rows_affected() > 0)
     }
 
-    async fn lease_release(&self, hold: &Hold) -> Result<bool> {
+    async fn lease_release(&self, hold: &Hold) -> Result<LeaseReleased> {
         let lens = [hold.key.len(), hold.owner.as_str().len(), 8];
-        self.own_execute(|| {
-            sqlx::query_with(
-                AssertSqlSafe(&*self.sql.release),
-                reserved::<MySqlArguments>(&lens),
-            )
-            .bind(&hold.key[..])
-            .bind(hold.owner.as_str().as_bytes())
-            .bind(hold.fence)
+        // Sent again only after a deadlock or a lock wait timeout, which roll the
+        // statement back: its answer is the one send's.
+        let done = self
+            .own_execute(|| {
+                sqlx::query_with(
+                    AssertSqlSafe(&*self.sql.release),
+                    reserved::<MySqlArguments>(&lens),
+                )
+                .bind(&hold.key[..])
+                .bind(hold.owner.as_str().as_bytes())
+                .bind(hold.fence)
+            })
+            .await?;
+        // No notifications between processes, nor a count of the holds left: this
+        // process's waiters are woken either way. (The matched row always changes:
+        // `holds` goes down.)
+        Ok(if done.rows_affected() > 0 {
+            LeaseReleased::Free
+        } else {
+            LeaseReleased::NotHeld
         })
-        .await?;
-        // No notifications between processes: wake this process's waiters either way.
-        Ok(true)
     }
 
     async fn connect_session(&self) -> Result<MySqlConnection> {

@@ -122,7 +122,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgListener, PgPool, PgSslMode};
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 
-use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, RowLock};
+use super::dialect::{Dialect, Hold, HolderRow, LeaseAnswer, LeaseReleased, RowLock};
 use super::engine::SqlBackend;
 use super::own_conns::{OwnConn, OwnConns};
 use super::shared::{SharedKey, SharedRemove, SharedRow, fill_in};
@@ -572,7 +572,7 @@ impl Dialect for Postgres {
         Ok(broke > 0)
     }
 
-    async fn lease_release(&self, hold: &Hold) -> Result<bool> {
+    async fn lease_release(&self, hold: &Hold) -> Result<LeaseReleased> {
         let mut c = self.own_conn().await?;
         let args = reserved::<PgArguments>(&[
             hold.key.len(),
@@ -594,7 +594,11 @@ impl Dialect for Postgres {
         )
         .await?;
         self.own.put(c);
-        Ok(holds == Some(0))
+        Ok(match holds {
+            Some(0) => LeaseReleased::Free,
+            Some(_) => LeaseReleased::StillHeld,
+            None => LeaseReleased::NotHeld,
+        })
     }
 
     async fn connect_session(&self) -> Result<PgSession> {
