@@ -154,16 +154,17 @@ pub struct Capabilities {
     #[serde(serialize_with = "ser_opt_ms", rename = "connection_loss_notice_ms")]
     pub connection_loss_notice: Option<Duration>,
     /// A lock's release that finds its hold gone on the server — broken by an
-    /// operator ([`crate::Locker::break_lock`]), or its lease ended and the lock taken
-    /// without the holder seeing it — fails with [`crate::Error::LockLost`] (reason
-    /// [`crate::LossReason::NotOwner`]) rather than succeeding: the work done under
-    /// the guard may not have been exclusive. It is told only when the server's "not
-    /// held" answered the one send of that release. Off where the client library may
-    /// send a command again by itself (Redis Sentinel and Cluster), so that "not held"
-    /// could be the first send's own doing, and in the SQL session modes, where a lock
-    /// cannot be broken and ends only with its connection (reported by the heartbeat).
-    /// Not for permits (semaphores, read-write locks): their release reports `Ok`
-    /// when the permit is gone, as it always did.
+    /// operator ([`crate::Locker::break_lock`]), or its lease ended (and the lock was
+    /// perhaps taken) without the holder seeing it — fails with
+    /// [`crate::Error::LockLost`] (reason [`crate::LossReason::NotOwner`]) rather than
+    /// succeeding: the work done under the guard may not have been exclusive. It is
+    /// told only when the server's "not held" answered the one send of that release.
+    /// Off where a command may be sent again without dlock asking (Redis Cluster's
+    /// client library, and dlock's Sentinel connection after a failover), so that
+    /// "not held" could be the first send's own doing, and in the SQL session modes,
+    /// where a lock cannot be broken and ends only with its connection (reported by
+    /// the heartbeat). Permits (semaphores, read-write locks) report it on etcd and
+    /// ZooKeeper only; elsewhere a permit's release finds nothing and reports `Ok`.
     pub release_reports_loss: bool,
     /// The primitives beside the lock this backend offers.
     pub primitives: Primitives,
@@ -543,8 +544,9 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     /// renewal or the release act on another answer than its own.
     async fn renew(&self, ttl: Duration) -> Result<()>;
 
-    /// Give up this hold (owner-checked on the server). Idempotent: a second call
-    /// succeeds without touching anyone else's lock.
+    /// Give up this hold (owner-checked on the server). A second call succeeds without
+    /// touching anyone else's lock (or, after a failed first, tries again where that
+    /// cannot drop another hold).
     ///
     /// # Errors
     /// [`crate::Error::NotOwner`] when the server answered that this hold was not there

@@ -248,7 +248,9 @@ impl Leadership {
     /// Step down: the next candidate becomes leader at once.
     ///
     /// # Errors
-    /// Backend errors (the lease ends the leadership anyway).
+    /// [`crate::Error::LockLost`] when the leadership had been lost, or was found gone
+    /// (see [`crate::LockGuard::release`]); backend errors (the lease ends the
+    /// leadership anyway).
     ///
     /// # Cancel safety
     /// Cancel safe: an unfinished resignation finishes in the background.

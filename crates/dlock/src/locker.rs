@@ -528,7 +528,10 @@ impl Locker {
     /// ```
     ///
     /// # Errors
-    /// Acquisition errors, [`Error::LockLost`], release errors.
+    /// Acquisition errors, [`Error::LockLost`], release errors. A lock lost while `f`
+    /// ran cancels it; one found lost by the release after `f` finished (broken: see
+    /// [`LockGuard::release`]) drops `f`'s value and reports the loss, so `f` records
+    /// itself whatever must be undone if it ran without the lock.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future drops `f`'s future and releases the lock.

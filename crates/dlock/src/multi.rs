@@ -124,7 +124,8 @@ impl MultiGuard {
     /// back in about the time of its slowest release, not the sum of them all.
     ///
     /// # Errors
-    /// As [`LockGuard::release`], for the first lock whose release failed.
+    /// As [`LockGuard::release`]: a lock found lost if any, else the first lock whose
+    /// release failed.
     ///
     /// # Cancel safety
     /// Cancel safe: each release under way finishes in a task of its own; dropped
@@ -146,11 +147,20 @@ impl MultiGuard {
             }
         })
         .await;
-        results
+        // A lock found lost says more than another lock's failed release (which its
+        // lease undoes): it is the error told, when there is one.
+        let mut failed: Vec<Result<()>> = results
             .into_iter()
             .flatten()
-            .find(Result::is_err)
-            .unwrap_or(Ok(()))
+            .filter(Result::is_err)
+            .collect();
+        let lost = failed
+            .iter()
+            .position(|r| matches!(r, Err(Error::LockLost { .. })));
+        match lost {
+            Some(i) => failed.swap_remove(i),
+            None => failed.into_iter().next().unwrap_or(Ok(())),
+        }
     }
 
     /// The guards themselves, to release or keep each one on its own.

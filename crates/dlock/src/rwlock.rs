@@ -272,7 +272,9 @@ impl RwLock {
             }
             Err(error) => return refuse(error, write),
         };
-        if let Err(e) = write.release().await {
+        if let Err(e) = write.release().await
+            && !matches!(e, Error::LockLost { .. })
+        {
             tracing::warn!(lock = %self.name, error = %e, "downgrade: the write's release failed; it ends with its lease");
         }
         Ok(read)

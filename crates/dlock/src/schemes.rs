@@ -65,6 +65,7 @@ fn rows() -> Vec<Row> {
     let memory: Option<CapsFn> = Some(crate::memory::MemoryBackend::capabilities_with);
     let sqlite = caps_of!("sqlite", crate::sqlite::SqliteBackend::capabilities_with);
     let redis = caps_of!("redis", crate::redis::RedisBackend::capabilities_with);
+    let redis_resending = caps_of!("redis", crate::redis::RedisBackend::capabilities_resending);
     let redlock = caps_of!("redis", crate::redlock::RedlockBackend::capabilities_with);
     let etcd = caps_of!("etcd", crate::etcd::EtcdBackend::capabilities_with);
     let zk = caps_of!("zookeeper", crate::zookeeper::ZkBackend::capabilities_with);
@@ -104,14 +105,14 @@ fn rows() -> Vec<Row> {
             Some("redis"),
             false,
             "Redis Cluster; Redisson-compatible layout by default",
-            redis,
+            redis_resending,
         ),
         (
             "redis+sentinel",
             Some("redis"),
             false,
             "the master a set of Redis Sentinels names; re-resolved on failover",
-            redis,
+            redis_resending,
         ),
         (
             "redlock",

@@ -456,8 +456,9 @@ impl RedisBackend {
 }
 
 /// What a Redis backend guarantees in `layout`, with tokens of quality `fencing`, on a
-/// single server (`single`: where the client library never sends a command twice by
-/// itself) or not.
+/// single server (`single`: where no command is sent twice without dlock asking; on
+/// Cluster the client library, and on Sentinel dlock's connection, send one again
+/// after a lost connection or a failover) or not.
 fn caps(layout: Layout, fencing: Fencing, single: bool) -> Capabilities {
     Capabilities {
         fencing,
@@ -480,6 +481,12 @@ impl RedisBackend {
     /// before answering (`durable`), or not.
     pub(crate) fn capabilities_with(durable: bool) -> Capabilities {
         caps(Layout::Redisson, durable_if(durable), true)
+    }
+
+    /// [`RedisBackend::capabilities_with`] where a command may be sent more than once
+    /// without dlock asking (Cluster, Sentinel).
+    pub(crate) fn capabilities_resending(durable: bool) -> Capabilities {
+        caps(Layout::Redisson, durable_if(durable), false)
     }
 }
 
@@ -1347,7 +1354,10 @@ impl Drop for RedisWaiter {
         match leftover {
             handoff::Leftover::Grant(held) => {
                 rt.spawn(async move {
-                    if let Err(e) = held.release().await {
+                    // (Found gone: broken meanwhile, nothing to give back.)
+                    if let Err(e) = held.release().await
+                        && !matches!(e, Error::NotOwner { .. })
+                    {
                         tracing::warn!(lock = %keys.lock, error = %e, "could not give back a lock handed to a waiter that left; it expires with its lease");
                     }
                 });
@@ -1467,8 +1477,11 @@ impl RedisHeld {
                     // back, if not now then in the background (still marked as the
                     // hand-off's, it is the one `redisson_abandon.lua` gives back).
                     // This hold was handed over either way: not an error of its release.
+                    // (Found gone: broken meanwhile, nothing to give back.)
                     Err(grant) => {
-                        if let Err(e) = grant.release().await {
+                        if let Err(e) = grant.release().await
+                            && !matches!(e, Error::NotOwner { .. })
+                        {
                             tracing::warn!(lock = %self.name, error = %e, "a hand-off's waiter left and its hold could not be given back yet; trying in the background");
                             self.inner.abandon_later(
                                 self.keys.clone(),

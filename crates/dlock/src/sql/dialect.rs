@@ -44,6 +44,10 @@ pub(crate) enum LeaseReleased {
     /// whether other holds of its owner remain).
     Free,
     /// The hold was dropped; other holds of its owner remain.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        expect(dead_code, reason = "only PostgreSQL tells the holds left")
+    )]
     StillHeld,
     /// This grant held nothing any more: broken, or its lease ended and the lock was
     /// taken. Nothing changed.

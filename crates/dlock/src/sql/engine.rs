@@ -165,6 +165,7 @@ impl<D: Dialect> SqlBackend<D> {
                 hold: Arc::new(self.hold(req, key, fence)),
                 lock_delay: !self.opts.lock_delay.is_zero(),
                 local: std::sync::Mutex::new(D::NATIVE_WAIT.then(|| self.local.enter(key))),
+                released: std::sync::atomic::AtomicBool::new(false),
             }))),
             LeaseAnswer::Busy
                 if req.attempt > 0 && !self.local.here_besides(&key, counted.is_some()) =>
@@ -442,6 +443,9 @@ struct LeaseHeld<D> {
     /// Counted among the backend's local holds until it is released or dropped
     /// ([`LocalMark`]).
     local: std::sync::Mutex<Option<LocalHold>>,
+    /// Set by the first release, never reset: the row counts the holds of an owner, so
+    /// a release sent again after an unanswered one could drop another task's hold.
+    released: std::sync::atomic::AtomicBool,
 }
 
 impl<D> std::fmt::Debug for LeaseHeld<D> {
@@ -469,6 +473,12 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
     }
 
     async fn release(&self) -> Result<()> {
+        if self
+            .released
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
         let released = self.dialect.lease_release(&self.hold).await;
         // Uncounted before the wake-up: the task woken must not find the key still
         // held here and wait unmarked behind a holder that has gone. The key then

@@ -634,9 +634,13 @@ impl Inner {
             return Ok(());
         }
         match self.run(op).await {
-            Ok(Done::Released(false)) => Err(Error::NotOwner {
-                name: name.as_str().to_owned(),
-            }),
+            Ok(Done::Released(false)) => {
+                // Broken perhaps: free then, and a waiter here looks.
+                self.released(name);
+                Err(Error::NotOwner {
+                    name: name.as_str().to_owned(),
+                })
+            }
             Ok(_) => {
                 self.released(name);
                 Ok(())
