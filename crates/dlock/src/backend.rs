@@ -154,8 +154,9 @@ pub struct Capabilities {
     #[serde(serialize_with = "ser_opt_ms", rename = "connection_loss_notice_ms")]
     pub connection_loss_notice: Option<Duration>,
     /// A lock's release that finds its hold gone on the server — broken by an
-    /// operator ([`crate::Locker::break_lock`]), or its lease ended (and the lock was
-    /// perhaps taken) without the holder seeing it — fails with
+    /// operator ([`crate::Locker::break_lock`]), or its lease ended without the holder
+    /// seeing it and the lock was taken (or, where the server drops a lock whose lease
+    /// ended — Redis, Redlock, etcd, ZooKeeper — just its lease ended) — fails with
     /// [`crate::Error::LockLost`] (reason [`crate::LossReason::NotOwner`]) rather than
     /// succeeding: the work done under the guard may not have been exclusive. It is
     /// told only when the server's "not held" answered the one send of that release.
@@ -545,8 +546,9 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     async fn renew(&self, ttl: Duration) -> Result<()>;
 
     /// Give up this hold (owner-checked on the server). A second call succeeds without
-    /// touching anyone else's lock (or, after a failed first, tries again where that
-    /// cannot drop another hold).
+    /// touching anyone else's lock: after a failed first it tries again where that
+    /// cannot drop another hold, and otherwise (SQL lease holds, whose row counts an
+    /// owner's holds) returns `Ok` without sending anything.
     ///
     /// # Errors
     /// [`crate::Error::NotOwner`] when the server answered that this hold was not there

@@ -189,8 +189,8 @@ impl LockGuard {
     /// [`Error::LockLost`] when the lock had already been lost (what may be left of it
     /// on the server is still given back, unless the backend keeps a lock-delay), or
     /// when the release found it gone on the server (reason
-    /// [`crate::LossReason::NotOwner`]: broken, or its lease ended and it was perhaps
-    /// taken; on backends with [`crate::Capabilities::release_reports_loss`]): the
+    /// [`crate::LossReason::NotOwner`]: broken, or its lease ended and it was taken or
+    /// dropped; on backends with [`crate::Capabilities::release_reports_loss`]): the
     /// work done under this guard may not have been exclusive; connection errors (the
     /// lease then frees the lock when it runs out).
     ///

@@ -118,9 +118,9 @@ impl MultiGuard {
         })
     }
 
-    /// Release every lock, all at once, and report the first error in the order the
-    /// locks were taken, the last first (every lock is given back whatever happens to
-    /// the others). The releases run together in the caller's task, so a set goes
+    /// Release every lock, all at once, and report a lock found lost if any, else the
+    /// first error in the order the locks were taken, the last first (every lock is
+    /// given back whatever happens to the others). The releases run together in the caller's task, so a set goes
     /// back in about the time of its slowest release, not the sum of them all.
     ///
     /// # Errors

@@ -201,7 +201,10 @@ impl RwLock {
     ///
     /// If the write's release fails once the read is held (the connection broke),
     /// the read is returned all the same; the write then ends when its lease does (it
-    /// is no longer renewed), and other owners wait until then.
+    /// is no longer renewed), and other owners wait until then. If that release finds
+    /// the write gone (broken, where [`crate::Capabilities::release_reports_loss`]:
+    /// another owner may have written before the read was taken), the read is
+    /// returned too, and the loss is only logged.
     ///
     /// # Errors
     /// [`NotDowngraded`], with the write handed back: [`crate::Error::InvalidOption`]
@@ -272,10 +275,14 @@ impl RwLock {
             }
             Err(error) => return refuse(error, write),
         };
-        if let Err(e) = write.release().await
-            && !matches!(e, Error::LockLost { .. })
-        {
-            tracing::warn!(lock = %self.name, error = %e, "downgrade: the write's release failed; it ends with its lease");
+        match write.release().await {
+            Ok(()) => {}
+            Err(e @ Error::LockLost { .. }) => {
+                tracing::warn!(lock = %self.name, error = %e, "downgrade: the write was found lost at its release: a writer of another owner may have got in before the read was taken");
+            }
+            Err(e) => {
+                tracing::warn!(lock = %self.name, error = %e, "downgrade: the write's release failed; it ends with its lease");
+            }
         }
         Ok(read)
     }

@@ -636,15 +636,24 @@ pub(super) async fn release(conn: &mut SqliteConnection, hold: &Hold<'_>) -> sql
     // PRAGMA's before it (as `execute` does), it would count the connection's previous
     // write too. (A RETURNING row would tell as much, at ~1,000 more instructions per
     // release for the row.)
-    let changed = conn
+    let (results, changed) = conn
         .execute_many(
             sqlx::query(RELEASE)
                 .bind(hold.name)
                 .bind(hold.owner)
                 .bind(hold.fence),
         )
-        .try_fold(0, |_, done| std::future::ready(Ok(done.rows_affected())))
+        .try_fold((0, 0), |(n, _), done| {
+            std::future::ready(Ok((n + 1, done.rows_affected())))
+        })
         .await?;
+    // One result per statement: fewer means the run was cut short (the last count
+    // would be the PRAGMA's, the previous write's).
+    if results != 2 {
+        return Err(sqlx::Error::Protocol(format!(
+            "the release ran {results} of its 2 statements"
+        )));
+    }
     Ok(changed > 0)
 }
 
