@@ -829,7 +829,7 @@ impl Hold {
             .saturating_add(nanos_of(ttl.saturating_sub(drift.max(drift_margin(ttl)))))
             .min(keep.hold_until);
         self.keepers.meters.renewed(outcome.is_ok());
-        match outcome {
+        match outcome.map_err(lost_by) {
             Ok(()) => {
                 self.set_deadline(keep, asked);
                 keep.capped_by_hold = capped;
@@ -838,23 +838,19 @@ impl Hold {
                 });
                 Ok(())
             }
-            Err(e @ (Error::NotOwner { .. } | Error::LockLost { .. })) => {
+            Err(Ok(reason)) => {
                 // The owner-checked release still runs: a backend that disowned the
                 // hold locally (a ZooKeeper session given up while the server may
                 // keep it) deletes what may be left of it, as after any other loss.
                 // A backend that knows why (a session that did not prove itself
                 // alive) says so.
-                let reason = match e {
-                    Error::LockLost { reason, .. } => reason,
-                    _ => LossReason::NotOwner,
-                };
                 if self.mark_lost(reason) {
                     Self::release_after_loss(keep).await;
                 }
                 keep.next_renew = NEVER;
                 Err(self.lost_error())
             }
-            Err(e) => {
+            Err(Err(e)) => {
                 // The renewal may have been applied with its answer lost. If it asked for
                 // less than the lease had left, the lease may now end sooner: trust the
                 // shorter of the two.
@@ -976,19 +972,16 @@ impl Hold {
                 Err(e)
             }
             Ok(()) => match keep.held.as_ref() {
-                Some(held) => match held.release().await {
+                Some(held) => match held.release().await.map_err(lost_by) {
+                    Ok(()) => Ok(()),
                     // The server said this hold was gone (broken, or its lease ended
                     // and the lock was taken) while it looked held here: lost, and
                     // told so, as a renewal would have.
-                    Err(Error::NotOwner { .. }) => {
-                        self.mark_lost(LossReason::NotOwner);
-                        Err(self.lost_error())
-                    }
-                    Err(Error::LockLost { reason, .. }) => {
+                    Err(Ok(reason)) => {
                         self.mark_lost(reason);
                         Err(self.lost_error())
                     }
-                    done => done,
+                    Err(Err(e)) => Err(e),
                 },
                 None => Err(self.lost_error()),
             },
@@ -999,6 +992,17 @@ impl Hold {
             end.cancel();
         }
         result
+    }
+}
+
+/// Why a hold was lost, if a renewal's or a release's error says it was (the server
+/// no longer lists it: `NotOwner`; or the backend knows why: `LockLost`); else the
+/// error itself.
+fn lost_by(e: Error) -> std::result::Result<LossReason, Error> {
+    match e {
+        Error::NotOwner { .. } => Ok(LossReason::NotOwner),
+        Error::LockLost { reason, .. } => Ok(reason),
+        e => Err(e),
     }
 }
 

@@ -120,8 +120,9 @@ impl MultiGuard {
 
     /// Release every lock, all at once, and report a lock found lost if any, else the
     /// first error in the order the locks were taken, the last first (every lock is
-    /// given back whatever happens to the others). The releases run together in the caller's task, so a set goes
-    /// back in about the time of its slowest release, not the sum of them all.
+    /// given back whatever happens to the others). The releases run together in the
+    /// caller's task, so a set goes back in about the time of its slowest release, not
+    /// the sum of them all.
     ///
     /// # Errors
     /// As [`LockGuard::release`]: a lock found lost if any, else the first lock whose
@@ -149,18 +150,19 @@ impl MultiGuard {
         .await;
         // A lock found lost says more than another lock's failed release (which its
         // lease undoes): it is the error told, when there is one.
-        let mut failed: Vec<Result<()>> = results
+        let lost = |r: &Result<()>| matches!(r, Err(Error::LockLost { .. }));
+        results
             .into_iter()
             .flatten()
             .filter(Result::is_err)
-            .collect();
-        let lost = failed
-            .iter()
-            .position(|r| matches!(r, Err(Error::LockLost { .. })));
-        match lost {
-            Some(i) => failed.swap_remove(i),
-            None => failed.into_iter().next().unwrap_or(Ok(())),
-        }
+            .reduce(|told, next| {
+                if !lost(&told) && lost(&next) {
+                    next
+                } else {
+                    told
+                }
+            })
+            .unwrap_or(Ok(()))
     }
 
     /// The guards themselves, to release or keep each one on its own.

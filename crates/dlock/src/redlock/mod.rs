@@ -903,10 +903,13 @@ impl HeldLock for RedlockHeld {
         let (answered, held) = inner
             .release_on(&inner.all(), &self.keys, &self.owner, &self.nonce)
             .await;
-        let n = inner.nodes.len();
-        if held + (n - answered) < inner.quorum {
-            // Each node's release is sent once: a majority answered that this grant
-            // was not there (broken, or expired and perhaps taken).
+        let refused = answered - held;
+        let verdict = renewer::Verdict::of(held, refused, 0, inner.nodes.len(), inner.quorum);
+        if verdict == renewer::Verdict::Refused {
+            // So many nodes answered that this grant was not there (broken, or
+            // expired and perhaps taken) that no quorum can hold it, as a renewal
+            // tells it: each node's release is sent once, and a node that failed to
+            // answer may still hold it.
             Err(Error::NotOwner {
                 name: self.name.as_str().to_owned(),
             })
