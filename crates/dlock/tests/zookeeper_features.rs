@@ -523,3 +523,88 @@ fn a_holder_stalled_past_its_session_counts_as_lost_at_once() {
         Duration::from_millis(2600),
     );
 }
+
+/// Protected creation on a server that may lag (a follower): a create whose reply was
+/// lost, looked for by its uuid and sent again on an empty answer, leaves two nodes
+/// with the uuid (a twin) when the first send did land. The twin, in the session
+/// dlock keeps, would queue every other contender until the process ends. A single
+/// server never lags, so the twin is made by hand: while the reply of the attempt's
+/// create is held back, a second client adds a node with the same uuid; then the
+/// connection resets (the create's outcome unknown). The attempt finds its node by the
+/// uuid, and the twin must be gone within seconds — and, after the release, another
+/// client gets the lock at once.
+#[tokio::test]
+async fn a_twin_of_a_protected_create_is_deleted() {
+    use zookeeper_client as zk;
+    let _alone = ALONE.read().await;
+    let Some((zk_server, proxy, cut, other)) = cut_off_and_direct("25s").await else {
+        return;
+    };
+    let raw = zk::Client::connect(&zk_server.addr().to_string())
+        .await
+        .expect("raw client");
+    let dir = "/locks/twin";
+    // The session is up before the fault (its handshake must get through).
+    cut.lock("twin")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    // The create reaches the server, its reply does not reach dlock.
+    proxy.set(Fault::DropReplies);
+    let taking = tokio::spawn(async move {
+        let g = cut.lock_timeout("twin", Duration::from_secs(20)).await;
+        (cut, g)
+    });
+    let end = Instant::now() + Duration::from_secs(10);
+    let created = loop {
+        let children = raw.list_children(dir).await.unwrap_or_default();
+        if let Some(c) = children.into_iter().find(|c| c.starts_with("_c_")) {
+            break c;
+        }
+        assert!(
+            Instant::now() < end,
+            "dlock's create never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let stem = &created[..created.len() - 10];
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let (_, twin_seq) = raw
+        .create(&format!("{dir}/{stem}"), b"", &options)
+        .await
+        .expect("twin");
+    let twin = format!("{stem}{twin_seq}");
+    // The create's outcome is now unknown to dlock: it looks for its uuid.
+    proxy.set(Fault::None);
+    proxy.reset_all();
+    let (cut, g) = tokio::time::timeout(Duration::from_secs(25), taking)
+        .await
+        .expect("the attempt never finished")
+        .expect("task");
+    let g = g.expect("lock after the reset");
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let children = raw.list_children(dir).await.expect("list");
+        if !children.contains(&twin) {
+            assert!(
+                children.contains(&created),
+                "the node dlock holds the lock with was deleted: {children:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the twin {twin} is still there: {children:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    g.release().await.expect("release");
+    let freed = other
+        .lock_timeout("twin", T)
+        .await
+        .expect("free once the holder released");
+    freed.release().await.expect("release");
+    drop(cut);
+}

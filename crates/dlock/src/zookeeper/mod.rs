@@ -21,7 +21,9 @@
 //!   was only waiting (it may have given up with a holder still below it) is followed
 //!   by a fresh listing, as before.
 //! - Protected creation: when the connection drops during a create, the contender looks
-//!   for its node by its uuid instead of leaving an orphan.
+//!   for its node by its uuid instead of leaving an orphan, after a `sync` (a follower
+//!   may not have applied the create yet). A node the look still missed, left beside
+//!   the one created again (a twin), is deleted in the background.
 //! - Lock nodes (and the root) are created as containers, which ZooKeeper deletes once
 //!   their last child is gone: no empty lock nodes pile up.
 //!
@@ -174,15 +176,24 @@ async fn delete_node(session: &Arc<Session>, node: &str) -> Result<bool> {
 }
 
 /// Delete the children of `dir` whose names start with `mine` (a contender's
-/// `_c_<uuid>-lock-`); true once the server has answered for all of them.
-async fn delete_by_prefix(session: &Session, dir: &str, mine: &str) -> bool {
+/// `_c_<uuid>-lock-`), but `keep`; true once the server has answered for all of them.
+/// The listing follows a `sync`, so it shows every create the ensemble has applied,
+/// even when the server this session talks to is a follower that lags behind.
+async fn delete_by_prefix(session: &Session, dir: &str, mine: &str, keep: Option<&str>) -> bool {
+    match session.client.sync(dir).await {
+        Ok(()) | Err(zk::Error::NoNode) => {}
+        Err(_) => return false,
+    }
     let children = match session.client.list_children(dir).await {
         Ok(c) => c,
         Err(zk::Error::NoNode) => return true,
         Err(_) => return false,
     };
     let mut done = true;
-    for child in children.iter().filter(|c| c.starts_with(mine)) {
+    for child in children
+        .iter()
+        .filter(|c| c.starts_with(mine) && Some(c.as_str()) != keep)
+    {
         let node = format!("{dir}/{child}");
         if !matches!(
             session.client.delete(&node, None).await,
@@ -601,7 +612,9 @@ impl Inner {
     /// cannot finish, the node may exist in this (live) session with no one knowing
     /// it: every other contender would queue behind it for as long as the process
     /// lives. A background task deletes whatever carries the uuid once the server
-    /// answers again.
+    /// answers again. When the search found nothing and the create was sent again, a
+    /// first send the search missed may still have made a node (a twin, with the
+    /// uuid): the same task deletes every node with the uuid but the one returned.
     async fn create(
         &self,
         session: &Arc<Session>,
@@ -614,15 +627,21 @@ impl Inner {
         let created = self
             .create_protected(session, dir, &prefix, data, &mut maybe_created)
             .await;
-        if created.is_err() && maybe_created {
+        if maybe_created {
             let (session, dir) = (Arc::clone(session), dir.to_owned());
             let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
+            let keep = created
+                .as_ref()
+                .ok()
+                .and_then(|c| c.node.rsplit('/').next())
+                .map(str::to_owned);
             crate::finish::release_later(
                 session.lost.clone(),
                 crate::finish::SESSION_RELEASE_RETRIES,
                 move || {
-                    let (session, dir, mine) = (Arc::clone(&session), dir.clone(), mine.clone());
-                    async move { delete_by_prefix(&session, &dir, &mine).await }
+                    let (session, dir) = (Arc::clone(&session), dir.clone());
+                    let (mine, keep) = (mine.clone(), keep.clone());
+                    async move { delete_by_prefix(&session, &dir, &mine, keep.as_deref()).await }
                 },
             );
         }
@@ -669,8 +688,17 @@ impl Inner {
                     // for our uuid; create again only once the list says it did not.
                     let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
                     let mut listed = None;
+                    // After a `sync`: the server may be a follower that has not yet
+                    // applied a create the ensemble did apply, and a create sent again
+                    // on its empty answer would leave a twin (see `create`).
                     for wait in [0u64, 50, 100, 200, 400, 800, 1000, 1000, 1000] {
                         tokio::time::sleep(Duration::from_millis(wait)).await;
+                        if !matches!(
+                            session.client.sync(dir).await,
+                            Ok(()) | Err(zk::Error::NoNode)
+                        ) {
+                            continue;
+                        }
                         if let Ok(children) = session.client.list_children(dir).await {
                             listed = Some(children);
                             break;
@@ -679,7 +707,13 @@ impl Inner {
                     let Some(children) = listed else {
                         return Err(map_err(&e));
                     };
-                    if let Some(found) = children.iter().find(|c| c.starts_with(&mine)) {
+                    // Two with the uuid (a twin of an earlier round, see `create`): the
+                    // first send's, which queued first; `create` deletes the other.
+                    let found = children
+                        .iter()
+                        .filter(|c| c.starts_with(&mine))
+                        .min_by_key(|c| sequence(c));
+                    if let Some(found) = found {
                         let node = format!("{dir}/{found}");
                         let stat = session
                             .client
