@@ -551,6 +551,12 @@ async fn a_twin_of_a_protected_create_is_deleted() {
         .release()
         .await
         .expect("release");
+    // A child that is no contender keeps the (container) lock node from being deleted
+    // before dlock's create reaches it (the server sweeps empty containers).
+    let pin = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    raw.create(&format!("{dir}/pin"), b"", &pin)
+        .await
+        .expect("pin");
     // The create reaches the server, its reply does not reach dlock.
     proxy.set(Fault::DropReplies);
     let taking = tokio::spawn(async move {

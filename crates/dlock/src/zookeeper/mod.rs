@@ -22,8 +22,9 @@
 //!   by a fresh listing, as before.
 //! - Protected creation: when the connection drops during a create, the contender looks
 //!   for its node by its uuid instead of leaving an orphan, after a `sync` (a follower
-//!   may not have applied the create yet). A node the look still missed, left beside
-//!   the one created again (a twin), is deleted in the background.
+//!   may not have applied the create yet). Every other node with the uuid (a twin: a
+//!   send the look missed, beside the one sent again) is deleted in the background;
+//!   when the look finds two, the lowest is kept.
 //! - Lock nodes (and the root) are created as containers, which ZooKeeper deletes once
 //!   their last child is gone: no empty lock nodes pile up.
 //!
@@ -176,15 +177,15 @@ async fn delete_node(session: &Arc<Session>, node: &str) -> Result<bool> {
 }
 
 /// Delete the children of `dir` whose names start with `mine` (a contender's
-/// `_c_<uuid>-lock-`), but `keep`; true once the server has answered for all of them.
-/// The listing follows a `sync`, so it shows every create the ensemble has applied,
-/// even when the server this session talks to is a follower that lags behind.
-async fn delete_by_prefix(session: &Session, dir: &str, mine: &str, keep: Option<&str>) -> bool {
-    match session.client.sync(dir).await {
-        Ok(()) | Err(zk::Error::NoNode) => {}
-        Err(_) => return false,
+/// `_c_<uuid>-<base>`: `lock-`, `latch-`, `__READ__`, …), but `keep`; true once the
+/// server has answered for all of them. The listing follows a `sync` (see [`synced`]),
+/// so it shows every create the ensemble has applied, even when the server this
+/// session talks to is a follower that lags behind.
+async fn delete_by_prefix(client: &zk::Client, dir: &str, mine: &str, keep: Option<&str>) -> bool {
+    if !synced(client, dir).await {
+        return false;
     }
-    let children = match session.client.list_children(dir).await {
+    let children = match client.list_children(dir).await {
         Ok(c) => c,
         Err(zk::Error::NoNode) => return true,
         Err(_) => return false,
@@ -196,13 +197,28 @@ async fn delete_by_prefix(session: &Session, dir: &str, mine: &str, keep: Option
     {
         let node = format!("{dir}/{child}");
         if !matches!(
-            session.client.delete(&node, None).await,
+            client.delete(&node, None).await,
             Ok(()) | Err(zk::Error::NoNode)
         ) {
             done = false;
         }
     }
     done
+}
+
+/// Let the server catch up with the leader before a listing of `dir` (ZooKeeper's
+/// `sync`): false when the connection is down (try again later). The server does not
+/// look the path up; should it refuse the sync for another reason, the listing goes
+/// ahead without it, as it did before this look-up synced.
+async fn synced(client: &zk::Client, dir: &str) -> bool {
+    match client.sync(dir).await {
+        Ok(()) => true,
+        Err(e) if uncertain(&e) || matches!(e, zk::Error::SessionExpired) => false,
+        Err(e) => {
+            tracing::debug!(%dir, error = %e, "zookeeper: sync refused; listing without it");
+            true
+        }
+    }
 }
 
 fn map_err(e: &zk::Error) -> Error {
@@ -608,13 +624,15 @@ impl Inner {
     }
 
     /// Create this contender's node (the lock node and root as containers if needed),
-    /// finding it by its uuid if the connection dropped mid-create. When that search
-    /// cannot finish, the node may exist in this (live) session with no one knowing
-    /// it: every other contender would queue behind it for as long as the process
-    /// lives. A background task deletes whatever carries the uuid once the server
-    /// answers again. When the search found nothing and the create was sent again, a
-    /// first send the search missed may still have made a node (a twin, with the
-    /// uuid): the same task deletes every node with the uuid but the one returned.
+    /// finding it by its uuid if the connection dropped mid-create. After any create
+    /// whose outcome was unknown, a background task (retried until the server answers)
+    /// deletes every node with the uuid but the one returned — all of them when the
+    /// create failed. Such a node lives as long as this (live) session, and would
+    /// queue every other contender behind it for as long as the process lives: one
+    /// nobody knows of when the search could not finish, or a twin when a send the
+    /// search missed (a lagging follower) did land beside the one sent again. The
+    /// task runs after a found create too: when a resent create was also cut off, the
+    /// search finds both sends' nodes and keeps the lowest.
     async fn create(
         &self,
         session: &Arc<Session>,
@@ -641,7 +659,7 @@ impl Inner {
                 move || {
                     let (session, dir) = (Arc::clone(&session), dir.clone());
                     let (mine, keep) = (mine.clone(), keep.clone());
-                    async move { delete_by_prefix(&session, &dir, &mine, keep.as_deref()).await }
+                    async move { delete_by_prefix(&session.client, &dir, &mine, keep.as_deref()).await }
                 },
             );
         }
@@ -693,10 +711,7 @@ impl Inner {
                     // on its empty answer would leave a twin (see `create`).
                     for wait in [0u64, 50, 100, 200, 400, 800, 1000, 1000, 1000] {
                         tokio::time::sleep(Duration::from_millis(wait)).await;
-                        if !matches!(
-                            session.client.sync(dir).await,
-                            Ok(()) | Err(zk::Error::NoNode)
-                        ) {
+                        if !synced(&session.client, dir).await {
                             continue;
                         }
                         if let Ok(children) = session.client.list_children(dir).await {
@@ -1171,6 +1186,47 @@ impl HeldLock for ZkHeld {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sweep after an uncertain create, on a real server: of three nodes with one
+    /// uuid it keeps the one named (here the highest: the create sent again, its lower
+    /// twin a first send a lagging follower did not show), leaves another uuid's node
+    /// and a node of another base alone, and deletes the rest.
+    #[tokio::test]
+    async fn the_sweep_keeps_the_node_returned_and_deletes_its_twins() {
+        let Some(server) = dlock_testkit::ZkServer::start() else {
+            return;
+        };
+        let client = zk::Client::connect(&server.addr().to_string())
+            .await
+            .expect("connect");
+        let dir = "/sweep";
+        let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        client.create(dir, b"", &open).await.expect("dir");
+        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let make = async |stem: &str| {
+            let (_, seq) = client
+                .create(&format!("{dir}/{stem}"), b"", &options)
+                .await
+                .expect("create");
+            format!("{stem}{seq}")
+        };
+        let mine = "_c_11111111-2222-4333-8444-555555555555-lock-";
+        let twins = [make(mine).await, make(mine).await];
+        let other = make("_c_66666666-2222-4333-8444-555555555555-lock-").await;
+        let latch = make("_c_11111111-2222-4333-8444-555555555555-latch-").await;
+        let kept = make(mine).await;
+        assert!(delete_by_prefix(&client, dir, mine, Some(&kept)).await);
+        let mut left = client.list_children(dir).await.expect("list");
+        left.sort();
+        let mut expected = vec![kept, other, latch];
+        expected.sort();
+        assert_eq!(left, expected, "twins were {twins:?}");
+        // After a failed create nothing is kept.
+        assert!(delete_by_prefix(&client, dir, mine, None).await);
+        let left = client.list_children(dir).await.expect("list");
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(left.iter().all(|c| !c.starts_with(mine)), "{left:?}");
+    }
 
     #[test]
     fn sequence_follows_curator_and_kazoo_names() {
