@@ -474,11 +474,22 @@ async fn a_release_after_an_unseen_session_expiry_reports_the_loss() {
         .await
         .expect("connect");
     let guard = locker.lock("revoked").await.expect("lock");
+    // A permit of the same session tells it too (`Capabilities::release_reports_loss`).
+    let permit = locker
+        .semaphore("revoked-permits", 2)
+        .acquire()
+        .await
+        .expect("permit");
     revoke_the_one_lease(&etcd);
     let released = guard.release().await;
     assert!(
         matches!(released, Err(Error::LockLost { .. })),
         "a release after the session ended: {released:?}"
+    );
+    let released = permit.release().await;
+    assert!(
+        matches!(released, Err(Error::LockLost { .. })),
+        "a permit's release after the session ended: {released:?}"
     );
     // A new acquisition opens a new session and works.
     let again = locker.lock_timeout("revoked", T).await.expect("lock again");

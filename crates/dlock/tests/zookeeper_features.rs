@@ -496,9 +496,15 @@ async fn a_release_after_the_node_is_gone_reports_the_loss() {
         .await
         .expect("connect");
     let guard = locker.lock("vanish").await.expect("lock");
+    // A permit tells it too (`Capabilities::release_reports_loss`): its lease node.
+    let permit = locker
+        .semaphore("vanish", 2)
+        .acquire()
+        .await
+        .expect("permit");
     let Some(mut deleter) = kazoo(
         &zk,
-        "for c in zk.get_children('/locks/vanish'):\n    zk.delete('/locks/vanish/' + c)\nprint('deleted', flush=True)\nzk.stop()\n",
+        "for d in ('/locks/vanish', '/locks/%semaphore/vanish/leases'):\n    for c in zk.get_children(d):\n        zk.delete(d + '/' + c)\nprint('deleted', flush=True)\nzk.stop()\n",
     ) else {
         return;
     };
@@ -508,6 +514,11 @@ async fn a_release_after_the_node_is_gone_reports_the_loss() {
     assert!(
         matches!(released, Err(dlock::Error::LockLost { .. })),
         "a release of a node that was gone: {released:?}"
+    );
+    let released = permit.release().await;
+    assert!(
+        matches!(released, Err(dlock::Error::LockLost { .. })),
+        "a permit's release after its lease node was gone: {released:?}"
     );
 }
 

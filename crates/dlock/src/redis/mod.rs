@@ -1354,10 +1354,7 @@ impl Drop for RedisWaiter {
         match leftover {
             handoff::Leftover::Grant(held) => {
                 rt.spawn(async move {
-                    // (Found gone: broken meanwhile, nothing to give back.)
-                    if let Err(e) = held.release().await
-                        && !matches!(e, Error::NotOwner { .. })
-                    {
+                    if let Err(e) = held.give_back().await {
                         tracing::warn!(lock = %keys.lock, error = %e, "could not give back a lock handed to a waiter that left; it expires with its lease");
                     }
                 });
@@ -1427,6 +1424,15 @@ enum HandOff {
 }
 
 impl RedisHeld {
+    /// Release a hold no guard owns (handed to a waiter that left): one found gone
+    /// (broken meanwhile) is given back already, not an error.
+    async fn give_back(&self) -> Result<()> {
+        match self.release().await {
+            Err(Error::NotOwner { .. }) => Ok(()),
+            done => done,
+        }
+    }
+
     /// Release by handing the lock to the waiter of `offer`: one script, which gives
     /// back this hold and, if it was the last, makes the waiter the holder with a new
     /// fencing token (or, at the end of a streak with listeners elsewhere, releases it
@@ -1477,11 +1483,8 @@ impl RedisHeld {
                     // back, if not now then in the background (still marked as the
                     // hand-off's, it is the one `redisson_abandon.lua` gives back).
                     // This hold was handed over either way: not an error of its release.
-                    // (Found gone: broken meanwhile, nothing to give back.)
                     Err(grant) => {
-                        if let Err(e) = grant.release().await
-                            && !matches!(e, Error::NotOwner { .. })
-                        {
+                        if let Err(e) = grant.give_back().await {
                             tracing::warn!(lock = %self.name, error = %e, "a hand-off's waiter left and its hold could not be given back yet; trying in the background");
                             self.inner.abandon_later(
                                 self.keys.clone(),

@@ -640,14 +640,13 @@ impl Inner {
         base: &str,
         data: &[u8],
     ) -> Result<Created> {
-        let prefix = format!("{dir}/_c_{}-{base}", uuid());
+        let mine = format!("_c_{}-{base}", uuid());
         let mut maybe_created = false;
         let created = self
-            .create_protected(session, dir, &prefix, data, &mut maybe_created)
+            .create_protected(session, dir, &mine, data, &mut maybe_created)
             .await;
         if maybe_created {
             let (session, dir) = (Arc::clone(session), dir.to_owned());
-            let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
             let keep = created
                 .as_ref()
                 .ok()
@@ -670,17 +669,18 @@ impl Inner {
         &self,
         session: &Session,
         dir: &str,
-        prefix: &str,
+        mine: &str,
         data: &[u8],
         maybe_created: &mut bool,
     ) -> Result<Created> {
+        let prefix = format!("{dir}/{mine}");
         let acls = self.acls();
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
         for round in 0..4 {
             // The client sends a request when its future is made, and the server
             // answers a session's requests in order: the listing asked for right behind
             // the create sees our node, and costs no round trip of its own.
-            let create = session.client.create(prefix, data, &options);
+            let create = session.client.create(&prefix, data, &options);
             let listing = session.client.list_children(dir);
             let sent = create.await;
             if sent.as_ref().is_err_and(uncertain) {
@@ -704,7 +704,6 @@ impl Inner {
                 Err(e) if uncertain(&e) && round < 3 => {
                     // Protected creation: did the create happen before the drop? Look
                     // for our uuid; create again only once the list says it did not.
-                    let mine = prefix.rsplit('/').next().unwrap_or_default().to_owned();
                     let mut listed = None;
                     // After a `sync`: the server may be a follower that has not yet
                     // applied a create the ensemble did apply, and a create sent again
@@ -726,7 +725,7 @@ impl Inner {
                     // first send's, which queued first; `create` deletes the other.
                     let found = children
                         .iter()
-                        .filter(|c| c.starts_with(&mine))
+                        .filter(|c| c.starts_with(mine))
                         .min_by_key(|c| sequence(c));
                     if let Some(found) = found {
                         let node = format!("{dir}/{found}");
