@@ -16,6 +16,7 @@ use crate::error::{Error, LossReason, Result};
 use crate::finish::Finish;
 use crate::keeper::Hold;
 use crate::options::Owner;
+use crate::telemetry::in_span;
 
 /// Context handed to the closure of [`crate::Locker::with_lock`].
 #[derive(Debug, Clone)]
@@ -197,13 +198,16 @@ impl LockGuard {
     /// # Cancel safety
     /// Cancel safe: the release runs in the caller's task and, if this future is
     /// dropped halfway, finishes in a task of its own.
-    #[tracing::instrument(level = "debug", name = "release", skip_all, fields(lock = %self.hold.name, scheme = self.hold.scheme()))]
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
+        let span = tracing::debug_span!(
+            "release",
+            lock = %self.hold.name,
+            scheme = self.hold.scheme()
+        );
         // Run here (no hop through another task), finished in a task of its own if
         // this future is dropped halfway.
-        Finish::new(Arc::clone(&self.hold).release())
-            .await
+        in_span!(span, Finish::new(Arc::clone(&self.hold).release()))
             .unwrap_or_else(|| Err(self.hold.lost_error()))
     }
 }

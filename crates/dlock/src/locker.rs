@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::finish::Finish;
 use crate::guard::LockGuard;
 use crate::keeper::{Hold, KeeperPlan, Keepers};
+use crate::telemetry::in_span;
 use crate::lease::{drift_margin, lease_start};
 use crate::name::LockName;
 use crate::options::{LockOptions, Metadata, Owner, Wait};
@@ -285,9 +286,10 @@ impl Locker {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves nothing held.
-    #[tracing::instrument(level = "debug", name = "try_lock", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn try_lock_with(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        self.try_hold(name, opts, Primitive::Lock).await
+        let span =
+            tracing::debug_span!("try_lock", lock = name, scheme = self.backend.scheme());
+        in_span!(span, self.try_hold(name, opts, Primitive::Lock))
     }
 
     /// One attempt at a hold of `primitive` (the lock, a permit, a read or a write).
@@ -348,9 +350,9 @@ impl Locker {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves nothing held and no queue entry behind.
-    #[tracing::instrument(level = "debug", name = "lock", skip_all, fields(lock = name, scheme = self.backend.scheme()))]
     pub async fn lock_with(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        self.hold_with(name, opts, Primitive::Lock).await
+        let span = tracing::debug_span!("lock", lock = name, scheme = self.backend.scheme());
+        in_span!(span, self.hold_with(name, opts, Primitive::Lock))
     }
 
     /// Acquire a hold of `primitive` (the lock, a permit, a read or a write) through
@@ -823,8 +825,9 @@ fn may_queue(backend: &dyn Backend, req: &AcquireRequest) -> bool {
 /// unless an attempt is in flight then, whose own continuation leaves the queue once it
 /// has finished ([`Locker::attempt`]).
 struct Cleanup {
-    backend: Arc<dyn Backend>,
-    req: AcquireRequest,
+    /// What to leave the queue with: only where an attempt may queue (most
+    /// acquisitions queue nothing, and need no copy of their request).
+    queued: Option<(Arc<dyn Backend>, AcquireRequest)>,
     armed: bool,
     in_flight: bool,
 }
@@ -832,8 +835,7 @@ struct Cleanup {
 impl Cleanup {
     fn new(backend: &Arc<dyn Backend>, req: &AcquireRequest) -> Self {
         Cleanup {
-            backend: Arc::clone(backend),
-            req: req.clone(),
+            queued: may_queue(backend.as_ref(), req).then(|| (Arc::clone(backend), req.clone())),
             armed: true,
             in_flight: false,
         }
@@ -841,23 +843,29 @@ impl Cleanup {
 
     /// Leave now (finished in a task of its own if the caller goes away meanwhile).
     async fn leave(&mut self) {
-        if !std::mem::take(&mut self.armed) || !may_queue(self.backend.as_ref(), &self.req) {
+        if !std::mem::take(&mut self.armed) {
             return;
         }
-        let (backend, req) = (Arc::clone(&self.backend), self.req.clone());
+        let Some((backend, req)) = self.queued.as_ref() else {
+            return;
+        };
+        let name = req.name.clone();
+        let (backend, req) = (Arc::clone(backend), req.clone());
         let left = Finish::new(async move { backend.leave_queue(&req).await }).await;
         if let Some(Err(e)) = left {
-            tracing::debug!(lock = %self.req.name, error = %e, "could not leave the queue; the entry will expire");
+            tracing::debug!(lock = %name, error = %e, "could not leave the queue; the entry will expire");
         }
     }
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if !self.armed || self.in_flight || !may_queue(self.backend.as_ref(), &self.req) {
+        if !self.armed || self.in_flight {
             return;
         }
-        let (backend, req) = (Arc::clone(&self.backend), self.req.clone());
+        let Some((backend, req)) = self.queued.take() else {
+            return;
+        };
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 let _ = backend.leave_queue(&req).await;

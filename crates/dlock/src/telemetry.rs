@@ -22,6 +22,22 @@
 
 use std::time::Duration;
 
+/// Awaits `$fut` inside `$span` where that span is enabled, else directly: what
+/// `#[tracing::instrument]` does, without the second future it wraps the body in (moved
+/// once more, and polled through one more layer, on every call of the hot operations).
+macro_rules! in_span {
+    ($span:expr, $fut:expr) => {{
+        let span: tracing::Span = $span;
+        if span.is_disabled() {
+            $fut.await
+        } else {
+            tracing::Instrument::instrument($fut, span).await
+        }
+    }};
+}
+pub(crate) use in_span;
+
+
 use metrics::{Counter, Histogram};
 
 use crate::error::LossReason;
