@@ -13,12 +13,12 @@ use crate::error::{Error, Result};
 use crate::finish::Finish;
 use crate::guard::LockGuard;
 use crate::keeper::{Hold, KeeperPlan, Keepers};
-use crate::telemetry::in_span;
 use crate::lease::{drift_margin, lease_start};
 use crate::name::LockName;
 use crate::options::{LockOptions, Metadata, Owner, Wait};
 use crate::owner_waits::{OwnerWait, OwnerWaiters};
 use crate::telemetry::Ended;
+use crate::telemetry::in_span;
 
 /// Longest single wait between attempts when the backend gives no hint.
 const MAX_WAIT_STEP: Duration = Duration::from_secs(1);
@@ -287,8 +287,7 @@ impl Locker {
     /// # Cancel safety
     /// Cancel safe: dropping the future leaves nothing held.
     pub async fn try_lock_with(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let span =
-            tracing::debug_span!("try_lock", lock = name, scheme = self.backend.scheme());
+        let span = tracing::debug_span!("try_lock", lock = name, scheme = self.backend.scheme());
         in_span!(span, self.try_hold(name, opts, Primitive::Lock))
     }
 

@@ -37,7 +37,6 @@ macro_rules! in_span {
 }
 pub(crate) use in_span;
 
-
 use metrics::{Counter, Histogram};
 
 use crate::error::LossReason;

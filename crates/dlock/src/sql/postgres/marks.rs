@@ -44,16 +44,19 @@ const MARK_SPACE: i32 = 0x646c_6f63;
 const LINGER: Duration = Duration::from_secs(1);
 
 /// The SQL a release announces itself with: `NOTIFY channel, hex` only if a waiter
-/// marked the key's bucket. `hex` is an SQL expression for the key in lower-case hex.
-pub(super) fn notify_if_marked(channel: &str, hex: &str) -> String {
+/// marked the key's bucket. `hex` is an SQL expression for the key in lower-case hex,
+/// `key` one for the key itself (`bytea`): the bucket is read from its first byte
+/// (`get_byte`, where cutting it out of the hex text and casting that through `bit(8)`
+/// cost the server about a microsecond more per release: `pg_stat_statements`, the
+/// release statement alone 17.5 µs against 16.0 µs with the bucket given).
+pub(super) fn notify_if_marked(channel: &str, hex: &str, key: &str) -> String {
     format!(
-        "CASE WHEN pg_try_advisory_xact_lock({MARK_SPACE}, \
-         ('x' || substr({hex}, 1, 2))::bit(8)::int >> 2) THEN NULL \
-         ELSE pg_notify({channel}, {hex}) END"
+        "CASE WHEN pg_try_advisory_xact_lock({MARK_SPACE}, get_byte({key}, 0) >> 2) \
+         THEN NULL ELSE pg_notify({channel}, {hex}) END"
     )
 }
 
-/// A key's bucket, as [`notify_if_marked`] reads it from the hex: its first six bits.
+/// A key's bucket, as [`notify_if_marked`] reads it: its first six bits.
 fn bucket(key: &[u8; 32]) -> i32 {
     i32::from(key[0] >> 2)
 }
@@ -361,10 +364,10 @@ impl State {
 mod tests {
     use super::*;
 
-    /// The bucket a mark takes is the one the release statement reads from the hex:
-    /// ('x' || 'ff')::bit(8)::int >> 2 = 63, ('x' || '07')::bit(8)::int >> 2 = 1.
+    /// The bucket a mark takes is the one the release statement reads from the key:
+    /// `get_byte(key, 0) >> 2`: 63 for a first byte 0xff, 1 for 0x07.
     #[test]
-    fn buckets_match_the_statements_reading_of_the_hex() {
+    fn buckets_match_the_statements_reading_of_the_key() {
         let mut key = [0u8; 32];
         key[0] = 0xff;
         assert_eq!(bucket(&key), 63);

@@ -77,7 +77,7 @@ impl SharedStatements {
     fn new(p: &str, gate_limit: std::time::Duration) -> Self {
         // Within the settings' range (an `int` of milliseconds).
         let limit_ms = gate_limit.as_millis().clamp(1, i32::MAX as u128);
-        let notify_remove = notify_if_marked("$6", "$7");
+        let notify_remove = notify_if_marked("$6", "$7", "$1");
         SharedStatements {
             tables: sql_text!(
                 "SELECT to_regclass('{p}_shared') IS NOT NULL AND to_regclass('{p}_shared_gate') IS NOT NULL"
@@ -205,8 +205,8 @@ impl Statements {
         let free_copy =
             "lock_key, name, owner, 0, fence, LEAST(expires_at, statement_timestamp()), metadata";
         // Releases wake waiters only where a process marked the key (see `marks`).
-        let notify_break = notify_if_marked("$3", "$4");
-        let notify_release = notify_if_marked("$4", "$5");
+        let notify_break = notify_if_marked("$3", "$4", "$1");
+        let notify_release = notify_if_marked("$4", "$5", "$1");
         Statements {
             shared: SharedStatements::new(p, gate_limit),
             schema: sql_text!(
@@ -261,24 +261,28 @@ impl Statements {
             // re-entered with its token, is judged once, by the clock at that moment
             // (`clock_timestamp()`: the statement's start may come before a lease that
             // has ended since). Another owner's lease is judged by the statement's
-            // start, which can only find it live longer.
+            // start, which can only find it live longer. The clock of that moment is
+            // read once, by the first assignment that asks for `c` (a CTE is evaluated
+            // when first read, and once: every later read sees the same instant), so
+            // all four assignments judge alike. A sub-select per row that judged once
+            // and fed all four cost the server 1 to 2 µs more per acquisition
+            // (`pg_stat_statements`, this statement alone: ~17 µs against ~15.5 µs).
             acquire: sql_text!(
-                "INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
+                "WITH c AS (SELECT clock_timestamp() AS now)
+                 INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
                     VALUES ($1, $2, $3, 1, nextval('{p}_fence'), statement_timestamp() + $4 * interval '1 microsecond', $5)
                     ON CONFLICT (lock_key) DO UPDATE SET
-                        (holds, fence, expires_at, metadata, name, owner) = (
-                            SELECT CASE WHEN v.live THEN l.holds + 1 ELSE 1 END,
-                                   CASE WHEN v.live THEN l.fence ELSE nextval('{p}_fence') END,
-                                   CASE WHEN v.live THEN GREATEST(l.expires_at, excluded.expires_at)
-                                        ELSE excluded.expires_at END,
-                                   CASE WHEN v.live THEN l.metadata ELSE excluded.metadata END,
-                                   excluded.name,
-                                   excluded.owner
-                            FROM (SELECT l.owner = $3 AND l.holds > 0
-                                         AND l.expires_at > clock_timestamp() AS live) v)
+                        holds = CASE WHEN {live} THEN l.holds + 1 ELSE 1 END,
+                        fence = CASE WHEN {live} THEN l.fence ELSE nextval('{p}_fence') END,
+                        expires_at = CASE WHEN {live} THEN GREATEST(l.expires_at, excluded.expires_at)
+                                          ELSE excluded.expires_at END,
+                        metadata = CASE WHEN {live} THEN l.metadata ELSE excluded.metadata END,
+                        name = excluded.name,
+                        owner = excluded.owner
                     WHERE (l.owner = $3 OR l.holds <= 0 OR l.expires_at + {delay} <= statement_timestamp())
                       AND clock_timestamp() < statement_timestamp() + $6 * interval '1 microsecond'
-                 RETURNING l.fence"
+                 RETURNING l.fence",
+                live = "(l.owner = $3 AND l.holds > 0 AND l.expires_at > (SELECT now FROM c))"
             ),
             // Binds: 1 key. One row (ms; ≤ 0: free now, released since the acquire
             // included) unless the row is gone.
@@ -378,7 +382,7 @@ impl Statements {
             // On the pinned connection. Binds: 1 advisory key, 2 channel, 3 key hex.
             advisory_release: sql_text!(
                 "SELECT pg_advisory_unlock($1), {}",
-                notify_if_marked("$2", "$3")
+                notify_if_marked("$2", "$3", "decode($3, 'hex')")
             ),
             // Asks what the acquire asks: is the advisory key taken (in this database)?
             // Then who holds it: the holder record of this name's session, if any (none:
@@ -415,7 +419,7 @@ impl Statements {
                     WHERE lock_key = $1 FOR UPDATE NOWAIT;
                  PREPARE {p}_row_release(bytea) AS
                     SELECT {notify_row}",
-                notify_row = notify_if_marked(&format!("'{p}_released'"), "encode($1, 'hex')")
+                notify_row = notify_if_marked(&format!("'{p}_released'"), "encode($1, 'hex')", "$1")
             ),
             // Opens the pinned transaction and locks the row in one round trip (a
             // simple query: no binds; the key is hex digits, decoded by the server,
