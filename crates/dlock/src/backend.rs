@@ -415,7 +415,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// URL scheme, e.g. `sqlite`.
     fn scheme(&self) -> &'static str;
 
-    /// What this backend guarantees.
+    /// What this backend guarantees: the same answer for the backend's whole life
+    /// (`session_timeout` aside, which a backend may learn from its server). The
+    /// locker asks again whenever it needs a flag, and an acquisition decides once, at
+    /// its start, whether it may leave something queued to clean up
+    /// (`queued_waiting`): a flag that changed under it would leave that behind.
     fn capabilities(&self) -> Capabilities;
 
     /// One attempt: acquire `req.name` for `req.owner` if free (or already held by the

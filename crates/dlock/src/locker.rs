@@ -845,11 +845,11 @@ impl Cleanup {
         if !std::mem::take(&mut self.armed) {
             return;
         }
-        let Some((backend, req)) = self.queued.as_ref() else {
+        // Disarmed: nothing else reads it.
+        let Some((backend, req)) = self.queued.take() else {
             return;
         };
         let name = req.name.clone();
-        let (backend, req) = (Arc::clone(backend), req.clone());
         let left = Finish::new(async move { backend.leave_queue(&req).await }).await;
         if let Some(Err(e)) = left {
             tracing::debug!(lock = %name, error = %e, "could not leave the queue; the entry will expire");

@@ -264,9 +264,9 @@ impl Statements {
             // start, which can only find it live longer. The clock of that moment is
             // read once, by the first assignment that asks for `c` (a CTE is evaluated
             // when first read, and once: every later read sees the same instant), so
-            // all four assignments judge alike. A sub-select per row that judged once
-            // and fed all four cost the server 1 to 2 µs more per acquisition
-            // (`pg_stat_statements`, this statement alone: ~17 µs against ~15.5 µs).
+            // all four assignments judge alike. (A sub-select per row that judged once
+            // and fed all four cost the server more per acquisition, as
+            // `pg_stat_statements` showed.)
             acquire: sql_text!(
                 "WITH c AS (SELECT clock_timestamp() AS now)
                  INSERT INTO {p}_locks AS l (lock_key, name, owner, holds, fence, expires_at, metadata)
@@ -334,7 +334,7 @@ impl Statements {
                     RETURNING l.lock_key, l.fence, l.holds)
                  SELECT lock_key, fence FROM r WHERE holds > 0"
             ),
-            // Binds: 1 key, 2 owner, 3 fence, 4 channel, 5 key hex. Notifies at the last hold.
+            // Binds: 1 key, 2 fence, 3 channel, 4 key hex. Notifies at the last hold.
             break_lease: sql_text!(
                 "WITH b AS (
                     UPDATE {p}_locks SET holds = 0
