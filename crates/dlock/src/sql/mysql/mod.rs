@@ -510,7 +510,7 @@ impl Dialect for Mysql {
         let (ttl_us, meta) = (micros(req.ttl), metadata_json(&req.metadata));
         let (name, owner) = (req.name.as_str(), req.owner.as_str().as_bytes());
         let (n, o, m) = (name.len(), owner.len(), meta.len());
-        let lens = [key.len(), n, o, 8, m, o, o, o, m, n, o, o, 8];
+        let lens = [key.len(), n, o, 8, m, o, o, o, m, o, o, 8];
         let done = self
             .own_execute(|| {
                 sqlx::query_with(
@@ -526,7 +526,6 @@ impl Dialect for Mysql {
                 .bind(owner)
                 .bind(owner)
                 .bind(&meta)
-                .bind(name)
                 .bind(owner)
                 .bind(owner)
                 .bind(ttl_us)

@@ -293,8 +293,10 @@ impl Statements {
             // free), so the statement means the same whether assignments see earlier
             // ones (MySQL, MariaDB's default) or all read the old row (MariaDB's
             // `SIMULTANEOUS_ASSIGNMENT`).
+            // The name is not assigned: the key is its SHA-256, so a row's name never
+            // changes (assigning it anyway cost the server more on every acquisition).
             // Binds: key, name, owner, ttl µs, metadata, then owner (free), owner for
-            // fence, owner for holds, metadata, name, owner, and owner, ttl µs for
+            // fence, owner for holds, metadata, owner, and owner, ttl µs for
             // expires_at. last_insert_id = fence when granted, else 0.
             acquire: sql_text!(
                 "INSERT INTO {p}_locks (lock_key, name, owner, holds, fence, expires_at, metadata)
@@ -304,7 +306,6 @@ impl Statements {
                                IF(@dlock_in AND owner = ?, LAST_INSERT_ID(fence), fence + LAST_INSERT_ID(0))),
                     holds = IF(@dlock_free, 1, IF(@dlock_in AND owner = ?, holds + 1, holds)),
                     metadata = IF(@dlock_free, ?, metadata),
-                    name = IF(@dlock_free, ?, name),
                     owner = IF(@dlock_free, ?, owner),
                     expires_at = IF(@dlock_free OR (@dlock_in AND owner = ?),
                                     GREATEST(expires_at, {NOW} + INTERVAL ? MICROSECOND),
