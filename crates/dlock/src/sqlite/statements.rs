@@ -634,8 +634,8 @@ pub(super) async fn release(conn: &mut SqliteConnection, hold: &Hold<'_>) -> sql
     // Run to its end, so a commit that fails is the error. Whether a hold was dropped
     // is the UPDATE's own count of changes, the last statement's: summed with the
     // PRAGMA's before it (as `execute` does), it would count the connection's previous
-    // write too. (A RETURNING row would tell as much, at ~300 more instructions per
-    // release: callgrind, client thread, ~17,280 per uncontended cycle against ~16,970.)
+    // write too. (A RETURNING row would tell as much, at more client instructions per
+    // release for the row, as callgrind showed.)
     let (results, changed) = conn
         .execute_many(
             sqlx::query(RELEASE)

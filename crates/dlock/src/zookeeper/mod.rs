@@ -178,17 +178,14 @@ async fn delete_node(session: &Arc<Session>, node: &str) -> Result<bool> {
 
 /// Delete the children of `dir` whose names start with `mine` (a contender's
 /// `_c_<uuid>-<base>`: `lock-`, `latch-`, `__READ__`, …), but `keep`; true once the
-/// server has answered for all of them. The listing follows a `sync` (see [`synced`]),
-/// so it shows every create the ensemble has applied, even when the server this
-/// session talks to is a follower that lags behind.
+/// server has answered for all of them. The listing follows a `sync`
+/// ([`synced_children`]), so it shows every create the ensemble has applied, even
+/// when the server this session talks to is a follower that lags behind.
 async fn delete_by_prefix(client: &zk::Client, dir: &str, mine: &str, keep: Option<&str>) -> bool {
-    if !synced(client, dir).await {
-        return false;
-    }
-    let children = match client.list_children(dir).await {
-        Ok(c) => c,
-        Err(zk::Error::NoNode) => return true,
-        Err(_) => return false,
+    let children = match synced_children(client, dir).await {
+        Some(Ok(c)) => c,
+        Some(Err(zk::Error::NoNode)) => return true,
+        _ => return false,
     };
     let mut done = true;
     for child in children
@@ -206,19 +203,23 @@ async fn delete_by_prefix(client: &zk::Client, dir: &str, mine: &str, keep: Opti
     done
 }
 
-/// Let the server catch up with the leader before a listing of `dir` (ZooKeeper's
-/// `sync`): false when the connection is down (try again later). The server does not
-/// look the path up; should it refuse the sync for another reason, the listing goes
-/// ahead without it, as it did before this look-up synced.
-async fn synced(client: &zk::Client, dir: &str) -> bool {
+/// The children of `dir`, listed after the server caught up with the leader
+/// (ZooKeeper's `sync`), so a lagging follower shows every create the ensemble
+/// applied: `None` when the sync could not reach the server (try again later). The
+/// server does not look the path up; should it refuse the sync for another reason, the
+/// listing goes ahead without it, as it did before this look-up synced.
+async fn synced_children(
+    client: &zk::Client,
+    dir: &str,
+) -> Option<std::result::Result<Vec<String>, zk::Error>> {
     match client.sync(dir).await {
-        Ok(()) => true,
-        Err(e) if uncertain(&e) || matches!(e, zk::Error::SessionExpired) => false,
+        Ok(()) => {}
+        Err(e) if uncertain(&e) || matches!(e, zk::Error::SessionExpired) => return None,
         Err(e) => {
             tracing::debug!(%dir, error = %e, "zookeeper: sync refused; listing without it");
-            true
         }
     }
+    Some(client.list_children(dir).await)
 }
 
 fn map_err(e: &zk::Error) -> Error {
@@ -710,10 +711,7 @@ impl Inner {
                     // on its empty answer would leave a twin (see `create`).
                     for wait in [0u64, 50, 100, 200, 400, 800, 1000, 1000, 1000] {
                         tokio::time::sleep(Duration::from_millis(wait)).await;
-                        if !synced(&session.client, dir).await {
-                            continue;
-                        }
-                        if let Ok(children) = session.client.list_children(dir).await {
+                        if let Some(Ok(children)) = synced_children(&session.client, dir).await {
                             listed = Some(children);
                             break;
                         }
