@@ -7,6 +7,10 @@
 //! earlier of its renewal and its local deadline) and one driver task that sleeps until
 //! the first of them and hands what is due to a short task of its own (so one slow
 //! renewal delays no other). An idle held lock therefore costs a map entry, not a task.
+//! At most [`MAX_SERVING`] of those tasks run at once: holds taken together come due
+//! together, and 100,000 renewals started at once would each hold a task and a
+//! request until their batch answered (tens of megabytes at the peak) without renewing
+//! one lock sooner than the batches allow.
 //!
 //! The guard's release and extension run in the caller's task (no hop through a keeper
 //! task); a release whose caller goes away finishes in a task of its own.
@@ -44,6 +48,25 @@ const DRIVER_LINGER: Duration = Duration::from_secs(5);
 /// A place in the timer map: when, and a sequence number that makes it unique.
 type Slot = (Instant, u64);
 
+/// Most timer tasks of one locker running at once; what comes due while they all run
+/// waits in the map, earliest first, for the next to end. Every task ends by itself:
+/// it waits for the hold only behind a release or an extension, each bounded by the
+/// backend's own timeouts, and its renewal is bounded by the keeper's. As many
+/// as the busiest batched renewer carries at once (Redlock: 4 batches of 512; the SQL
+/// lease renewers 4 of 256, Redis one of 512): the cap holds back no renewal a batch
+/// could have carried.
+const MAX_SERVING: usize = 2048;
+
+/// The places of the timer tasks ([`MAX_SERVING`]).
+#[derive(Debug)]
+struct Serving(Arc<tokio::sync::Semaphore>);
+
+impl Default for Serving {
+    fn default() -> Self {
+        Serving(Arc::new(tokio::sync::Semaphore::new(MAX_SERVING)))
+    }
+}
+
 /// How a held lock is kept.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct KeeperPlan {
@@ -72,6 +95,8 @@ pub(crate) struct Keepers {
     gone: Notify,
     /// Wakes the driver when a slot earlier than its sleep is added.
     wake: Notify,
+    /// A place for each timer task running.
+    serving: Serving,
     /// The locker's metric handles (renewals, losses; acquisitions in the locker).
     pub(crate) meters: Meters,
     /// The runtime the locker was opened on, if it was opened on one: a guard dropped
@@ -95,6 +120,7 @@ impl Keepers {
             stranded: AtomicBool::new(false),
             gone: Notify::new(),
             wake: Notify::new(),
+            serving: Serving::default(),
             meters: Meters::new(scheme),
             home: tokio::runtime::Handle::try_current().ok(),
         }
@@ -195,11 +221,13 @@ impl Keepers {
     }
 
     /// The driver: sleeps until the first slot, hands every due hold to a task of its
-    /// own, and ends after [`DRIVER_LINGER`] with nothing to keep.
+    /// own (while fewer than [`MAX_SERVING`] run; else it waits for one to end), and
+    /// ends after [`DRIVER_LINGER`] with nothing to keep.
     async fn drive(self: Arc<Self>, mut gone: DriverGone) {
         let mut idle_since: Option<Instant> = None;
         loop {
             let mut due = Vec::new();
+            let mut full = false;
             let until = {
                 let mut timers = self.timers();
                 let now = Instant::now();
@@ -207,9 +235,19 @@ impl Keepers {
                     if first.key().0 > now {
                         break;
                     }
-                    due.push(first.remove_entry());
+                    let Ok(place) = Arc::clone(&self.serving.0).try_acquire_owned() else {
+                        full = true;
+                        break;
+                    };
+                    due.push((first.remove_entry(), place));
                 }
                 let until = match timers.due.first_key_value() {
+                    // Behind: a slot added now needs no wake-up, the driver looks
+                    // again as soon as a task ends.
+                    Some(_) if full => {
+                        idle_since = None;
+                        now
+                    }
                     Some((slot, _)) => {
                         idle_since = None;
                         slot.0
@@ -228,8 +266,14 @@ impl Keepers {
                 timers.driver = Some(until);
                 until
             };
-            for (slot, hold) in due {
-                tokio::spawn(hold.on_timer(slot));
+            for ((slot, hold), place) in due {
+                tokio::spawn(hold.on_timer(slot, place));
+            }
+            if full {
+                // A place is given back when a task ends; the semaphore is never
+                // closed. Taken only to wait for it: the loop takes it again.
+                drop(self.serving.0.acquire().await);
+                continue;
             }
             tokio::select! {
                 () = tokio::time::sleep_until(until) => {}
@@ -250,6 +294,8 @@ struct Rearm {
     hold: Arc<Hold>,
     slot: Slot,
     armed: bool,
+    /// The task's place among the [`MAX_SERVING`], given back as it ends.
+    _place: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Drop for Rearm {
@@ -737,11 +783,16 @@ impl Hold {
 
     /// A timer of this hold came due: the future of a task of its own, which puts the
     /// hold back in the timer map if it is dropped before it is done (see [`Rearm`]).
-    fn on_timer(self: Arc<Self>, slot: Slot) -> impl Future<Output = ()> + Send + 'static {
+    fn on_timer(
+        self: Arc<Self>,
+        slot: Slot,
+        place: tokio::sync::OwnedSemaphorePermit,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let rearm = Rearm {
             hold: Arc::clone(&self),
             slot,
             armed: true,
+            _place: place,
         };
         self.serve_timer(slot, rearm)
     }
@@ -1051,6 +1102,96 @@ mod tests {
     fn a_hold_stays_small() {
         let size = std::mem::size_of::<Hold>();
         assert!(size <= 216, "a Hold grew to {size} bytes");
+    }
+
+    /// Renewals that wait for `gate` to open, counting how many run at once (and the
+    /// most that ever did) and which holds were renewed.
+    #[derive(Debug)]
+    struct Gated {
+        id: usize,
+        gate: Arc<tokio::sync::Semaphore>,
+        running: Arc<std::sync::atomic::AtomicUsize>,
+        most: Arc<std::sync::atomic::AtomicUsize>,
+        renewed: Arc<Mutex<std::collections::HashSet<usize>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl HeldLock for Gated {
+        fn fencing_token(&self) -> u64 {
+            1
+        }
+        async fn renew(&self, _ttl: Duration) -> Result<()> {
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            let open = self.gate.acquire().await;
+            drop(open);
+            self.renewed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(self.id);
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        }
+        async fn release(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// More holds come due at once than timer tasks may run: the driver starts
+    /// [`MAX_SERVING`] and no more while they all wait, and the rest once places
+    /// free — every hold is renewed, none lost.
+    #[tokio::test]
+    async fn holds_due_together_are_served_by_at_most_max_serving_tasks() {
+        let holds_count = MAX_SERVING + 300;
+        let keepers = Arc::new(Keepers::default());
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let renewed = Arc::new(Mutex::new(std::collections::HashSet::new()));
+        let holds: Vec<Arc<Hold>> = (0..holds_count)
+            .map(|id| {
+                let held = Gated {
+                    id,
+                    gate: Arc::clone(&gate),
+                    running: Arc::clone(&running),
+                    most: Arc::clone(&most),
+                    renewed: Arc::clone(&renewed),
+                };
+                let name = LockName::new(&format!("k{id}")).expect("name");
+                let plan = plan(
+                    Duration::from_secs(120),
+                    Some(Duration::from_millis(50)),
+                    None,
+                );
+                Hold::start(&keepers, Box::new(held), name, Owner::random(), plan)
+            })
+            .collect();
+        // Every hold came due 50 ms in; the driver starts tasks until the places run out.
+        let waited = Instant::now();
+        while running.load(Ordering::SeqCst) < MAX_SERVING
+            && waited.elapsed() < Duration::from_secs(20)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(running.load(Ordering::SeqCst), MAX_SERVING);
+        // And no more start while they wait.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(most.load(Ordering::SeqCst), MAX_SERVING);
+        assert!(renewed.lock().expect("set").is_empty());
+        // Opened: the waiting renewals answer, the rest are served as places free.
+        gate.add_permits(tokio::sync::Semaphore::MAX_PERMITS / 2);
+        let waited = Instant::now();
+        while renewed.lock().expect("set").len() < holds_count
+            && waited.elapsed() < Duration::from_secs(30)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(renewed.lock().expect("set").len(), holds_count);
+        assert!(most.load(Ordering::SeqCst) <= MAX_SERVING);
+        assert!(holds.iter().all(|h| !h.is_lost()));
+        for h in holds {
+            h.mark_released();
+        }
     }
 
     /// Renewals never get an answer.
