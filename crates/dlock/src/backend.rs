@@ -605,6 +605,14 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether this hold's renewals join batches that the backend sends together (one
+    /// request renews many holds): the keeper then runs a bounded number of them at
+    /// once, since more would only queue behind the batches. `false` by default: each
+    /// renewal is a request of its own, and every one that comes due runs at once.
+    fn renews_in_batches(&self) -> bool {
+        false
+    }
+
     /// The keeper will not renew this hold (renewal is off), though
     /// [`HeldLock::prove_alive_every`] asks for proofs: the hold proves its session
     /// alive on its own from now on and reports a failed proof through

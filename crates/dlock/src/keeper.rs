@@ -7,7 +7,8 @@
 //! earlier of its renewal and its local deadline) and one driver task that sleeps until
 //! the first of them and hands what is due to a short task of its own (so one slow
 //! renewal delays no other). An idle held lock therefore costs a map entry, not a task.
-//! At most [`MAX_SERVING`] of those tasks run at once: holds taken together come due
+//! Renewals that a backend sends in batches ([`HeldLock::renews_in_batches`]) run in
+//! at most [`MAX_SERVING`] of those tasks at once: holds taken together come due
 //! together, and 100,000 renewals started at once would each hold a task and a
 //! request until their batch answered (tens of megabytes at the peak) without renewing
 //! one lock sooner than the batches allow.
@@ -48,14 +49,16 @@ const DRIVER_LINGER: Duration = Duration::from_secs(5);
 /// A place in the timer map: when, and a sequence number that makes it unique.
 type Slot = (Instant, u64);
 
-/// Most timer tasks of one locker running at once; what comes due while they all run
-/// waits in the map, earliest first, for the next to end. Every task ends by itself:
-/// it waits for the hold only behind a release or an extension, each bounded by the
-/// backend's own timeouts, and its renewal is bounded by the keeper's. As many
-/// as the busiest batched renewer carries at once (Redlock: 4 batches of 512; the SQL
-/// lease renewers 4 of 256, Redis one of 512): the cap holds back no renewal a batch
-/// could have carried.
-const MAX_SERVING: usize = 2048;
+/// Most timer tasks of one locker serving holds renewed in batches at once; what comes
+/// due while they all run waits in the map, earliest first, until one ends. Twice what
+/// the busiest batched renewer carries at once (Redlock: up to 4 batches of 512; the
+/// SQL lease renewers up to 4 of 256; SQLite, and Redis on one server, one of 512 or
+/// 256): while every batch runs, the next ones gather whole. Holds renewed one request
+/// each (etcd, ZooKeeper, a Redis cluster, the session modes) are not counted: their
+/// renewals may each wait long for an answer, so they must all run at once. A task
+/// keeps its place while it waits for its hold behind a release or an extension under
+/// way, and for its renewal, which the keeper bounds.
+const MAX_SERVING: usize = 4096;
 
 /// The places of the timer tasks ([`MAX_SERVING`]).
 #[derive(Debug)]
@@ -108,7 +111,8 @@ pub(crate) struct Keepers {
 struct Timers {
     due: BTreeMap<Slot, Arc<Hold>>,
     seq: u64,
-    /// `None`: no driver task. `Some(t)`: the driver sleeps until `t` at the latest.
+    /// `None`: no driver task. `Some(t)`: the driver sleeps until `t` at the latest,
+    /// or (`t` passed) waits for a timer task to end, every place being taken.
     driver: Option<Instant>,
 }
 
@@ -235,9 +239,14 @@ impl Keepers {
                     if first.key().0 > now {
                         break;
                     }
-                    let Ok(place) = Arc::clone(&self.serving.0).try_acquire_owned() else {
-                        full = true;
-                        break;
+                    let place = if first.get().batched {
+                        let Ok(place) = Arc::clone(&self.serving.0).try_acquire_owned() else {
+                            full = true;
+                            break;
+                        };
+                        Some(place)
+                    } else {
+                        None
                     };
                     due.push((first.remove_entry(), place));
                 }
@@ -294,8 +303,9 @@ struct Rearm {
     hold: Arc<Hold>,
     slot: Slot,
     armed: bool,
-    /// The task's place among the [`MAX_SERVING`], given back as it ends.
-    _place: tokio::sync::OwnedSemaphorePermit,
+    /// The task's place among the [`MAX_SERVING`] (a hold renewed in batches), given
+    /// back as it ends.
+    _place: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Drop for Rearm {
@@ -356,6 +366,9 @@ pub(crate) struct Hold {
     pub token: u64,
     /// The grant is a read-write lock's write (what [`crate::RwLock::downgrade`] takes).
     pub is_write: bool,
+    /// The backend renews it in batches ([`HeldLock::renews_in_batches`]): its timer
+    /// tasks count against [`MAX_SERVING`].
+    batched: bool,
     lost: AtomicBool,
     /// Set when the guard is released or dropped: timers due after that do nothing.
     released: AtomicBool,
@@ -499,6 +512,7 @@ impl Hold {
             owner,
             token: held.fencing_token(),
             is_write: plan.primitive == Primitive::Write,
+            batched: held.renews_in_batches(),
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             loss: OnceLock::new(),
@@ -786,7 +800,7 @@ impl Hold {
     fn on_timer(
         self: Arc<Self>,
         slot: Slot,
-        place: tokio::sync::OwnedSemaphorePermit,
+        place: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> impl Future<Output = ()> + Send + 'static {
         let rearm = Rearm {
             hold: Arc::clone(&self),
@@ -1109,6 +1123,7 @@ mod tests {
     #[derive(Debug)]
     struct Gated {
         id: usize,
+        batched: bool,
         gate: Arc<tokio::sync::Semaphore>,
         running: Arc<std::sync::atomic::AtomicUsize>,
         most: Arc<std::sync::atomic::AtomicUsize>,
@@ -1119,6 +1134,9 @@ mod tests {
     impl HeldLock for Gated {
         fn fencing_token(&self) -> u64 {
             1
+        }
+        fn renews_in_batches(&self) -> bool {
+            self.batched
         }
         async fn renew(&self, _ttl: Duration) -> Result<()> {
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
@@ -1137,12 +1155,10 @@ mod tests {
         }
     }
 
-    /// More holds come due at once than timer tasks may run: the driver starts
-    /// [`MAX_SERVING`] and no more while they all wait, and the rest once places
-    /// free — every hold is renewed, none lost.
-    #[tokio::test]
-    async fn holds_due_together_are_served_by_at_most_max_serving_tasks() {
-        let holds_count = MAX_SERVING + 300;
+    /// `holds_count` holds of one locker, renewed every 50 ms through [`Gated`] (in
+    /// batches or not), all come due at once while the gate is shut; answers how many
+    /// renewals ran at once then, and whether every hold was renewed once it opened.
+    async fn due_together(holds_count: usize, batched: bool) -> (usize, usize, bool) {
         let keepers = Arc::new(Keepers::default());
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -1152,6 +1168,7 @@ mod tests {
             .map(|id| {
                 let held = Gated {
                     id,
+                    batched,
                     gate: Arc::clone(&gate),
                     running: Arc::clone(&running),
                     most: Arc::clone(&most),
@@ -1166,17 +1183,16 @@ mod tests {
                 Hold::start(&keepers, Box::new(held), name, Owner::random(), plan)
             })
             .collect();
-        // Every hold came due 50 ms in; the driver starts tasks until the places run out.
+        // Every hold came due 50 ms in; the driver starts what it may, and nothing
+        // renews while the gate is shut.
+        let expect = if batched { MAX_SERVING } else { holds_count };
         let waited = Instant::now();
-        while running.load(Ordering::SeqCst) < MAX_SERVING
-            && waited.elapsed() < Duration::from_secs(20)
+        while running.load(Ordering::SeqCst) < expect && waited.elapsed() < Duration::from_secs(20)
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(running.load(Ordering::SeqCst), MAX_SERVING);
-        // And no more start while they wait.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(most.load(Ordering::SeqCst), MAX_SERVING);
+        let most_shut = most.load(Ordering::SeqCst);
         assert!(renewed.lock().expect("set").is_empty());
         // Opened: the waiting renewals answer, the rest are served as places free.
         gate.add_permits(tokio::sync::Semaphore::MAX_PERMITS / 2);
@@ -1186,12 +1202,34 @@ mod tests {
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(renewed.lock().expect("set").len(), holds_count);
-        assert!(most.load(Ordering::SeqCst) <= MAX_SERVING);
-        assert!(holds.iter().all(|h| !h.is_lost()));
+        let all =
+            renewed.lock().expect("set").len() == holds_count && holds.iter().all(|h| !h.is_lost());
+        let most_ever = most.load(Ordering::SeqCst);
         for h in holds {
             h.mark_released();
         }
+        (most_shut, most_ever, all)
+    }
+
+    /// More holds renewed in batches come due at once than timer tasks may serve them:
+    /// the driver starts [`MAX_SERVING`] and no more while they all wait, and the rest
+    /// once places free — every hold is renewed, none lost.
+    #[tokio::test]
+    async fn holds_renewed_in_batches_are_served_by_at_most_max_serving_tasks() {
+        let (shut, ever, all) = due_together(MAX_SERVING + 300, true).await;
+        assert_eq!(shut, MAX_SERVING);
+        assert_eq!(ever, MAX_SERVING);
+        assert!(all, "not every hold was renewed");
+    }
+
+    /// Holds renewed one request each are not held back: as many renewals run at once
+    /// as came due (each may wait long for its answer).
+    #[tokio::test]
+    async fn holds_renewed_one_by_one_all_run_at_once() {
+        let count = MAX_SERVING + 300;
+        let (shut, _, all) = due_together(count, false).await;
+        assert_eq!(shut, count);
+        assert!(all, "not every hold was renewed");
     }
 
     /// Renewals never get an answer.

@@ -1538,6 +1538,12 @@ impl HeldLock for RedisHeld {
         self.fence
     }
 
+    /// On one server (or through Sentinel) one renew script carries many holds; on a
+    /// cluster each renewal is a command of its own.
+    fn renews_in_batches(&self) -> bool {
+        !self.inner.cluster
+    }
+
     async fn renew(&self, ttl: Duration) -> Result<()> {
         let sent = std::time::Instant::now();
         let held = self

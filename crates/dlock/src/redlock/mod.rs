@@ -840,6 +840,10 @@ impl HeldLock for RedlockHeld {
         self.token
     }
 
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
+
     fn clock_drift(&self, ttl: Duration) -> Duration {
         self.inner.drift(ttl)
     }

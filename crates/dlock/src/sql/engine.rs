@@ -462,6 +462,10 @@ impl<D: Dialect> HeldLock for LeaseHeld<D> {
         self.hold.fence
     }
 
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
+
     async fn renew(&self, ttl: Duration) -> Result<()> {
         if self.renewer.renew(&self.hold, ttl).await? {
             Ok(())

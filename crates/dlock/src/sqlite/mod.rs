@@ -886,6 +886,10 @@ impl HeldLock for SqliteHeld {
         u64::try_from(self.fence).unwrap_or(0)
     }
 
+    fn renews_in_batches(&self) -> bool {
+        true
+    }
+
     async fn renew(&self, ttl: Duration) -> Result<()> {
         let lease = Lease::Lock {
             name: self.name.clone(),
@@ -976,6 +980,10 @@ impl SqliteSharedHeld {
 impl HeldLock for SqliteSharedHeld {
     fn fencing_token(&self) -> u64 {
         u64::try_from(self.fence).unwrap_or(0)
+    }
+
+    fn renews_in_batches(&self) -> bool {
+        true
     }
 
     async fn renew(&self, ttl: Duration) -> Result<()> {
