@@ -1549,7 +1549,7 @@ impl HeldLock for RedisHeld {
         let held = self
             .inner
             .renewer
-            .renew(&self.keys, self.owner.as_str(), self.fence, ttl)
+            .renew(&self.keys, &self.owner, self.fence, ttl)
             .await?;
         if held {
             if let Some(h) = &self.inner.handoffs {

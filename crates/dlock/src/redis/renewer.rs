@@ -8,16 +8,19 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::call::Call;
 use super::conn::Conn;
-use super::layout::{Keys, Layout};
+use super::layout::{Key, Keys, Layout};
 use crate::error::{Error, Result};
+use crate::options::Owner;
 
 /// Most keys in one renew script (bounded so one call never blocks Redis for long).
 const MAX_BATCH: usize = 512;
 
 struct Request {
     keys: Keys,
-    owner: String,
+    /// The hold's own owner, shared (no copy per renewal).
+    owner: Owner,
     fence: u64,
     ttl: Duration,
     reply: oneshot::Sender<Result<bool>>,
@@ -65,7 +68,7 @@ impl Renewer {
     pub(crate) async fn renew(
         &self,
         keys: &Keys,
-        owner: &str,
+        owner: &Owner,
         fence: u64,
         ttl: Duration,
     ) -> Result<bool> {
@@ -73,7 +76,7 @@ impl Renewer {
         self.tx
             .send(Request {
                 keys: keys.clone(),
-                owner: owner.to_owned(),
+                owner: owner.clone(),
                 fence,
                 ttl,
                 reply,
@@ -85,17 +88,25 @@ impl Renewer {
     }
 }
 
-async fn run(mut conn: Conn, layout: Layout, batch: Vec<Request>) {
-    let mut inv = layout.renew_script().prepare_invoke();
+/// One renew script for the whole batch, written straight into one command (see
+/// [`Call`]): per hold, `KEYS` the lock (then, on plain layouts, its metadata key and
+/// counter) and `ARGV` the owner, the token and the lease in milliseconds.
+async fn run(conn: Conn, layout: Layout, batch: Vec<Request>) {
+    let mut keys = Vec::with_capacity(batch.len() * 3);
+    for r in &batch {
+        keys.push(Key::Plain(&r.keys.lock));
+        if let Some(meta) = r.keys.meta_key() {
+            keys.push(meta);
+            keys.push(r.keys.counter_key());
+        }
+    }
+    let mut call = Call::new(layout.renew_script(), &keys, batch.len() * 3);
     for r in &batch {
         let ms = u64::try_from(r.ttl.as_millis()).unwrap_or(u64::MAX);
-        inv.key(&*r.keys.lock).arg(&r.owner).arg(r.fence);
-        if let Some(meta) = &r.keys.meta() {
-            inv.key(meta).key(r.keys.counter());
-        }
-        inv.arg(ms);
+        call.arg(r.owner.as_str()).arg(r.fence).arg(ms);
     }
-    let outcome: redis::RedisResult<Vec<i64>> = inv.invoke_async(&mut conn).await;
+    drop(keys);
+    let outcome: redis::RedisResult<Vec<i64>> = call.run(&conn).await;
     match outcome {
         Ok(flags) => {
             for (i, r) in batch.into_iter().enumerate() {
