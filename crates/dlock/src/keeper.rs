@@ -52,12 +52,14 @@ type Slot = (Instant, u64);
 /// Most timer tasks of one locker serving holds renewed in batches at once; what comes
 /// due while they all run waits in the map, earliest first, until one ends. Twice what
 /// the busiest batched renewer carries at once (Redlock: up to 4 batches of 512; the
-/// SQL lease renewers up to 4 of 256; SQLite, and Redis on one server, one of 512 or
-/// 256): while every batch runs, the next ones gather whole. Holds renewed one request
-/// each (etcd, ZooKeeper, a Redis cluster, the session modes) are not counted: their
-/// renewals may each wait long for an answer, so they must all run at once. A task
-/// keeps its place while it waits for its hold behind a release or an extension under
-/// way, and for its renewal, which the keeper bounds.
+/// SQL lease renewers up to 4 of 256; SQLite, and Redis on one server or through
+/// Sentinel, one of 256 or 512): while every batch runs, the next ones gather whole.
+/// Holds renewed one request each (etcd, ZooKeeper, a Redis cluster, the SQL session
+/// modes, semaphores and read-write locks on Redis and SQL, memory) are not counted,
+/// and wait for no place (they have a map of their own): their renewals may each wait
+/// long for an answer, so they all run at once. A task keeps its place while it waits
+/// for its hold behind a release or an extension under way, and for its renewal,
+/// which the keeper bounds.
 const MAX_SERVING: usize = 4096;
 
 /// The places of the timer tasks ([`MAX_SERVING`]).
@@ -98,7 +100,7 @@ pub(crate) struct Keepers {
     gone: Notify,
     /// Wakes the driver when a slot earlier than its sleep is added.
     wake: Notify,
-    /// A place for each timer task running.
+    /// A place for each timer task running for a hold renewed in batches.
     serving: Serving,
     /// The locker's metric handles (renewals, losses; acquisitions in the locker).
     pub(crate) meters: Meters,
@@ -109,11 +111,36 @@ pub(crate) struct Keepers {
 
 #[derive(Debug, Default)]
 struct Timers {
+    /// The holds renewed one request each: whatever is due is served at once.
     due: BTreeMap<Slot, Arc<Hold>>,
+    /// The holds renewed in batches ([`Hold::batched`]): what is due is served while
+    /// places last ([`MAX_SERVING`]). Apart, so that none of them, waiting for a place,
+    /// holds up a hold of the other kind (a semaphore's permit beside Redis locks).
+    batched: BTreeMap<Slot, Arc<Hold>>,
     seq: u64,
-    /// `None`: no driver task. `Some(t)`: the driver sleeps until `t` at the latest,
-    /// or (`t` passed) waits for a timer task to end, every place being taken.
+    /// `None`: no driver task. `Some(t)`: the driver sleeps until `t` at the latest
+    /// (and, while every place is taken, until a timer task ends).
     driver: Option<Instant>,
+}
+
+impl Timers {
+    /// The map `hold` is kept in.
+    fn map(&mut self, hold: &Hold) -> &mut BTreeMap<Slot, Arc<Hold>> {
+        if hold.batched {
+            &mut self.batched
+        } else {
+            &mut self.due
+        }
+    }
+
+    /// The first instant in either map.
+    fn first(&self) -> Option<Instant> {
+        let first = |m: &BTreeMap<Slot, Arc<Hold>>| m.first_key_value().map(|(s, _)| s.0);
+        first(&self.due)
+            .into_iter()
+            .chain(first(&self.batched))
+            .min()
+    }
 }
 
 impl Keepers {
@@ -140,12 +167,13 @@ impl Keepers {
     /// none, wakes it if `at` comes before its sleep ends.
     fn schedule(self: &Arc<Self>, old: Option<Slot>, at: Instant, hold: &Arc<Hold>) -> Slot {
         let mut timers = self.timers();
-        if let Some(old) = old {
-            timers.due.remove(&old);
-        }
         timers.seq += 1;
         let slot = (at, timers.seq);
-        timers.due.insert(slot, Arc::clone(hold));
+        let map = timers.map(hold);
+        if let Some(old) = old {
+            map.remove(&old);
+        }
+        map.insert(slot, Arc::clone(hold));
         match timers.driver {
             None => {
                 // Without a runtime (a timer put back while one shuts down, see
@@ -199,18 +227,18 @@ impl Keepers {
             self.stranded.store(false, Ordering::SeqCst);
             return;
         }
-        let Some((first, _)) = timers.due.first_key_value() else {
+        let Some(first) = timers.first() else {
             self.stranded.store(false, Ordering::SeqCst);
             return;
         };
-        timers.driver = Some(first.0);
+        timers.driver = Some(first);
         self.stranded.store(false, Ordering::SeqCst);
         drop(timers);
         runtime.spawn(self.driver());
     }
 
-    fn unschedule(&self, slot: Slot) {
-        self.timers().due.remove(&slot);
+    fn unschedule(&self, slot: Slot, hold: &Hold) {
+        self.timers().map(hold).remove(&slot);
     }
 
     /// The driver task's future. Its [`DriverGone`] is made before the first poll: a
@@ -225,8 +253,8 @@ impl Keepers {
     }
 
     /// The driver: sleeps until the first slot, hands every due hold to a task of its
-    /// own (while fewer than [`MAX_SERVING`] run; else it waits for one to end), and
-    /// ends after [`DRIVER_LINGER`] with nothing to keep.
+    /// own (one renewed in batches while places last: [`MAX_SERVING`]), and ends after
+    /// [`DRIVER_LINGER`] with nothing to keep.
     async fn drive(self: Arc<Self>, mut gone: DriverGone) {
         let mut idle_since: Option<Instant> = None;
         loop {
@@ -239,27 +267,33 @@ impl Keepers {
                     if first.key().0 > now {
                         break;
                     }
-                    let place = if first.get().batched {
-                        let Ok(place) = Arc::clone(&self.serving.0).try_acquire_owned() else {
-                            full = true;
-                            break;
-                        };
-                        Some(place)
-                    } else {
-                        None
-                    };
-                    due.push((first.remove_entry(), place));
+                    due.push((first.remove_entry(), None));
                 }
-                let until = match timers.due.first_key_value() {
-                    // Behind: a slot added now needs no wake-up, the driver looks
-                    // again as soon as a task ends.
-                    Some(_) if full => {
-                        idle_since = None;
-                        now
+                while let Some(first) = timers.batched.first_entry() {
+                    if first.key().0 > now {
+                        break;
                     }
-                    Some((slot, _)) => {
+                    let Ok(place) = Arc::clone(&self.serving.0).try_acquire_owned() else {
+                        full = true;
+                        break;
+                    };
+                    due.push((first.remove_entry(), Some(place)));
+                }
+                // Every place taken: the batched holds due wait for one to free (the
+                // select below), not for an instant.
+                let first = |m: &BTreeMap<Slot, Arc<Hold>>| m.first_key_value().map(|(s, _)| s.0);
+                let next = first(&timers.due)
+                    .into_iter()
+                    .chain(first(&timers.batched).filter(|_| !full))
+                    .min();
+                let until = match next {
+                    Some(at) => {
                         idle_since = None;
-                        slot.0
+                        at
+                    }
+                    None if full => {
+                        idle_since = None;
+                        now + DRIVER_LINGER
                     }
                     None if due.is_empty() => {
                         let since = *idle_since.get_or_insert(now);
@@ -278,15 +312,12 @@ impl Keepers {
             for ((slot, hold), place) in due {
                 tokio::spawn(hold.on_timer(slot, place));
             }
-            if full {
-                // A place is given back when a task ends; the semaphore is never
-                // closed. Taken only to wait for it: the loop takes it again.
-                drop(self.serving.0.acquire().await);
-                continue;
-            }
             tokio::select! {
                 () = tokio::time::sleep_until(until) => {}
                 () = self.wake.notified() => {}
+                // A place is given back as a task ends (the semaphore is never
+                // closed); taken here only to wait for it: the loop takes it again.
+                place = self.serving.0.acquire(), if full => drop(place),
             }
         }
     }
@@ -342,7 +373,7 @@ impl Drop for DriverGone {
         if self.armed {
             let mut timers = self.keepers.timers();
             timers.driver = None;
-            let stranded = !timers.due.is_empty();
+            let stranded = timers.first().is_some();
             if stranded {
                 self.keepers.stranded.store(true, Ordering::SeqCst);
             }
@@ -785,7 +816,7 @@ impl Hold {
         keep.slot_seq = 0;
         if keep.held.is_none() || self.is_lost() || self.released.load(Ordering::SeqCst) {
             if let Some(old) = old {
-                self.keepers.unschedule(old);
+                self.keepers.unschedule(old, self);
             }
             return;
         }
@@ -1156,9 +1187,16 @@ mod tests {
     }
 
     /// `holds_count` holds of one locker, renewed every 50 ms through [`Gated`] (in
-    /// batches or not), all come due at once while the gate is shut; answers how many
-    /// renewals ran at once then, and whether every hold was renewed once it opened.
-    async fn due_together(holds_count: usize, batched: bool) -> (usize, usize, bool) {
+    /// batches or not), all come due at once while the gate is shut, and after them
+    /// `alone` holds renewed one request each through [`Slow`], at once. Answers how
+    /// many gated renewals ran at once while shut and ever, whether every gated hold
+    /// was renewed once it opened, and how many renewals of the others answered in
+    /// 500 ms while it was shut.
+    async fn due_together(
+        holds_count: usize,
+        batched: bool,
+        alone: usize,
+    ) -> (usize, usize, bool, u32) {
         let keepers = Arc::new(Keepers::default());
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -1183,15 +1221,33 @@ mod tests {
                 Hold::start(&keepers, Box::new(held), name, Owner::random(), plan)
             })
             .collect();
+        let alone_renewals = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let others: Vec<Arc<Hold>> = (0..alone)
+            .map(|id| {
+                let held = Slow {
+                    delay: Duration::ZERO,
+                    renewals: Arc::clone(&alone_renewals),
+                };
+                let name = LockName::new(&format!("alone{id}")).expect("name");
+                let plan = plan(
+                    Duration::from_secs(120),
+                    Some(Duration::from_millis(50)),
+                    None,
+                );
+                Hold::start(&keepers, Box::new(held), name, Owner::random(), plan)
+            })
+            .collect();
         // Every hold came due 50 ms in; the driver starts what it may, and nothing
-        // renews while the gate is shut.
+        // gated renews while the gate is shut.
         let expect = if batched { MAX_SERVING } else { holds_count };
         let waited = Instant::now();
         while running.load(Ordering::SeqCst) < expect && waited.elapsed() < Duration::from_secs(20)
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = alone_renewals.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let alone_while_shut = alone_renewals.load(Ordering::SeqCst) - before;
         let most_shut = most.load(Ordering::SeqCst);
         assert!(renewed.lock().expect("set").is_empty());
         // Opened: the waiting renewals answer, the rest are served as places free.
@@ -1205,10 +1261,10 @@ mod tests {
         let all =
             renewed.lock().expect("set").len() == holds_count && holds.iter().all(|h| !h.is_lost());
         let most_ever = most.load(Ordering::SeqCst);
-        for h in holds {
+        for h in holds.iter().chain(&others) {
             h.mark_released();
         }
-        (most_shut, most_ever, all)
+        (most_shut, most_ever, all, alone_while_shut)
     }
 
     /// More holds renewed in batches come due at once than timer tasks may serve them:
@@ -1216,7 +1272,7 @@ mod tests {
     /// once places free — every hold is renewed, none lost.
     #[tokio::test]
     async fn holds_renewed_in_batches_are_served_by_at_most_max_serving_tasks() {
-        let (shut, ever, all) = due_together(MAX_SERVING + 300, true).await;
+        let (shut, ever, all, _) = due_together(MAX_SERVING + 300, true, 0).await;
         assert_eq!(shut, MAX_SERVING);
         assert_eq!(ever, MAX_SERVING);
         assert!(all, "not every hold was renewed");
@@ -1227,9 +1283,20 @@ mod tests {
     #[tokio::test]
     async fn holds_renewed_one_by_one_all_run_at_once() {
         let count = MAX_SERVING + 300;
-        let (shut, _, all) = due_together(count, false).await;
+        let (shut, _, all, _) = due_together(count, false, 0).await;
         assert_eq!(shut, count);
         assert!(all, "not every hold was renewed");
+    }
+
+    /// Holds renewed one request each, due behind a backlog of batched holds waiting
+    /// for places, are not held up by it: they go on being renewed (every 50 ms: 50
+    /// holds for 500 ms).
+    #[tokio::test]
+    async fn holds_renewed_one_by_one_are_not_held_up_by_a_batched_backlog() {
+        let (shut, _, all, alone) = due_together(MAX_SERVING + 300, true, 50).await;
+        assert_eq!(shut, MAX_SERVING);
+        assert!(all, "not every batched hold was renewed");
+        assert!(alone >= 50, "{alone} renewals of 50 holds in 500 ms");
     }
 
     /// Renewals never get an answer.

@@ -14,7 +14,7 @@ use super::layout::{Key, Keys, Layout};
 use crate::error::{Error, Result};
 use crate::options::Owner;
 
-/// Most keys in one renew script (bounded so one call never blocks Redis for long).
+/// Most holds in one renew script (bounded so one call never blocks Redis for long).
 const MAX_BATCH: usize = 512;
 
 struct Request {
