@@ -1186,6 +1186,17 @@ mod tests {
         }
     }
 
+    /// A hold of `keepers` named `name`, renewed every 50 ms, its lease 120 s.
+    fn every_50_ms(keepers: &Arc<Keepers>, held: Box<dyn HeldLock>, name: &str) -> Arc<Hold> {
+        let name = LockName::new(name).expect("name");
+        let plan = plan(
+            Duration::from_secs(120),
+            Some(Duration::from_millis(50)),
+            None,
+        );
+        Hold::start(keepers, held, name, Owner::random(), plan)
+    }
+
     /// `holds_count` holds of one locker, renewed every 50 ms through [`Gated`] (in
     /// batches or not), all come due at once while the gate is shut, and after them
     /// `alone` holds renewed one request each through [`Slow`], at once. Answers how
@@ -1212,13 +1223,7 @@ mod tests {
                     most: Arc::clone(&most),
                     renewed: Arc::clone(&renewed),
                 };
-                let name = LockName::new(&format!("k{id}")).expect("name");
-                let plan = plan(
-                    Duration::from_secs(120),
-                    Some(Duration::from_millis(50)),
-                    None,
-                );
-                Hold::start(&keepers, Box::new(held), name, Owner::random(), plan)
+                every_50_ms(&keepers, Box::new(held), &format!("k{id}"))
             })
             .collect();
         let alone_renewals = Arc::new(std::sync::atomic::AtomicU32::new(0));
@@ -1228,13 +1233,7 @@ mod tests {
                     delay: Duration::ZERO,
                     renewals: Arc::clone(&alone_renewals),
                 };
-                let name = LockName::new(&format!("alone{id}")).expect("name");
-                let plan = plan(
-                    Duration::from_secs(120),
-                    Some(Duration::from_millis(50)),
-                    None,
-                );
-                Hold::start(&keepers, Box::new(held), name, Owner::random(), plan)
+                every_50_ms(&keepers, Box::new(held), &format!("alone{id}"))
             })
             .collect();
         // Every hold came due 50 ms in; the driver starts what it may, and nothing
