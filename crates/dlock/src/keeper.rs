@@ -135,12 +135,16 @@ impl Timers {
 
     /// The first instant in either map.
     fn first(&self) -> Option<Instant> {
-        let first = |m: &BTreeMap<Slot, Arc<Hold>>| m.first_key_value().map(|(s, _)| s.0);
-        first(&self.due)
+        first_instant(&self.due)
             .into_iter()
-            .chain(first(&self.batched))
+            .chain(first_instant(&self.batched))
             .min()
     }
+}
+
+/// The first instant in `map`.
+fn first_instant(map: &BTreeMap<Slot, Arc<Hold>>) -> Option<Instant> {
+    map.first_key_value().map(|(slot, _)| slot.0)
 }
 
 impl Keepers {
@@ -281,10 +285,9 @@ impl Keepers {
                 }
                 // Every place taken: the batched holds due wait for one to free (the
                 // select below), not for an instant.
-                let first = |m: &BTreeMap<Slot, Arc<Hold>>| m.first_key_value().map(|(s, _)| s.0);
-                let next = first(&timers.due)
+                let next = first_instant(&timers.due)
                     .into_iter()
-                    .chain(first(&timers.batched).filter(|_| !full))
+                    .chain(first_instant(&timers.batched).filter(|_| !full))
                     .min();
                 let until = match next {
                     Some(at) => {
